@@ -1,0 +1,685 @@
+//! Execution: modules and functions, kernel launches, streams, events, graphs and stream capture.
+//!
+//! Time model: a kernel takes the device's timeline for its run time (`sim_busy*`: the first u64
+//! parameter in ns; others: the model's default). The timeline is shared by every process, so
+//! kernels of all processes run one after another. A stream remembers when its last work ends;
+//! events, queries and synchronization follow from those times and the wall clock.
+//! Copies and memsets take no simulated time.
+
+use crate::ctx::{self, Context};
+use crate::{cstr, drv, export, mem, read, write, Registry, Res};
+use cuvisor_cuda_abi::cuda::*;
+use cuvisor_sim::state::{now_ns, sleep_until};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_uint, c_void};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex, OnceLock};
+
+pub(crate) struct Stream {
+    pub dev: usize,
+    pub flags: u32,
+    pub priority: i32,
+    ctx: AtomicUsize,
+    /// When the last work queued on this stream ends (CLOCK_MONOTONIC ns).
+    pub tail: AtomicU64,
+    ctx_tail: Arc<AtomicU64>,
+    /// Kernels recorded while the stream is capturing.
+    capture: Mutex<Option<Vec<Node>>>,
+}
+
+impl Stream {
+    pub fn new(dev: usize, flags: u32, priority: i32, ctx_tail: Arc<AtomicU64>) -> Stream {
+        Stream {
+            dev,
+            flags,
+            priority,
+            ctx: AtomicUsize::new(0),
+            tail: AtomicU64::new(0),
+            ctx_tail,
+            capture: Mutex::new(None),
+        }
+    }
+    pub fn set_ctx(&self, h: usize) {
+        self.ctx.store(h, Relaxed);
+    }
+    fn capturing(&self) -> bool {
+        self.capture
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+    /// Queues `dur` ns of work (or records it, while capturing).
+    fn run(&self, node: Node) -> Res {
+        {
+            let mut cap = self.capture.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(nodes) = cap.as_mut() {
+                nodes.push(node);
+                return Ok(());
+            }
+        }
+        let d = drv()?;
+        let not_before = self.tail.load(Acquire);
+        let (_, end) = d
+            .sim
+            .shared
+            .run_kernel(d.slot, self.dev, not_before, node.ns);
+        self.tail.fetch_max(end, AcqRel);
+        self.ctx_tail.fetch_max(end, AcqRel);
+        Ok(())
+    }
+    fn done_at(&self) -> u64 {
+        self.tail.load(Acquire)
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Node {
+    ns: u64,
+}
+
+struct Module {
+    funcs: Mutex<HashMap<String, usize>>,
+}
+
+pub(crate) struct Function {
+    /// `sim_busy*`: run time comes from the first parameter.
+    busy: bool,
+    module: usize,
+}
+
+struct Event {
+    flags: u32,
+    /// When the work before the record point ends; 0 = never recorded.
+    time: AtomicU64,
+}
+
+struct Graph {
+    nodes: Mutex<Vec<Node>>,
+}
+
+struct GraphExec {
+    nodes: Vec<Node>,
+}
+
+fn streams() -> &'static Registry<Stream> {
+    static R: OnceLock<Registry<Stream>> = OnceLock::new();
+    R.get_or_init(Registry::new)
+}
+fn modules() -> &'static Registry<Module> {
+    static R: OnceLock<Registry<Module>> = OnceLock::new();
+    R.get_or_init(Registry::new)
+}
+fn functions() -> &'static Registry<Function> {
+    static R: OnceLock<Registry<Function>> = OnceLock::new();
+    R.get_or_init(Registry::new)
+}
+fn events() -> &'static Registry<Event> {
+    static R: OnceLock<Registry<Event>> = OnceLock::new();
+    R.get_or_init(Registry::new)
+}
+fn graphs() -> &'static Registry<Graph> {
+    static R: OnceLock<Registry<Graph>> = OnceLock::new();
+    R.get_or_init(Registry::new)
+}
+fn execs() -> &'static Registry<GraphExec> {
+    static R: OnceLock<Registry<GraphExec>> = OnceLock::new();
+    R.get_or_init(Registry::new)
+}
+
+thread_local! {
+    /// The per-thread default stream of each context this thread used (CU_STREAM_PER_THREAD, or
+    /// NULL passed to a `_ptsz`/`_ptds` entry point).
+    static PER_THREAD: RefCell<HashMap<usize, Arc<Stream>>> = RefCell::new(HashMap::new());
+}
+
+/// Resolves a stream argument. `per_thread`: the entry point is a `_ptsz`/`_ptds` variant, for
+/// which NULL means the per-thread default stream rather than the legacy one.
+pub(crate) fn stream(h: CUstream, per_thread: bool) -> Result<Arc<Stream>, CUresult> {
+    let h = h as usize;
+    let legacy = h == CU_STREAM_LEGACY || (h == 0 && !per_thread);
+    if legacy || h == CU_STREAM_PER_THREAD || h == 0 {
+        let (ch, c) = ctx::current()?;
+        if legacy {
+            return Ok(c.legacy.clone());
+        }
+        return Ok(PER_THREAD.with(|m| {
+            m.borrow_mut()
+                .entry(ch)
+                .or_insert_with(|| {
+                    let s = Arc::new(Stream::new(c.dev, 0, 0, c.work_tail.clone()));
+                    s.set_ctx(ch);
+                    s
+                })
+                .clone()
+        }));
+    }
+    drv()?;
+    streams().get(h)
+}
+
+/// Waits for all work queued in a context.
+pub(crate) fn sync_device_work(c: &Context) {
+    sleep_until(c.work_tail.load(Acquire));
+}
+
+/// Run time of a launch: `sim_busy*` kernels say it in their first parameter (a u64, in ns),
+/// passed either through `kernelParams` or the `extra` buffer.
+fn kernel_ns(
+    f: &Function,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<u64, CUresult> {
+    if !f.busy {
+        return Ok(drv()?.sim.model.default_kernel_ns);
+    }
+    if !params.is_null() {
+        let first: *const u64 = read(params as *const *const u64)?;
+        return read(first);
+    }
+    if !extra.is_null() {
+        let mut i = 0;
+        loop {
+            let key = read(unsafe_index(extra, i))? as usize;
+            match key {
+                CU_LAUNCH_PARAM_END => break,
+                CU_LAUNCH_PARAM_BUFFER_POINTER => {
+                    let buf = read(unsafe_index(extra, i + 1))?;
+                    return read(buf as *const u64);
+                }
+                _ => i += 2,
+            }
+            if i > 64 {
+                break;
+            }
+        }
+    }
+    // A sim_busy kernel has a parameter; launching it without one is the driver's INVALID_VALUE.
+    Err(err::INVALID_VALUE)
+}
+
+/// `&arr[i]` for a caller-provided `void*` array (pointer arithmetic only; reads go through `read`).
+fn unsafe_index(arr: *mut *mut c_void, i: usize) -> *const *mut c_void {
+    arr.wrapping_add(i)
+}
+
+struct Dims {
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+}
+
+fn check_dims(d: &Dims, cooperative: bool, dev: usize) -> Res {
+    let [gx, gy, gz] = d.grid;
+    let [bx, by, bz] = d.block;
+    if gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 {
+        return Err(err::INVALID_VALUE);
+    }
+    if gy > 65535 || gz > 65535 || bx > 1024 || by > 1024 || bz > 64 {
+        return Err(err::INVALID_VALUE);
+    }
+    let threads = bx as u64 * by as u64 * bz as u64;
+    if threads > 1024 {
+        return Err(err::INVALID_VALUE);
+    }
+    if cooperative {
+        // All blocks of a cooperative grid must be co-resident.
+        let sm = drv()?.sim.model.devices[dev].sm_count as u64;
+        let per_sm = (2048 / threads).min(32);
+        if gx as u64 * gy as u64 * gz as u64 > sm * per_sm {
+            return Err(err::COOPERATIVE_LAUNCH_TOO_LARGE);
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    f: CUfunction,
+    dims: Dims,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    h: CUstream,
+    per_thread: bool,
+    cooperative: bool,
+) -> Res {
+    drv()?;
+    let func = functions().get(f as usize)?;
+    let s = stream(h, per_thread)?;
+    check_dims(&dims, cooperative, s.dev)?;
+    let ns = kernel_ns(&func, params, extra)?;
+    s.run(Node { ns })
+}
+
+fn launch_ex(
+    cfg: *const CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    pt: bool,
+) -> Res {
+    let c: CUlaunchConfig = read(cfg)?;
+    let mut cooperative = false;
+    for i in 0..c.numAttrs as usize {
+        let a: CUlaunchAttribute = read(c.attrs.wrapping_add(i))?;
+        if a.id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && a.value[0] as u32 != 0 {
+            cooperative = true;
+        }
+    }
+    let dims = Dims {
+        grid: [c.gridDimX, c.gridDimY, c.gridDimZ],
+        block: [c.blockDimX, c.blockDimY, c.blockDimZ],
+    };
+    launch(f, dims, params, extra, c.hStream, pt, cooperative)
+}
+
+fn stream_sync(h: CUstream, pt: bool) -> Res {
+    let s = stream(h, pt)?;
+    if s.capturing() {
+        return Err(err::STREAM_CAPTURE_UNSUPPORTED);
+    }
+    sleep_until(s.done_at());
+    mem::trim_pools_at_sync(s.dev);
+    Ok(())
+}
+
+fn stream_query(h: CUstream, pt: bool) -> Res {
+    let s = stream(h, pt)?;
+    if now_ns() >= s.done_at() {
+        Ok(())
+    } else {
+        Err(err::NOT_READY)
+    }
+}
+
+fn stream_wait_event(h: CUstream, ev: CUevent, flags: c_uint, pt: bool) -> Res {
+    let s = stream(h, pt)?;
+    let e = events().get(ev as usize)?;
+    if flags & !1 != 0 {
+        return Err(err::INVALID_VALUE);
+    }
+    s.tail.fetch_max(e.time.load(Acquire), AcqRel);
+    Ok(())
+}
+
+fn event_record(ev: CUevent, h: CUstream, pt: bool) -> Res {
+    let e = events().get(ev as usize)?;
+    let s = stream(h, pt)?;
+    if s.capturing() {
+        return Ok(()); // becomes an event-record node of the captured graph; nothing to time now
+    }
+    e.time.store(s.done_at().max(now_ns()), Release);
+    Ok(())
+}
+
+fn begin_capture(h: CUstream, mode: i32, pt: bool) -> Res {
+    let s = stream(h, pt)?;
+    if Arc::ptr_eq(&s, &ctx::current()?.1.legacy) {
+        return Err(err::STREAM_CAPTURE_UNSUPPORTED); // the legacy stream cannot be captured
+    }
+    if !(0..=2).contains(&mode) {
+        return Err(err::INVALID_VALUE);
+    }
+    let mut cap = s.capture.lock().unwrap_or_else(|e| e.into_inner());
+    if cap.is_some() {
+        return Err(err::ILLEGAL_STATE);
+    }
+    *cap = Some(Vec::new());
+    Ok(())
+}
+
+fn end_capture(h: CUstream, graph: *mut CUgraph, pt: bool) -> Res {
+    let s = stream(h, pt)?;
+    if graph.is_null() {
+        return Err(err::INVALID_VALUE);
+    }
+    let nodes = s
+        .capture
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+        .ok_or(err::ILLEGAL_STATE)?;
+    let (g, _) = graphs().insert(Graph {
+        nodes: Mutex::new(nodes),
+    });
+    write(graph, g as CUgraph)
+}
+
+fn is_capturing(h: CUstream, status: *mut i32, pt: bool) -> Res {
+    let s = stream(h, pt)?;
+    write(
+        status,
+        if s.capturing() {
+            CU_STREAM_CAPTURE_STATUS_ACTIVE
+        } else {
+            CU_STREAM_CAPTURE_STATUS_NONE
+        },
+    )
+}
+
+fn graph_launch(exec: CUgraphExec, h: CUstream, pt: bool) -> Res {
+    let x = execs().get(exec as usize)?;
+    let s = stream(h, pt)?;
+    for n in &x.nodes {
+        s.run(*n)?;
+    }
+    Ok(())
+}
+
+fn instantiate(exec: *mut CUgraphExec, graph: CUgraph) -> Res {
+    let g = graphs().get(graph as usize)?;
+    let nodes = g.nodes.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if exec.is_null() {
+        return Err(err::INVALID_VALUE);
+    }
+    let (x, _) = execs().insert(GraphExec { nodes });
+    write(exec, x as CUgraphExec)
+}
+
+fn add_kernel_node(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    p: *const CUDA_KERNEL_NODE_PARAMS,
+) -> Res {
+    drv()?;
+    let g = graphs().get(graph as usize)?;
+    if node.is_null() || (ndeps > 0 && deps.is_null()) {
+        return Err(err::INVALID_VALUE);
+    }
+    let p: CUDA_KERNEL_NODE_PARAMS = read(p)?;
+    let func = functions().get(p.func as usize)?;
+    let dims = Dims {
+        grid: [p.gridDimX, p.gridDimY, p.gridDimZ],
+        block: [p.blockDimX, p.blockDimY, p.blockDimZ],
+    };
+    check_dims(&dims, false, 0)?;
+    // Kernel parameters are copied when the node is made, so the run time is fixed now.
+    let ns = kernel_ns(&func, p.kernelParams, p.extra)?;
+    let mut nodes = g.nodes.lock().unwrap_or_else(|e| e.into_inner());
+    nodes.push(Node { ns });
+    // Node handles only need to be distinct and non-null: graph address + index.
+    write(node, (graph as usize + nodes.len()) as CUgraphNode)
+}
+
+fn host_func(
+    h: CUstream,
+    f: Option<extern "C" fn(*mut c_void)>,
+    data: *mut c_void,
+    pt: bool,
+) -> Res {
+    let s = stream(h, pt)?;
+    let f = f.ok_or(err::INVALID_VALUE)?;
+    let at = s.done_at();
+    let data = data as usize;
+    std::thread::spawn(move || {
+        sleep_until(at);
+        f(data as *mut c_void);
+    });
+    Ok(())
+}
+
+fn load_module(module: *mut CUmodule, image: *const c_void) -> Res {
+    ctx::current()?;
+    if module.is_null() || image.is_null() {
+        return Err(err::INVALID_VALUE);
+    }
+    // Any image loads: the simulator has no ISA to check.
+    let (h, _) = modules().insert(Module {
+        funcs: Mutex::new(HashMap::new()),
+    });
+    write(module, h as CUmodule)
+}
+
+export! {
+    fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) { load_module(module, image) }
+    fn cuModuleLoadFatBinary(module: *mut CUmodule, image: *const c_void) { load_module(module, image) }
+    fn cuModuleLoadDataEx(module: *mut CUmodule, image: *const c_void, nopts: c_uint, _opts: *mut c_void, _vals: *mut *mut c_void) {
+        let _ = nopts;
+        load_module(module, image)
+    }
+    fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) {
+        let path = cstr(fname)?;
+        if !std::path::Path::new(path).is_file() {
+            return Err(err::FILE_NOT_FOUND);
+        }
+        load_module(module, fname as *const c_void)
+    }
+    fn cuModuleUnload(module: CUmodule) {
+        drv()?;
+        let m = modules().remove(module as usize)?;
+        let funcs: Vec<usize> = m.funcs.lock().unwrap_or_else(|e| e.into_inner()).values().copied().collect();
+        for f in funcs {
+            let _ = functions().remove(f);
+        }
+        Ok(())
+    }
+    fn cuModuleGetFunction(hfunc: *mut CUfunction, module: CUmodule, name: *const c_char) {
+        drv()?;
+        let m = modules().get(module as usize)?;
+        let name = cstr(name)?;
+        if hfunc.is_null() {
+            return Err(err::INVALID_VALUE);
+        }
+        let mut funcs = m.funcs.lock().unwrap_or_else(|e| e.into_inner());
+        let h = match funcs.get(name) {
+            Some(&h) => h,
+            None => {
+                let (h, _) = functions().insert(Function { busy: name.starts_with("sim_busy"), module: module as usize });
+                funcs.insert(name.to_string(), h);
+                h
+            }
+        };
+        write(hfunc, h as CUfunction)
+    }
+    /// The simulator's images have no globals.
+    fn cuModuleGetGlobal_v2(_dptr: *mut CUdeviceptr, _bytes: *mut usize, module: CUmodule, name: *const c_char) {
+        drv()?;
+        modules().get(module as usize)?;
+        cstr(name)?;
+        Err(err::NOT_FOUND)
+    }
+    fn cuFuncGetAttribute(value: *mut i32, attrib: i32, f: CUfunction) {
+        drv()?;
+        functions().get(f as usize)?;
+        let v = match attrib {
+            CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK => 1024,
+            CU_FUNC_ATTRIBUTE_NUM_REGS => 32,
+            1..=3 | 5..=7 | 8..=10 => 0,
+            _ => return Err(err::INVALID_VALUE),
+        };
+        write(value, v)
+    }
+    fn cuFuncSetAttribute(f: CUfunction, _attrib: i32, _value: i32) {
+        drv()?;
+        functions().get(f as usize).map(|_| ())
+    }
+    fn cuFuncSetCacheConfig(f: CUfunction, _config: i32) {
+        drv()?;
+        functions().get(f as usize).map(|_| ())
+    }
+    fn cuFuncGetModule(module: *mut CUmodule, f: CUfunction) {
+        drv()?;
+        let func = functions().get(f as usize)?;
+        write(module, func.module as CUmodule)
+    }
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessor(blocks: *mut i32, f: CUfunction, block_size: i32, _smem: usize) {
+        drv()?;
+        functions().get(f as usize)?;
+        if !(1..=1024).contains(&block_size) {
+            return Err(err::INVALID_VALUE);
+        }
+        write(blocks, (2048 / block_size).min(32))
+    }
+
+    fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _smem: c_uint, s: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) {
+        launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz] }, params, extra, s, false, false)
+    }
+    fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _smem: c_uint, s: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) {
+        launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz] }, params, extra, s, true, false)
+    }
+    fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _smem: c_uint, s: CUstream, params: *mut *mut c_void) {
+        launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz] }, params, std::ptr::null_mut(), s, false, true)
+    }
+    fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _smem: c_uint, s: CUstream, params: *mut *mut c_void) {
+        launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz] }, params, std::ptr::null_mut(), s, true, true)
+    }
+    fn cuLaunchKernelEx(cfg: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
+        launch_ex(cfg, f, params, extra, false)
+    }
+    fn cuLaunchKernelEx_ptsz(cfg: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
+        launch_ex(cfg, f, params, extra, true)
+    }
+    fn cuLaunchHostFunc(s: CUstream, f: Option<extern "C" fn(*mut c_void)>, data: *mut c_void) { host_func(s, f, data, false) }
+    fn cuLaunchHostFunc_ptsz(s: CUstream, f: Option<extern "C" fn(*mut c_void)>, data: *mut c_void) { host_func(s, f, data, true) }
+
+    fn cuStreamCreate(out: *mut CUstream, flags: c_uint) { create_stream(out, flags, 0) }
+    fn cuStreamCreateWithPriority(out: *mut CUstream, flags: c_uint, priority: i32) { create_stream(out, flags, priority) }
+    fn cuStreamDestroy_v2(s: CUstream) {
+        drv()?;
+        streams().remove(s as usize).map(|_| ())
+    }
+    fn cuStreamSynchronize(s: CUstream) { stream_sync(s, false) }
+    fn cuStreamSynchronize_ptsz(s: CUstream) { stream_sync(s, true) }
+    fn cuStreamQuery(s: CUstream) { stream_query(s, false) }
+    fn cuStreamQuery_ptsz(s: CUstream) { stream_query(s, true) }
+    fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uint) { stream_wait_event(s, e, flags, false) }
+    fn cuStreamWaitEvent_ptsz(s: CUstream, e: CUevent, flags: c_uint) { stream_wait_event(s, e, flags, true) }
+    fn cuStreamGetCtx(s: CUstream, pctx: *mut CUcontext) {
+        let st = stream(s, false)?;
+        write(pctx, st.ctx.load(Relaxed) as CUcontext)
+    }
+    fn cuStreamGetCtx_ptsz(s: CUstream, pctx: *mut CUcontext) {
+        let st = stream(s, true)?;
+        write(pctx, st.ctx.load(Relaxed) as CUcontext)
+    }
+    fn cuStreamGetFlags(s: CUstream, flags: *mut c_uint) { write(flags, stream(s, false)?.flags) }
+    fn cuStreamGetFlags_ptsz(s: CUstream, flags: *mut c_uint) { write(flags, stream(s, true)?.flags) }
+    fn cuStreamGetPriority(s: CUstream, p: *mut i32) { write(p, stream(s, false)?.priority) }
+    fn cuStreamGetPriority_ptsz(s: CUstream, p: *mut i32) { write(p, stream(s, true)?.priority) }
+
+    /// CUDA 10.0's form: no mode argument (global mode).
+    fn cuStreamBeginCapture(s: CUstream) { begin_capture(s, 0, false) }
+    fn cuStreamBeginCapture_ptsz(s: CUstream) { begin_capture(s, 0, true) }
+    fn cuStreamBeginCapture_v2(s: CUstream, mode: i32) { begin_capture(s, mode, false) }
+    fn cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: i32) { begin_capture(s, mode, true) }
+    fn cuStreamEndCapture(s: CUstream, g: *mut CUgraph) { end_capture(s, g, false) }
+    fn cuStreamEndCapture_ptsz(s: CUstream, g: *mut CUgraph) { end_capture(s, g, true) }
+    fn cuStreamIsCapturing(s: CUstream, status: *mut i32) { is_capturing(s, status, false) }
+    fn cuStreamIsCapturing_ptsz(s: CUstream, status: *mut i32) { is_capturing(s, status, true) }
+
+    fn cuEventCreate(out: *mut CUevent, flags: c_uint) {
+        ctx::current()?;
+        if flags & !CU_EVENT_FLAGS_MASK != 0 {
+            return Err(err::INVALID_VALUE);
+        }
+        if out.is_null() {
+            return Err(err::INVALID_VALUE);
+        }
+        let (h, _) = events().insert(Event { flags, time: AtomicU64::new(0) });
+        write(out, h as CUevent)
+    }
+    fn cuEventRecord(e: CUevent, s: CUstream) { event_record(e, s, false) }
+    fn cuEventRecord_ptsz(e: CUevent, s: CUstream) { event_record(e, s, true) }
+    fn cuEventRecordWithFlags(e: CUevent, s: CUstream, _flags: c_uint) { event_record(e, s, false) }
+    fn cuEventRecordWithFlags_ptsz(e: CUevent, s: CUstream, _flags: c_uint) { event_record(e, s, true) }
+    /// An event never recorded counts as complete (the driver's documented behaviour).
+    fn cuEventQuery(e: CUevent) {
+        drv()?;
+        let ev = events().get(e as usize)?;
+        if now_ns() >= ev.time.load(Acquire) { Ok(()) } else { Err(err::NOT_READY) }
+    }
+    fn cuEventSynchronize(e: CUevent) {
+        drv()?;
+        let ev = events().get(e as usize)?;
+        sleep_until(ev.time.load(Acquire));
+        Ok(())
+    }
+    fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) { elapsed(ms, start, end) }
+    fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) { elapsed(ms, start, end) }
+    fn cuEventDestroy_v2(e: CUevent) {
+        drv()?;
+        events().remove(e as usize).map(|_| ())
+    }
+
+    fn cuGraphCreate(g: *mut CUgraph, flags: c_uint) {
+        drv()?;
+        if g.is_null() || flags != 0 {
+            return Err(err::INVALID_VALUE);
+        }
+        let (h, _) = graphs().insert(Graph { nodes: Mutex::new(Vec::new()) });
+        write(g, h as CUgraph)
+    }
+    fn cuGraphAddKernelNode(node: *mut CUgraphNode, g: CUgraph, deps: *const CUgraphNode, ndeps: usize, p: *const CUDA_KERNEL_NODE_PARAMS) {
+        add_kernel_node(node, g, deps, ndeps, p)
+    }
+    /// The v2 parameter struct extends v1 at its end (kern, ctx), so the prefix reads the same.
+    fn cuGraphAddKernelNode_v2(node: *mut CUgraphNode, g: CUgraph, deps: *const CUgraphNode, ndeps: usize, p: *const CUDA_KERNEL_NODE_PARAMS) {
+        add_kernel_node(node, g, deps, ndeps, p)
+    }
+    fn cuGraphInstantiate(exec: *mut CUgraphExec, g: CUgraph, _err_node: *mut CUgraphNode, _log: *mut c_char, _log_size: usize) {
+        instantiate(exec, g)
+    }
+    fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, g: CUgraph, _err_node: *mut CUgraphNode, _log: *mut c_char, _log_size: usize) {
+        instantiate(exec, g)
+    }
+    fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, g: CUgraph, _flags: u64) {
+        instantiate(exec, g)
+    }
+    fn cuGraphLaunch(exec: CUgraphExec, s: CUstream) { graph_launch(exec, s, false) }
+    fn cuGraphLaunch_ptsz(exec: CUgraphExec, s: CUstream) { graph_launch(exec, s, true) }
+    fn cuGraphExecDestroy(exec: CUgraphExec) {
+        drv()?;
+        execs().remove(exec as usize).map(|_| ())
+    }
+    fn cuGraphDestroy(g: CUgraph) {
+        drv()?;
+        graphs().remove(g as usize).map(|_| ())
+    }
+    fn cuGraphGetNodes(g: CUgraph, nodes: *mut CUgraphNode, count: *mut usize) {
+        drv()?;
+        let gr = graphs().get(g as usize)?;
+        let n = gr.nodes.lock().unwrap_or_else(|e| e.into_inner()).len();
+        if nodes.is_null() {
+            return write(count, n);
+        }
+        let want = read(count as *const usize)?;
+        for i in 0..want.min(n) {
+            write(nodes.wrapping_add(i), (g as usize + i + 1) as CUgraphNode)?;
+        }
+        write(count, want.min(n))
+    }
+}
+
+fn create_stream(out: *mut CUstream, flags: c_uint, priority: i32) -> Res {
+    let (ch, c) = ctx::current()?;
+    if flags & !CU_STREAM_NON_BLOCKING != 0 || out.is_null() {
+        return Err(err::INVALID_VALUE);
+    }
+    let (h, s) = streams().insert(Stream::new(
+        c.dev,
+        flags,
+        priority.clamp(-5, 0),
+        c.work_tail.clone(),
+    ));
+    s.set_ctx(ch);
+    write(out, h as CUstream)
+}
+
+fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Res {
+    drv()?;
+    let a = events().get(start as usize)?;
+    let b = events().get(end as usize)?;
+    if (a.flags | b.flags) & CU_EVENT_DISABLE_TIMING != 0 {
+        return Err(err::INVALID_HANDLE);
+    }
+    let (ta, tb) = (a.time.load(Acquire), b.time.load(Acquire));
+    if ta == 0 || tb == 0 {
+        return Err(err::INVALID_HANDLE);
+    }
+    let now = now_ns();
+    if now < ta || now < tb {
+        return Err(err::NOT_READY);
+    }
+    write(ms, (tb as f64 - ta as f64) as f32 / 1e6)
+}

@@ -1,0 +1,1093 @@
+//! Every way device memory is taken and given back, plus copies and memsets.
+//!
+//! Physical memory is charged to the shared device state (so processes contend for real) and to
+//! this process's slot (so NVML lists it and it is reclaimed if the process dies). Addresses come
+//! from per-device arenas of host address space, so copies are plain memory moves.
+//!
+//! What the simulator models and how:
+//! - cuMemAlloc/Pitch/Managed: charged at once, rounded up to 512 bytes. Managed memory is
+//!   charged to the current device at allocation (the real driver charges pages as they migrate).
+//! - stream-ordered pools: a pool reserves device memory in 2 MiB steps, keeps freed memory
+//!   reserved and gives the excess over its release threshold back at synchronization points or
+//!   cuMemPoolTrimTo, as the real driver does.
+//! - VMM: cuMemCreate charges the physical handle; mapping charges nothing more; the memory goes
+//!   back when the handle is released and no longer mapped. Two mappings of one handle do not
+//!   share bytes in the simulator.
+//! - arrays and mipmapped arrays: charged by their element size, not addressable for copies.
+//! - IPC and shareable-handle imports: new mappings of someone else's memory, charged nothing.
+//! - v1 (32-bit) entry points: allocations live below 4 GiB (a 1 GiB arena), as a 32-bit
+//!   `CUdeviceptr_v1` requires.
+
+use crate::ctx;
+use crate::exec;
+use crate::{drv, export, read, write, Registry, Res};
+use cuvisor_cuda_abi::cuda::*;
+use cuvisor_sim::arena::{round_up, Arena, ALIGN};
+use cuvisor_sim::state::now_ns;
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+/// Granularity of cuMemCreate / cuMemAddressReserve and of pool growth.
+pub const GRANULARITY: u64 = 2 << 20;
+const LOW_ARENA: u64 = 1 << 30;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Device,
+    Managed,
+    /// 32-bit v1 allocation.
+    V1,
+    Pool(usize),
+    /// A VMM mapping of physical handle `usize`.
+    Mapped(usize),
+    /// An opened IPC handle (someone else's memory).
+    Ipc,
+}
+
+struct Alloc {
+    size: u64,
+    /// Bytes charged to the device for this allocation (0 for mappings and imports).
+    charged: u64,
+    dev: usize,
+    ctx: usize,
+    kind: Kind,
+    dirty: AtomicBool,
+}
+
+fn table() -> &'static RwLock<BTreeMap<u64, Alloc>> {
+    static T: OnceLock<RwLock<BTreeMap<u64, Alloc>>> = OnceLock::new();
+    T.get_or_init(|| RwLock::new(BTreeMap::new()))
+}
+
+fn arena(dev: usize) -> Result<&'static Arena, CUresult> {
+    static A: OnceLock<Vec<OnceLock<Option<Arena>>>> = OnceLock::new();
+    let d = drv()?;
+    let all = A.get_or_init(|| {
+        (0..cuvisor_sim::model::MAX_DEVICES)
+            .map(|_| OnceLock::new())
+            .collect()
+    });
+    all[dev]
+        .get_or_init(|| Arena::new(2 * d.sim.model.devices[dev].memory, false))
+        .as_ref()
+        .ok_or(err::OUT_OF_MEMORY)
+}
+
+fn low_arena() -> Result<&'static Arena, CUresult> {
+    static A: OnceLock<Option<Arena>> = OnceLock::new();
+    A.get_or_init(|| Arena::new(LOW_ARENA, true))
+        .as_ref()
+        .ok_or(err::OUT_OF_MEMORY)
+}
+
+/// Address space for cuMemAddressReserve: four times all device memory together.
+fn va_arena() -> Result<&'static Arena, CUresult> {
+    static A: OnceLock<Option<Arena>> = OnceLock::new();
+    let d = drv()?;
+    let total: u64 = d.sim.model.devices.iter().map(|x| x.memory).sum();
+    A.get_or_init(|| Arena::new(4 * total, false))
+        .as_ref()
+        .ok_or(err::OUT_OF_MEMORY)
+}
+
+fn arena_for(kind: Kind, dev: usize) -> Result<&'static Arena, CUresult> {
+    match kind {
+        Kind::V1 => low_arena(),
+        Kind::Mapped(_) => va_arena(),
+        _ => arena(dev),
+    }
+}
+
+/// Charges `bytes` of device `dev`; if the device looks full, first gives back the memory of
+/// processes that died (the real driver frees it when they exit) and tries once more.
+fn charge(dev: usize, bytes: u64) -> Res {
+    let d = drv()?;
+    let cap = d.sim.model.devices[dev].memory;
+    if d.sim.shared.charge(d.slot, dev, bytes, cap) {
+        return Ok(());
+    }
+    if d.sim.shared.reclaim_dead() > 0 && d.sim.shared.charge(d.slot, dev, bytes, cap) {
+        return Ok(());
+    }
+    Err(err::OUT_OF_MEMORY)
+}
+
+fn uncharge(dev: usize, bytes: u64) {
+    if let Ok(d) = drv() {
+        if bytes > 0 {
+            d.sim.shared.uncharge(d.slot, dev, bytes);
+        }
+    }
+}
+
+/// Allocates `size` bytes on the current context's device; `charge_bytes` None = charge the
+/// rounded size, Some(n) = charge n (pools charge on their own).
+fn alloc(size: u64, kind: Kind, charge_bytes: Option<u64>) -> Result<u64, CUresult> {
+    let (ch, c) = ctx::current()?;
+    alloc_on(c.dev, ch, size, kind, charge_bytes)
+}
+
+fn alloc_on(
+    dev: usize,
+    ch: usize,
+    size: u64,
+    kind: Kind,
+    charge_bytes: Option<u64>,
+) -> Result<u64, CUresult> {
+    if size == 0 {
+        return Err(err::INVALID_VALUE);
+    }
+    let rounded = round_up(size, ALIGN);
+    let charged = charge_bytes.unwrap_or(rounded);
+    if charged > 0 {
+        charge(dev, charged)?;
+    }
+    let addr = match arena_for(kind, dev).ok().and_then(|a| a.alloc(rounded)) {
+        Some(a) => a,
+        None => {
+            uncharge(dev, charged);
+            return Err(err::OUT_OF_MEMORY);
+        }
+    };
+    let rec = Alloc {
+        size: rounded,
+        charged,
+        dev,
+        ctx: ch,
+        kind,
+        dirty: AtomicBool::new(false),
+    };
+    table()
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(addr, rec);
+    Ok(addr)
+}
+
+/// Frees the allocation that starts exactly at `addr` (an interior pointer is INVALID_VALUE,
+/// as with the real driver). `want` filters which kinds this entry point may free.
+fn free(addr: u64, want: impl Fn(Kind) -> bool) -> Res {
+    drv()?;
+    let rec = {
+        let mut t = table().write().unwrap_or_else(|e| e.into_inner());
+        match t.get(&addr) {
+            Some(r) if want(r.kind) => t.remove(&addr).ok_or(err::INVALID_VALUE)?,
+            _ => return Err(err::INVALID_VALUE),
+        }
+    };
+    release(addr, rec);
+    Ok(())
+}
+
+fn release(addr: u64, rec: Alloc) {
+    if let Ok(a) = arena_for(rec.kind, rec.dev) {
+        a.free(addr, rec.size, rec.dirty.load(Relaxed));
+    }
+    match rec.kind {
+        Kind::Pool(p) => {
+            if let Ok(pool) = pools().get(p) {
+                pool.give_back(rec.size);
+            }
+        }
+        Kind::Mapped(_) | Kind::Ipc => {}
+        _ => uncharge(rec.dev, rec.charged),
+    }
+}
+
+/// Frees everything a context owned (cuCtxDestroy, last primary release, primary reset).
+pub(crate) fn free_context(ch: usize) {
+    let mine: Vec<(u64, Alloc)> = {
+        let mut t = table().write().unwrap_or_else(|e| e.into_inner());
+        let keys: Vec<u64> = t
+            .iter()
+            .filter(|(_, r)| r.ctx == ch && !matches!(r.kind, Kind::Mapped(_)))
+            .map(|(k, _)| *k)
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| t.remove(&k).map(|r| (k, r)))
+            .collect()
+    };
+    for (addr, rec) in mine {
+        release(addr, rec);
+    }
+    arrays().retain(|_, a| {
+        if a.ctx == ch {
+            uncharge(a.dev, a.charged);
+            false
+        } else {
+            true
+        }
+    });
+}
+
+/// Checks that [addr, addr + n) lies inside one live device allocation; returns its device.
+fn device_range(addr: u64, n: u64, mark_dirty: bool) -> Result<usize, CUresult> {
+    let t = table().read().unwrap_or_else(|e| e.into_inner());
+    let (base, r) = t.range(..=addr).next_back().ok_or(err::INVALID_VALUE)?;
+    if addr.checked_add(n).is_none_or(|end| end > base + r.size) {
+        return Err(err::INVALID_VALUE);
+    }
+    if mark_dirty && n > 0 {
+        r.dirty.store(true, Relaxed);
+    }
+    Ok(r.dev)
+}
+
+/// For unified-addressing copies: is this address device memory (checked), or host memory?
+fn classify(addr: u64, n: u64, write: bool) -> Result<(), CUresult> {
+    match device_range(addr, n, write) {
+        Ok(_) => Ok(()),
+        Err(_) if in_any_arena(addr) => Err(err::INVALID_VALUE), // freed or out of bounds
+        Err(_) if addr == 0 => Err(err::INVALID_VALUE),
+        Err(_) => Ok(()), // host memory: the caller vouches for it
+    }
+}
+
+fn in_any_arena(addr: u64) -> bool {
+    let d = match drv() {
+        Ok(d) => d,
+        Err(_) => return false,
+    };
+    (0..d.sim.model.devices.len()).any(|i| arena(i).map(|a| a.contains(addr)).unwrap_or(false))
+        || low_arena().map(|a| a.contains(addr)).unwrap_or(false)
+        || va_arena().map(|a| a.contains(addr)).unwrap_or(false)
+}
+
+/// A synchronous copy waits for the work queued before it in the context (legacy stream rules).
+fn wait_for_context() -> Res {
+    let (_, c) = ctx::current()?;
+    exec::sync_device_work(&c);
+    Ok(())
+}
+
+fn copy_htod(dst: u64, src: *const c_void, n: usize) -> Res {
+    ctx::current()?;
+    if src.is_null() && n > 0 {
+        return Err(err::INVALID_VALUE);
+    }
+    device_range(dst, n as u64, true)?;
+    crate::copy_bytes(dst, src as u64, n);
+    Ok(())
+}
+
+fn copy_dtoh(dst: *mut c_void, src: u64, n: usize) -> Res {
+    ctx::current()?;
+    if dst.is_null() && n > 0 {
+        return Err(err::INVALID_VALUE);
+    }
+    device_range(src, n as u64, false)?;
+    crate::copy_bytes(dst as u64, src, n);
+    Ok(())
+}
+
+fn copy_dtod(dst: u64, src: u64, n: usize) -> Res {
+    ctx::current()?;
+    device_range(src, n as u64, false)?;
+    device_range(dst, n as u64, true)?;
+    crate::copy_bytes(dst, src, n);
+    Ok(())
+}
+
+fn copy_any(dst: u64, src: u64, n: usize) -> Res {
+    ctx::current()?;
+    classify(src, n as u64, false)?;
+    classify(dst, n as u64, true)?;
+    crate::copy_bytes(dst, src, n);
+    Ok(())
+}
+
+fn memset(dst: u64, value: u32, elem: usize, count: usize) -> Res {
+    ctx::current()?;
+    let n = elem.checked_mul(count).ok_or(err::INVALID_VALUE)?;
+    if dst % elem as u64 != 0 {
+        return Err(err::INVALID_VALUE);
+    }
+    device_range(dst, n as u64, true)?;
+    let bytes = value.to_le_bytes();
+    let pattern = &bytes[..elem];
+    // SAFETY: [dst, dst + n) was just checked to lie inside one live allocation of ours.
+    let buf = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, n) };
+    for chunk in buf.chunks_exact_mut(elem) {
+        chunk.copy_from_slice(pattern);
+    }
+    Ok(())
+}
+
+// ---- stream-ordered pools -----------------------------------------------------------------------
+
+pub(crate) struct Pool {
+    dev: usize,
+    is_default: bool,
+    st: Mutex<PoolState>,
+}
+
+#[derive(Default)]
+struct PoolState {
+    reserved: u64,
+    used: u64,
+    reserved_high: u64,
+    used_high: u64,
+    threshold: u64,
+    reuse: [c_int; 3],
+}
+
+impl Pool {
+    fn take(&self, bytes: u64) -> Res {
+        let mut s = self.st.lock().unwrap_or_else(|e| e.into_inner());
+        let spare = s.reserved - s.used;
+        if spare < bytes {
+            let grow = round_up(bytes - spare, GRANULARITY);
+            charge(self.dev, grow)?;
+            s.reserved += grow;
+            s.reserved_high = s.reserved_high.max(s.reserved);
+        }
+        s.used += bytes;
+        s.used_high = s.used_high.max(s.used);
+        Ok(())
+    }
+    fn give_back(&self, bytes: u64) {
+        let mut s = self.st.lock().unwrap_or_else(|e| e.into_inner());
+        s.used = s.used.saturating_sub(bytes);
+    }
+    /// Returns reserved memory above max(used, keep) to the device.
+    fn trim(&self, keep: u64) {
+        let mut s = self.st.lock().unwrap_or_else(|e| e.into_inner());
+        let floor = round_up(s.used.max(keep), GRANULARITY).min(s.reserved);
+        let excess = s.reserved - floor;
+        if excess > 0 {
+            s.reserved -= excess;
+            uncharge(self.dev, excess);
+        }
+    }
+}
+
+fn pools() -> &'static Registry<Pool> {
+    static R: OnceLock<Registry<Pool>> = OnceLock::new();
+    R.get_or_init(Registry::new)
+}
+
+/// (default pool, current pool) handles per device.
+fn device_pools() -> &'static Vec<Mutex<(usize, usize)>> {
+    static P: OnceLock<Vec<Mutex<(usize, usize)>>> = OnceLock::new();
+    P.get_or_init(|| {
+        (0..cuvisor_sim::model::MAX_DEVICES)
+            .map(|_| Mutex::new((0, 0)))
+            .collect()
+    })
+}
+
+fn default_pool(dev: usize) -> usize {
+    let mut p = device_pools()[dev]
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if p.0 == 0 {
+        let (h, _) = pools().insert(Pool {
+            dev,
+            is_default: true,
+            st: Mutex::new(PoolState::default()),
+        });
+        *p = (h, h);
+    }
+    p.0
+}
+
+fn current_pool(dev: usize) -> usize {
+    default_pool(dev);
+    device_pools()[dev]
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .1
+}
+
+/// At a synchronization point, pools on `dev` release what exceeds their threshold.
+pub(crate) fn trim_pools_at_sync(dev: usize) {
+    let list: Vec<Arc<Pool>> = {
+        let mut v = Vec::new();
+        pools().retain(|_, p| {
+            if p.dev == dev {
+                v.push(p.clone());
+            }
+            true
+        });
+        v
+    };
+    for p in list {
+        let keep = p.st.lock().unwrap_or_else(|e| e.into_inner()).threshold;
+        p.trim(keep);
+    }
+}
+
+fn alloc_from_pool(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool_h: usize,
+    s: CUstream,
+    pt: bool,
+) -> Res {
+    if dptr.is_null() || size == 0 {
+        return Err(err::INVALID_VALUE);
+    }
+    let stream = exec::stream(s, pt)?;
+    let pool = pools().get(pool_h).map_err(|_| err::INVALID_VALUE)?;
+    let rounded = round_up(size as u64, ALIGN);
+    pool.take(rounded)?;
+    let ch = ctx::current()?.0;
+    match alloc_on(pool.dev, ch, rounded, Kind::Pool(pool_h), Some(0)) {
+        Ok(a) => write(dptr, a),
+        Err(e) => {
+            pool.give_back(rounded);
+            let _ = stream;
+            Err(e)
+        }
+    }
+}
+
+fn alloc_async(dptr: *mut CUdeviceptr, size: usize, s: CUstream, pt: bool) -> Res {
+    let stream = exec::stream(s, pt)?;
+    alloc_from_pool(dptr, size, current_pool(stream.dev), s, pt)
+}
+
+fn free_async(dptr: CUdeviceptr, s: CUstream, pt: bool) -> Res {
+    exec::stream(s, pt)?;
+    free(dptr, |_| true)
+}
+
+// ---- VMM ----------------------------------------------------------------------------------------
+
+struct Phys {
+    /// The device charged, if the memory is device memory we created (not an import).
+    charged_dev: Option<usize>,
+    dev: Option<usize>,
+    size: u64,
+    st: Mutex<(bool, u32)>, // (released, mappings)
+}
+
+fn phys() -> &'static Registry<Phys> {
+    static R: OnceLock<Registry<Phys>> = OnceLock::new();
+    R.get_or_init(Registry::new)
+}
+
+fn phys_drop_if_unused(h: usize, p: &Phys) {
+    let (released, maps) = *p.st.lock().unwrap_or_else(|e| e.into_inner());
+    if released && maps == 0 && phys().remove(h).is_ok() {
+        if let Some(dev) = p.charged_dev {
+            uncharge(dev, p.size);
+        }
+    }
+}
+
+fn reservations() -> &'static Mutex<BTreeMap<u64, u64>> {
+    static R: OnceLock<Mutex<BTreeMap<u64, u64>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(BTreeMap::new()))
+}
+
+fn location_device(loc: CUmemLocation) -> Result<Option<usize>, CUresult> {
+    match loc.type_ {
+        CU_MEM_LOCATION_TYPE_DEVICE => {
+            let d = drv()?;
+            let i = usize::try_from(loc.id).map_err(|_| err::INVALID_DEVICE)?;
+            if i >= d.sim.model.devices.len() {
+                return Err(err::INVALID_DEVICE);
+            }
+            Ok(Some(i))
+        }
+        2..=4 => Ok(None), // HOST, HOST_NUMA, HOST_NUMA_CURRENT: host memory, no device charge
+        _ => Err(err::INVALID_VALUE),
+    }
+}
+
+// ---- arrays -------------------------------------------------------------------------------------
+
+struct ArrayObj {
+    dev: usize,
+    ctx: usize,
+    charged: u64,
+}
+
+fn arrays() -> &'static Registry<ArrayObj> {
+    static R: OnceLock<Registry<ArrayObj>> = OnceLock::new();
+    R.get_or_init(Registry::new)
+}
+
+fn array_bytes(
+    w: usize,
+    h: usize,
+    d: usize,
+    format: c_int,
+    channels: c_uint,
+) -> Result<u64, CUresult> {
+    let elem = array_format_bytes(format).ok_or(err::INVALID_VALUE)?;
+    if w == 0 || !matches!(channels, 1 | 2 | 4) {
+        return Err(err::INVALID_VALUE);
+    }
+    (w as u64)
+        .checked_mul(h.max(1) as u64)
+        .and_then(|x| x.checked_mul(d.max(1) as u64))
+        .and_then(|x| x.checked_mul(elem as u64 * channels as u64))
+        .ok_or(err::INVALID_VALUE)
+}
+
+fn create_array(out: *mut CUarray, bytes: u64) -> Res {
+    let (ch, c) = ctx::current()?;
+    if out.is_null() {
+        return Err(err::INVALID_VALUE);
+    }
+    let charged = round_up(bytes, ALIGN);
+    charge(c.dev, charged)?;
+    let (h, _) = arrays().insert(ArrayObj {
+        dev: c.dev,
+        ctx: ch,
+        charged,
+    });
+    write(out, h as CUarray)
+}
+
+fn destroy_array(h: usize) -> Res {
+    drv()?;
+    let a = arrays().remove(h)?;
+    uncharge(a.dev, a.charged);
+    Ok(())
+}
+
+// ---- host memory --------------------------------------------------------------------------------
+
+fn host_allocs() -> &'static Mutex<HashSet<usize>> {
+    static H: OnceLock<Mutex<HashSet<usize>>> = OnceLock::new();
+    H.get_or_init(|| Mutex::new(HashSet::new()))
+}
+
+fn host_alloc(pp: *mut *mut c_void, size: usize) -> Res {
+    ctx::current()?;
+    if pp.is_null() {
+        return Err(err::INVALID_VALUE);
+    }
+    // SAFETY: plain malloc of the requested size; ownership is tracked in host_allocs.
+    let p = unsafe { libc::malloc(size.max(1)) };
+    if p.is_null() {
+        return Err(err::OUT_OF_MEMORY);
+    }
+    host_allocs()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(p as usize);
+    write(pp, p)
+}
+
+/// Rate-limited reclaim of dead processes' memory before reporting free memory.
+fn reclaim_now_and_then() {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = now_ns();
+    let last = LAST.load(Relaxed);
+    if now.saturating_sub(last) > 50_000_000
+        && LAST.compare_exchange(last, now, Relaxed, Relaxed).is_ok()
+    {
+        if let Ok(d) = drv() {
+            d.sim.shared.reclaim_dead();
+        }
+    }
+}
+
+fn mem_info() -> Result<(u64, u64), CUresult> {
+    let (_, c) = ctx::current()?;
+    reclaim_now_and_then();
+    let d = drv()?;
+    let total = d.sim.model.devices[c.dev].memory;
+    let used = d.sim.shared.device(c.dev).mem_used.load(Acquire);
+    Ok((total.saturating_sub(used), total))
+}
+
+/// `CUipcMemHandle`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUipcMemHandle {
+    pub reserved: [u8; 64],
+}
+const IPC_MAGIC: u64 = 0x4356_4950_4331_0001;
+
+export! {
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) {
+        let (f, t) = mem_info()?;
+        write(free, f as usize)?;
+        write(total, t as usize)
+    }
+    /// v1 (CUDA 2.0): 32-bit out-parameters, clamped rather than wrapped.
+    fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) {
+        let (f, t) = mem_info()?;
+        write(free, f.min(u32::MAX as u64) as c_uint)?;
+        write(total, t.min(u32::MAX as u64) as c_uint)
+    }
+
+    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) {
+        if dptr.is_null() {
+            return Err(err::INVALID_VALUE);
+        }
+        write(dptr, alloc(size as u64, Kind::Device, None)?)
+    }
+    /// v1: a 32-bit `CUdeviceptr_v1`, so the memory comes from below 4 GiB.
+    fn cuMemAlloc(dptr: *mut c_uint, size: c_uint) {
+        if dptr.is_null() {
+            return Err(err::INVALID_VALUE);
+        }
+        let a = alloc(size as u64, Kind::V1, None)?;
+        write(dptr, a as c_uint)
+    }
+    fn cuMemFree_v2(dptr: CUdeviceptr) {
+        if dptr == 0 {
+            return Ok(()); // freeing NULL is a no-op
+        }
+        free(dptr, |k| !matches!(k, Kind::Mapped(_) | Kind::Ipc))
+    }
+    fn cuMemFree(dptr: c_uint) {
+        if dptr == 0 {
+            return Ok(());
+        }
+        free(dptr as u64, |k| k == Kind::V1)
+    }
+    fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) {
+        if dptr.is_null() || pitch.is_null() || width == 0 || height == 0 || !matches!(elem, 4 | 8 | 16) {
+            return Err(err::INVALID_VALUE);
+        }
+        let p = round_up(width as u64, ALIGN);
+        let a = alloc(p.checked_mul(height as u64).ok_or(err::INVALID_VALUE)?, Kind::Device, None)?;
+        write(pitch, p as usize)?;
+        write(dptr, a)
+    }
+    fn cuMemAllocPitch(dptr: *mut c_uint, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint) {
+        if dptr.is_null() || pitch.is_null() || width == 0 || height == 0 || !matches!(elem, 4 | 8 | 16) {
+            return Err(err::INVALID_VALUE);
+        }
+        let p = round_up(width as u64, ALIGN);
+        let a = alloc(p * height as u64, Kind::V1, None)?;
+        write(pitch, p as c_uint)?;
+        write(dptr, a as c_uint)
+    }
+    fn cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) {
+        if dptr.is_null() || !matches!(flags, CU_MEM_ATTACH_GLOBAL | CU_MEM_ATTACH_HOST) {
+            return Err(err::INVALID_VALUE);
+        }
+        write(dptr, alloc(size as u64, Kind::Managed, None)?)
+    }
+
+    fn cuMemGetAddressRange_v2(base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr) {
+        drv()?;
+        let t = table().read().unwrap_or_else(|e| e.into_inner());
+        let (b, r) = t.range(..=dptr).next_back().ok_or(err::NOT_FOUND)?;
+        if dptr >= b + r.size {
+            return Err(err::NOT_FOUND);
+        }
+        if !base.is_null() {
+            write(base, *b)?;
+        }
+        if !size.is_null() {
+            write(size, r.size as usize)?;
+        }
+        Ok(())
+    }
+
+    fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) {
+        drv()?;
+        let t = table().read().unwrap_or_else(|e| e.into_inner());
+        let (b, r) = t.range(..=ptr).next_back().ok_or(err::INVALID_VALUE)?;
+        if ptr >= b + r.size {
+            return Err(err::INVALID_VALUE);
+        }
+        match attribute {
+            CU_POINTER_ATTRIBUTE_CONTEXT => write(data as *mut CUcontext, r.ctx as CUcontext),
+            CU_POINTER_ATTRIBUTE_MEMORY_TYPE => write(data as *mut c_uint, CU_MEMORYTYPE_DEVICE),
+            CU_POINTER_ATTRIBUTE_DEVICE_POINTER => write(data as *mut CUdeviceptr, ptr),
+            CU_POINTER_ATTRIBUTE_IS_MANAGED => write(data as *mut c_int, (r.kind == Kind::Managed) as c_int),
+            CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL => write(data as *mut c_int, r.dev as c_int),
+            CU_POINTER_ATTRIBUTE_RANGE_START_ADDR => write(data as *mut CUdeviceptr, *b),
+            CU_POINTER_ATTRIBUTE_RANGE_SIZE => write(data as *mut usize, r.size as usize),
+            CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE => match r.kind {
+                Kind::Pool(p) => write(data as *mut CUmemoryPool, p as CUmemoryPool),
+                _ => write(data as *mut CUmemoryPool, std::ptr::null_mut()),
+            },
+            _ => Err(err::INVALID_VALUE),
+        }
+    }
+
+    fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) { host_alloc(pp, size) }
+    fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, _flags: c_uint) { host_alloc(pp, size) }
+    fn cuMemFreeHost(p: *mut c_void) {
+        drv()?;
+        if !host_allocs().lock().unwrap_or_else(|e| e.into_inner()).remove(&(p as usize)) {
+            return Err(err::INVALID_VALUE);
+        }
+        // SAFETY: p came from our malloc in host_alloc and was still registered.
+        unsafe { libc::free(p) };
+        Ok(())
+    }
+    fn cuMemHostGetDevicePointer_v2(dptr: *mut CUdeviceptr, p: *mut c_void, flags: c_uint) {
+        drv()?;
+        if flags != 0 || p.is_null() {
+            return Err(err::INVALID_VALUE);
+        }
+        write(dptr, p as CUdeviceptr)
+    }
+    fn cuMemHostRegister_v2(p: *mut c_void, size: usize, _flags: c_uint) {
+        ctx::current()?;
+        if p.is_null() || size == 0 { Err(err::INVALID_VALUE) } else { Ok(()) }
+    }
+    fn cuMemHostUnregister(p: *mut c_void) {
+        ctx::current()?;
+        if p.is_null() { Err(err::INVALID_VALUE) } else { Ok(()) }
+    }
+
+    fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) { wait_for_context()?; copy_htod(dst, src, n) }
+    fn cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) { wait_for_context()?; copy_htod(dst, src, n) }
+    fn cuMemcpyHtoD(dst: c_uint, src: *const c_void, n: c_uint) { wait_for_context()?; copy_htod(dst as u64, src, n as usize) }
+    fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_dtoh(dst, src, n) }
+    fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_dtoh(dst, src, n) }
+    fn cuMemcpyDtoH(dst: *mut c_void, src: c_uint, n: c_uint) { wait_for_context()?; copy_dtoh(dst, src as u64, n as usize) }
+    fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_dtod(dst, src, n) }
+    fn cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_dtod(dst, src, n) }
+    fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_any(dst, src, n) }
+    fn cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_any(dst, src, n) }
+
+    fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) { exec::stream(s, false)?; copy_htod(dst, src, n) }
+    fn cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) { exec::stream(s, true)?; copy_htod(dst, src, n) }
+    fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) { exec::stream(s, false)?; copy_dtoh(dst, src, n) }
+    fn cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) { exec::stream(s, true)?; copy_dtoh(dst, src, n) }
+    fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { exec::stream(s, false)?; copy_dtod(dst, src, n) }
+    fn cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { exec::stream(s, true)?; copy_dtod(dst, src, n) }
+    fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { exec::stream(s, false)?; copy_any(dst, src, n) }
+    fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { exec::stream(s, true)?; copy_any(dst, src, n) }
+
+    fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize) { wait_for_context()?; memset(dst, v as u32, 1, n) }
+    fn cuMemsetD8_v2_ptds(dst: CUdeviceptr, v: u8, n: usize) { wait_for_context()?; memset(dst, v as u32, 1, n) }
+    fn cuMemsetD16_v2(dst: CUdeviceptr, v: u16, n: usize) { wait_for_context()?; memset(dst, v as u32, 2, n) }
+    fn cuMemsetD16_v2_ptds(dst: CUdeviceptr, v: u16, n: usize) { wait_for_context()?; memset(dst, v as u32, 2, n) }
+    fn cuMemsetD32_v2(dst: CUdeviceptr, v: u32, n: usize) { wait_for_context()?; memset(dst, v, 4, n) }
+    fn cuMemsetD32_v2_ptds(dst: CUdeviceptr, v: u32, n: usize) { wait_for_context()?; memset(dst, v, 4, n) }
+    fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, s: CUstream) { exec::stream(s, false)?; memset(dst, v as u32, 1, n) }
+    fn cuMemsetD8Async_ptsz(dst: CUdeviceptr, v: u8, n: usize, s: CUstream) { exec::stream(s, true)?; memset(dst, v as u32, 1, n) }
+    fn cuMemsetD16Async(dst: CUdeviceptr, v: u16, n: usize, s: CUstream) { exec::stream(s, false)?; memset(dst, v as u32, 2, n) }
+    fn cuMemsetD16Async_ptsz(dst: CUdeviceptr, v: u16, n: usize, s: CUstream) { exec::stream(s, true)?; memset(dst, v as u32, 2, n) }
+    fn cuMemsetD32Async(dst: CUdeviceptr, v: u32, n: usize, s: CUstream) { exec::stream(s, false)?; memset(dst, v, 4, n) }
+    fn cuMemsetD32Async_ptsz(dst: CUdeviceptr, v: u32, n: usize, s: CUstream) { exec::stream(s, true)?; memset(dst, v, 4, n) }
+
+    fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) {
+        let (i, _) = ctx::device(dev)?;
+        write(pool, default_pool(i) as CUmemoryPool)
+    }
+    fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) {
+        let (i, _) = ctx::device(dev)?;
+        write(pool, current_pool(i) as CUmemoryPool)
+    }
+    fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) {
+        let (i, _) = ctx::device(dev)?;
+        let p = pools().get(pool as usize).map_err(|_| err::INVALID_VALUE)?;
+        if p.dev != i {
+            return Err(err::INVALID_DEVICE);
+        }
+        default_pool(i);
+        device_pools()[i].lock().unwrap_or_else(|e| e.into_inner()).1 = pool as usize;
+        Ok(())
+    }
+    fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) {
+        drv()?;
+        let p: CUmemPoolProps = read(props)?;
+        if p.allocType != CU_MEM_ALLOCATION_TYPE_PINNED || pool.is_null() {
+            return Err(err::INVALID_VALUE);
+        }
+        let dev = location_device(p.location)?.ok_or(err::NOT_SUPPORTED)?;
+        let (h, _) = pools().insert(Pool { dev, is_default: false, st: Mutex::new(PoolState::default()) });
+        write(pool, h as CUmemoryPool)
+    }
+    /// Destroying a pool frees what it holds; the default pool cannot be destroyed.
+    fn cuMemPoolDestroy(pool: CUmemoryPool) {
+        drv()?;
+        let p = pools().get(pool as usize).map_err(|_| err::INVALID_VALUE)?;
+        if p.is_default {
+            return Err(err::INVALID_VALUE);
+        }
+        let mine: Vec<(u64, Alloc)> = {
+            let mut t = table().write().unwrap_or_else(|e| e.into_inner());
+            let keys: Vec<u64> = t.iter().filter(|(_, r)| r.kind == Kind::Pool(pool as usize)).map(|(k, _)| *k).collect();
+            keys.into_iter().filter_map(|k| t.remove(&k).map(|r| (k, r))).collect()
+        };
+        for (addr, rec) in mine {
+            release(addr, rec);
+        }
+        p.trim(0);
+        {
+            let mut dp = device_pools()[p.dev].lock().unwrap_or_else(|e| e.into_inner());
+            if dp.1 == pool as usize {
+                dp.1 = dp.0;
+            }
+        }
+        pools().remove(pool as usize).map(|_| ())
+    }
+    fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) {
+        drv()?;
+        pools().get(pool as usize).map_err(|_| err::INVALID_VALUE)?.trim(keep as u64);
+        Ok(())
+    }
+    fn cuMemPoolGetAttribute(pool: CUmemoryPool, attribute: c_int, value: *mut c_void) {
+        drv()?;
+        let p = pools().get(pool as usize).map_err(|_| err::INVALID_VALUE)?;
+        let s = p.st.lock().unwrap_or_else(|e| e.into_inner());
+        let v64 = |v: u64| write(value as *mut u64, v);
+        match attribute {
+            CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES..=CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
+                write(value as *mut c_int, s.reuse[(attribute - 1) as usize])
+            }
+            CU_MEMPOOL_ATTR_RELEASE_THRESHOLD => v64(s.threshold),
+            CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT => v64(s.reserved),
+            CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH => v64(s.reserved_high),
+            CU_MEMPOOL_ATTR_USED_MEM_CURRENT => v64(s.used),
+            CU_MEMPOOL_ATTR_USED_MEM_HIGH => v64(s.used_high),
+            _ => Err(err::INVALID_VALUE),
+        }
+    }
+    /// The high watermarks can only be reset (to the current value) by setting them to 0.
+    fn cuMemPoolSetAttribute(pool: CUmemoryPool, attribute: c_int, value: *mut c_void) {
+        drv()?;
+        let p = pools().get(pool as usize).map_err(|_| err::INVALID_VALUE)?;
+        let mut s = p.st.lock().unwrap_or_else(|e| e.into_inner());
+        match attribute {
+            CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES..=CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
+                s.reuse[(attribute - 1) as usize] = read(value as *const c_int)?;
+            }
+            CU_MEMPOOL_ATTR_RELEASE_THRESHOLD => s.threshold = read(value as *const u64)?,
+            CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH | CU_MEMPOOL_ATTR_USED_MEM_HIGH => {
+                if read(value as *const u64)? != 0 {
+                    return Err(err::INVALID_VALUE);
+                }
+                if attribute == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH {
+                    s.reserved_high = s.reserved;
+                } else {
+                    s.used_high = s.used;
+                }
+            }
+            _ => return Err(err::INVALID_VALUE),
+        }
+        Ok(())
+    }
+    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, s: CUstream) { alloc_async(dptr, size, s, false) }
+    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, s: CUstream) { alloc_async(dptr, size, s, true) }
+    fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, s: CUstream) {
+        alloc_from_pool(dptr, size, pool as usize, s, false)
+    }
+    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, s: CUstream) {
+        alloc_from_pool(dptr, size, pool as usize, s, true)
+    }
+    fn cuMemFreeAsync(dptr: CUdeviceptr, s: CUstream) { free_async(dptr, s, false) }
+    fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, s: CUstream) { free_async(dptr, s, true) }
+
+    fn cuMemGetAllocationGranularity(g: *mut usize, prop: *const CUmemAllocationProp, _option: c_int) {
+        drv()?;
+        let p: CUmemAllocationProp = read(prop)?;
+        location_device(p.location)?;
+        write(g, GRANULARITY as usize)
+    }
+    fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) {
+        drv()?;
+        let p: CUmemAllocationProp = read(prop)?;
+        if handle.is_null() || flags != 0 || p.type_ != CU_MEM_ALLOCATION_TYPE_PINNED || size == 0 || size as u64 % GRANULARITY != 0 {
+            return Err(err::INVALID_VALUE);
+        }
+        let dev = location_device(p.location)?;
+        if let Some(d) = dev {
+            charge(d, size as u64)?;
+        }
+        let (h, _) = phys().insert(Phys { charged_dev: dev, dev, size: size as u64, st: Mutex::new((false, 0)) });
+        write(handle, h as u64)
+    }
+    fn cuMemRelease(handle: CUmemGenericAllocationHandle) {
+        drv()?;
+        let p = phys().get(handle as usize)?;
+        {
+            let mut st = p.st.lock().unwrap_or_else(|e| e.into_inner());
+            if st.0 {
+                return Err(err::INVALID_VALUE);
+            }
+            st.0 = true;
+        }
+        phys_drop_if_unused(handle as usize, &p);
+        Ok(())
+    }
+    fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, _align: usize, _addr: CUdeviceptr, flags: u64) {
+        drv()?;
+        if ptr.is_null() || flags != 0 || size == 0 || size as u64 % GRANULARITY != 0 {
+            return Err(err::INVALID_VALUE);
+        }
+        let a = va_arena()?.alloc(size as u64).ok_or(err::OUT_OF_MEMORY)?;
+        reservations().lock().unwrap_or_else(|e| e.into_inner()).insert(a, size as u64);
+        write(ptr, a)
+    }
+    fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) {
+        drv()?;
+        let mut r = reservations().lock().unwrap_or_else(|e| e.into_inner());
+        if r.get(&ptr) != Some(&(size as u64)) {
+            return Err(err::INVALID_VALUE);
+        }
+        r.remove(&ptr);
+        va_arena()?.free(ptr, size as u64, true);
+        Ok(())
+    }
+    fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) {
+        drv()?;
+        let p = phys().get(handle as usize).map_err(|_| err::INVALID_VALUE)?;
+        if flags != 0 || size == 0 || offset as u64 + size as u64 > p.size || size as u64 % GRANULARITY != 0 {
+            return Err(err::INVALID_VALUE);
+        }
+        let inside = {
+            let r = reservations().lock().unwrap_or_else(|e| e.into_inner());
+            r.range(..=ptr).next_back().is_some_and(|(b, s)| ptr + size as u64 <= b + s)
+        };
+        if !inside {
+            return Err(err::INVALID_VALUE);
+        }
+        let mut t = table().write().unwrap_or_else(|e| e.into_inner());
+        let overlaps = t.range(..ptr + size as u64).next_back().is_some_and(|(b, r)| b + r.size > ptr);
+        if overlaps {
+            return Err(err::INVALID_VALUE);
+        }
+        p.st.lock().unwrap_or_else(|e| e.into_inner()).1 += 1;
+        let ch = ctx::current().map(|c| c.0).unwrap_or(0);
+        t.insert(ptr, Alloc { size: size as u64, charged: 0, dev: p.dev.unwrap_or(0), ctx: ch, kind: Kind::Mapped(handle as usize), dirty: AtomicBool::new(false) });
+        Ok(())
+    }
+    fn cuMemUnmap(ptr: CUdeviceptr, size: usize) {
+        drv()?;
+        let end = ptr.checked_add(size as u64).ok_or(err::INVALID_VALUE)?;
+        let gone: Vec<(u64, Alloc)> = {
+            let mut t = table().write().unwrap_or_else(|e| e.into_inner());
+            let keys: Vec<u64> = t.range(ptr..end).filter(|(_, r)| matches!(r.kind, Kind::Mapped(_))).map(|(k, _)| *k).collect();
+            if keys.is_empty() {
+                return Err(err::INVALID_VALUE);
+            }
+            keys.into_iter().filter_map(|k| t.remove(&k).map(|r| (k, r))).collect()
+        };
+        for (addr, rec) in gone {
+            if rec.dirty.load(Relaxed) {
+                // SAFETY: the range is inside our VA arena mapping and no longer mapped for the client.
+                unsafe { libc::madvise(addr as *mut c_void, rec.size as usize, libc::MADV_DONTNEED) };
+            }
+            if let Kind::Mapped(h) = rec.kind {
+                if let Ok(p) = phys().get(h) {
+                    p.st.lock().unwrap_or_else(|e| e.into_inner()).1 -= 1;
+                    phys_drop_if_unused(h, &p);
+                }
+            }
+        }
+        Ok(())
+    }
+    fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) {
+        drv()?;
+        if count == 0 {
+            return Err(err::INVALID_VALUE);
+        }
+        for i in 0..count {
+            let d: CUmemAccessDesc = read(desc.wrapping_add(i))?;
+            location_device(d.location)?;
+        }
+        device_range(ptr, size as u64, false).map(|_| ())
+    }
+    fn cuMemExportToShareableHandle(out: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int, _flags: u64) {
+        drv()?;
+        let p = phys().get(handle as usize)?;
+        if kind != 1 {
+            return Err(err::NOT_SUPPORTED); // only CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        }
+        // The fd carries (device, size) to whoever imports it, across processes (SCM_RIGHTS).
+        let record = format!("cuvisor-sim-vmm {} {}\n", p.dev.map(|d| d as i64).unwrap_or(-1), p.size);
+        // SAFETY: memfd_create with a static NUL-terminated name; we own the returned fd.
+        let fd = unsafe { libc::memfd_create(c"cuvisor-sim-vmm".as_ptr(), 0) };
+        if fd < 0 {
+            return Err(err::UNKNOWN);
+        }
+        // SAFETY: fd is ours and record is a live buffer of the given length.
+        let n = unsafe { libc::pwrite(fd, record.as_ptr() as *const c_void, record.len(), 0) };
+        if n != record.len() as isize {
+            return Err(err::UNKNOWN);
+        }
+        write(out as *mut c_int, fd)
+    }
+    fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, kind: c_int) {
+        drv()?;
+        if kind != 1 || handle.is_null() {
+            return Err(err::INVALID_VALUE);
+        }
+        let fd = os_handle as usize as c_int;
+        let mut buf = [0u8; 64];
+        // SAFETY: reading at most buf.len() bytes into our own buffer from the caller's fd.
+        let n = unsafe { libc::pread(fd, buf.as_mut_ptr() as *mut c_void, buf.len(), 0) };
+        let text = std::str::from_utf8(&buf[..n.max(0) as usize]).map_err(|_| err::INVALID_VALUE)?;
+        let mut parts = text.trim().split(' ');
+        if parts.next() != Some("cuvisor-sim-vmm") {
+            return Err(err::INVALID_VALUE);
+        }
+        let dev: i64 = parts.next().and_then(|x| x.parse().ok()).ok_or(err::INVALID_VALUE)?;
+        let size: u64 = parts.next().and_then(|x| x.parse().ok()).ok_or(err::INVALID_VALUE)?;
+        // Imported memory is the exporter's: nothing new is charged.
+        let (h, _) = phys().insert(Phys { charged_dev: None, dev: usize::try_from(dev).ok(), size, st: Mutex::new((false, 0)) });
+        write(handle, h as u64)
+    }
+
+    fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: CUdeviceptr) {
+        drv()?;
+        let t = table().read().unwrap_or_else(|e| e.into_inner());
+        let r = t.get(&dptr).filter(|r| matches!(r.kind, Kind::Device | Kind::V1)).ok_or(err::INVALID_VALUE)?;
+        let mut h = CUipcMemHandle { reserved: [0; 64] };
+        for (i, v) in [IPC_MAGIC, std::process::id() as u64, r.dev as u64, r.size, dptr].iter().enumerate() {
+            h.reserved[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        write(handle, h)
+    }
+    fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, _flags: c_uint) { ipc_open(pdptr, handle) }
+    fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, _flags: c_uint) { ipc_open(pdptr, handle) }
+    fn cuIpcCloseMemHandle(dptr: CUdeviceptr) { free(dptr, |k| k == Kind::Ipc) }
+
+    fn cuArrayCreate_v2(out: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) {
+        let d: CUDA_ARRAY_DESCRIPTOR = read(desc)?;
+        create_array(out, array_bytes(d.Width, d.Height, 1, d.Format, d.NumChannels)?)
+    }
+    fn cuArray3DCreate_v2(out: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) {
+        let d: CUDA_ARRAY3D_DESCRIPTOR = read(desc)?;
+        create_array(out, array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels)?)
+    }
+    fn cuArrayDestroy(a: CUarray) { destroy_array(a as usize) }
+    fn cuMipmappedArrayCreate(out: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) {
+        let d: CUDA_ARRAY3D_DESCRIPTOR = read(desc)?;
+        let max_dim = d.Width.max(d.Height).max(d.Depth).max(1);
+        let max_levels = usize::BITS - max_dim.leading_zeros();
+        if levels == 0 || levels > max_levels {
+            return Err(err::INVALID_VALUE);
+        }
+        let shrink = |x: usize, l: u32| if x == 0 { 0 } else { (x >> l).max(1) };
+        let mut total = 0u64;
+        for l in 0..levels {
+            total += array_bytes(shrink(d.Width, l), shrink(d.Height, l), shrink(d.Depth, l), d.Format, d.NumChannels)?;
+        }
+        create_array(out as *mut CUarray, total)
+    }
+    fn cuMipmappedArrayDestroy(a: CUmipmappedArray) { destroy_array(a as usize) }
+}
+
+fn ipc_open(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle) -> Res {
+    let (ch, _) = ctx::current()?;
+    let word = |i: usize| {
+        u64::from_le_bytes(
+            handle.reserved[i * 8..i * 8 + 8]
+                .try_into()
+                .unwrap_or_default(),
+        )
+    };
+    if word(0) != IPC_MAGIC || pdptr.is_null() {
+        return Err(err::INVALID_VALUE);
+    }
+    if word(1) == std::process::id() as u64 {
+        return Err(err::INVALID_CONTEXT); // a process cannot open its own IPC handle
+    }
+    let dev = word(2) as usize;
+    if dev >= drv()?.sim.model.devices.len() {
+        return Err(err::INVALID_VALUE);
+    }
+    let a = alloc_on(dev, ch, word(3), Kind::Ipc, Some(0))?;
+    write(pdptr, a)
+}

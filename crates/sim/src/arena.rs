@@ -1,0 +1,155 @@
+//! Device address space of one process on one simulated device.
+//!
+//! The arena reserves twice the device's memory as host virtual memory (`MAP_NORESERVE`, so an
+//! 80 GiB device costs no RAM until bytes are actually written) and hands out best-fit blocks with
+//! coalescing. A device pointer is a host address inside it, so copies are plain memcpy.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
+/// Every block starts on this boundary (cudaMalloc guarantees 256 bytes; the driver gives 512).
+pub const ALIGN: u64 = 512;
+
+pub struct Arena {
+    base: u64,
+    size: u64,
+    free: Mutex<FreeList>,
+}
+
+#[derive(Default)]
+struct FreeList {
+    by_addr: BTreeMap<u64, u64>,
+    by_size: BTreeSet<(u64, u64)>,
+}
+
+impl FreeList {
+    fn insert(&mut self, addr: u64, size: u64) {
+        self.by_addr.insert(addr, size);
+        self.by_size.insert((size, addr));
+    }
+    fn remove(&mut self, addr: u64, size: u64) {
+        self.by_addr.remove(&addr);
+        self.by_size.remove(&(size, addr));
+    }
+}
+
+pub fn round_up(n: u64, to: u64) -> u64 {
+    n.div_ceil(to) * to
+}
+
+impl Arena {
+    /// Reserves `size` bytes of address space, starting on a 2 MiB boundary. `low`: below
+    /// 2 GiB (MAP_32BIT), for 32-bit device pointers. None if the host refuses the reservation.
+    pub fn new(size: u64, low: bool) -> Option<Arena> {
+        const HUGE: u64 = 1 << 21;
+        let size = round_up(size.max(ALIGN), HUGE);
+        let extra = if low { libc::MAP_32BIT } else { 0 };
+        // SAFETY: an anonymous private mapping at an address of the kernel's choosing; nothing
+        // else refers to that range. It is never unmapped (arenas live as long as the process).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                (size + HUGE) as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | extra,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        let base = round_up(p as u64, HUGE);
+        let mut free = FreeList::default();
+        free.insert(base, size);
+        Some(Arena {
+            base,
+            size,
+            free: Mutex::new(free),
+        })
+    }
+
+    pub fn contains(&self, addr: u64) -> bool {
+        addr >= self.base && addr < self.base + self.size
+    }
+
+    /// A block of `size` bytes (already rounded by the caller to ALIGN), or None when the
+    /// address space is exhausted.
+    pub fn alloc(&self, size: u64) -> Option<u64> {
+        debug_assert!(size > 0 && size % ALIGN == 0);
+        let mut f = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let &(bsize, addr) = f.by_size.range((size, 0)..).next()?;
+        f.remove(addr, bsize);
+        if bsize > size {
+            f.insert(addr + size, bsize - size);
+        }
+        Some(addr)
+    }
+
+    /// Returns a block. `dirty` says whether its bytes were written, in which case the host pages
+    /// are dropped so that freed device memory stops costing RAM.
+    pub fn free(&self, addr: u64, size: u64, dirty: bool) {
+        if dirty {
+            // SAFETY: [addr, addr+size) lies inside our private mapping and is no longer handed out.
+            unsafe {
+                libc::madvise(
+                    addr as *mut libc::c_void,
+                    size as usize,
+                    libc::MADV_DONTNEED,
+                )
+            };
+        }
+        let mut f = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut a, mut s) = (addr, size);
+        if let Some((&pa, &ps)) = f.by_addr.range(..a).next_back() {
+            if pa + ps == a {
+                f.remove(pa, ps);
+                a = pa;
+                s += ps;
+            }
+        }
+        if let Some(&ns) = f.by_addr.get(&(addr + size)) {
+            f.remove(addr + size, ns);
+            s += ns;
+        }
+        f.insert(a, s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn best_fit_and_coalescing_give_the_whole_space_back() {
+        let a = Arena::new(64 << 20, false).unwrap();
+        let total = a.size;
+        let x = a.alloc(ALIGN).unwrap();
+        let y = a.alloc(10 * ALIGN).unwrap();
+        let z = a.alloc(3 * ALIGN).unwrap();
+        assert!(x != y && y != z);
+        // Write through the pointer: device memory is host-backed.
+        // SAFETY: y is a live block of 10 * ALIGN bytes inside our mapping.
+        unsafe { std::ptr::write_bytes(y as *mut u8, 0xab, (10 * ALIGN) as usize) };
+        a.free(y, 10 * ALIGN, true);
+        a.free(x, ALIGN, false);
+        a.free(z, 3 * ALIGN, false);
+        // Fully coalesced again: one block of the whole size.
+        assert_eq!(a.alloc(total), Some(a.base));
+        assert_eq!(a.alloc(ALIGN), None);
+    }
+
+    #[test]
+    fn a_huge_reservation_costs_no_ram() {
+        // 160 GiB of device address space, as an 80 GiB device gets; touching nothing.
+        let a = Arena::new(160 << 30, false).expect("MAP_NORESERVE reservation");
+        assert!(a.alloc(80 << 30).is_some());
+    }
+
+    #[test]
+    fn low_arena_fits_32_bit_pointers() {
+        let a = Arena::new(64 << 20, true).unwrap();
+        let p = a.alloc(ALIGN).unwrap();
+        assert!(p < u32::MAX as u64, "{p:#x}");
+    }
+}

@@ -1,0 +1,756 @@
+//! The simulated machine: devices, their PCIe/NUMA placement and NVLink wiring.
+//!
+//! A model comes from `CUVISOR_SIM`: a preset name (`single`, `dgx1-v100`, `dgx-a100`, `pcie-8`)
+//! or the path of a TOML or JSON file with the same fields as [`ModelFile`].
+
+use serde::Deserialize;
+use std::fmt::Write as _;
+
+pub const GIB: u64 = 1 << 30;
+pub const MIB: u64 = 1 << 20;
+/// The most devices one simulated machine may have (the shared state is sized for it).
+pub const MAX_DEVICES: usize = 16;
+/// NVML's NVML_NVLINK_MAX_LINKS (18 since Hopper).
+pub const MAX_NVLINKS: usize = 18;
+
+pub const PRESETS: &[&str] = &["single", "dgx1-v100", "dgx-a100", "pcie-8"];
+
+/// PCIe/CPU distance between two GPUs, as `nvidia-smi topo -m` and NVML's
+/// `nvmlDeviceGetTopologyCommonAncestor` name it (values are `nvmlGpuTopologyLevel_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PcieLevel {
+    /// Same board (two GPUs on one card).
+    Internal = 0,
+    /// PIX: at most one PCIe switch between them.
+    Single = 10,
+    /// PXB: several PCIe switches, no host bridge.
+    Multiple = 20,
+    /// PHB: through one PCIe host bridge.
+    HostBridge = 30,
+    /// NODE: between host bridges of one NUMA node.
+    Node = 40,
+    /// SYS: across NUMA nodes (the SMP interconnect).
+    System = 50,
+}
+
+impl PcieLevel {
+    pub fn legend(self) -> &'static str {
+        match self {
+            PcieLevel::Internal => "X",
+            PcieLevel::Single => "PIX",
+            PcieLevel::Multiple => "PXB",
+            PcieLevel::HostBridge => "PHB",
+            PcieLevel::Node => "NODE",
+            PcieLevel::System => "SYS",
+        }
+    }
+}
+
+/// Where the far end of one NVLink of a device goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkPeer {
+    Gpu(usize),
+    /// An NVSwitch, by index into [`Model::nvswitches`].
+    Switch(usize),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Device {
+    pub name: String,
+    pub uuid: String,
+    pub pci_domain: u32,
+    pub pci_bus: u32,
+    pub pci_device: u32,
+    /// PCI device id in the high 16 bits, vendor (0x10de) in the low, as NVML's pciDeviceId.
+    pub pci_device_id: u32,
+    pub memory: u64,
+    pub sm_count: u32,
+    pub cc: (u32, u32),
+    pub numa_node: u32,
+    /// Leaf PCIe switch; GPUs behind one switch are PIX to each other.
+    pub pcie_switch: u32,
+    /// PCIe host bridge (root complex); GPUs under one but on different switches are PXB.
+    pub pcie_root: u32,
+    /// NVLink generation (2 = Volta, 3 = Ampere, 4 = Hopper); 0 when the device has none.
+    pub nvlink_version: u32,
+    /// The remote end of each NVLink, in link order.
+    pub links: Vec<LinkPeer>,
+    /// Device memory a context takes that no allocation call shows (the real driver's is a few
+    /// hundred MiB; presets use 0 so that tests can reason in round numbers, config files may set it).
+    pub context_memory: u64,
+}
+
+impl Device {
+    /// `cuDeviceGetPCIBusId`'s form: `dddd:bb:dd.0`.
+    pub fn pci_bus_id_cuda(&self) -> String {
+        format!(
+            "{:04x}:{:02x}:{:02x}.0",
+            self.pci_domain, self.pci_bus, self.pci_device
+        )
+    }
+    /// NVML's `busId` form: `dddddddd:bb:dd.0`.
+    pub fn pci_bus_id_nvml(&self) -> String {
+        format!(
+            "{:08x}:{:02x}:{:02x}.0",
+            self.pci_domain, self.pci_bus, self.pci_device
+        )
+    }
+    pub fn uuid_bytes(&self) -> [u8; 16] {
+        parse_uuid(&self.uuid).unwrap_or_default()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct NvSwitch {
+    pub pci_bus_id: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Model {
+    pub name: String,
+    pub devices: Vec<Device>,
+    pub nvswitches: Vec<NvSwitch>,
+    /// What cuDriverGetVersion reports (1000 * major + 10 * minor).
+    pub driver_version: i32,
+    /// NVML's system driver version string.
+    pub driver_release: String,
+    /// Run time of a kernel that does not say its own (`sim_busy*` kernels do).
+    pub default_kernel_ns: u64,
+}
+
+impl Model {
+    /// The model `CUVISOR_SIM` names (default `single`).
+    pub fn from_env() -> Result<Model, String> {
+        match std::env::var("CUVISOR_SIM") {
+            Ok(v) if !v.trim().is_empty() => Model::load(v.trim()),
+            _ => Model::load("single"),
+        }
+    }
+
+    /// A preset by name, or a TOML/JSON file by path.
+    pub fn load(spec: &str) -> Result<Model, String> {
+        if let Some(m) = preset(spec) {
+            return Ok(m);
+        }
+        let looks_like_path =
+            spec.contains('/') || spec.ends_with(".toml") || spec.ends_with(".json");
+        if !looks_like_path {
+            return Err(format!(
+                "CUVISOR_SIM={spec:?} is neither a preset ({}) nor a .toml/.json file",
+                PRESETS.join(", ")
+            ));
+        }
+        let text = std::fs::read_to_string(spec)
+            .map_err(|e| format!("CUVISOR_SIM: cannot read {spec}: {e}"))?;
+        let file: ModelFile = if spec.ends_with(".json") {
+            serde_json::from_str(&text).map_err(|e| format!("CUVISOR_SIM: {spec}: {e}"))?
+        } else {
+            toml::from_str(&text).map_err(|e| format!("CUVISOR_SIM: {spec}: {e}"))?
+        };
+        file.into_model(spec)
+    }
+
+    /// NVLink count between two GPUs (0 when none, or through NVSwitch: see [`Model::nvlink_bandwidth_links`]).
+    pub fn direct_links(&self, a: usize, b: usize) -> u32 {
+        self.devices[a]
+            .links
+            .iter()
+            .filter(|p| **p == LinkPeer::Gpu(b))
+            .count() as u32
+    }
+
+    /// How many links' worth of NVLink bandwidth joins two GPUs: direct links, or for NVSwitch
+    /// boxes the smaller of the two GPUs' switch link counts (every GPU reaches every other at its
+    /// full switch bandwidth).
+    pub fn nvlink_bandwidth_links(&self, a: usize, b: usize) -> u32 {
+        if a == b {
+            return 0;
+        }
+        let direct = self.direct_links(a, b);
+        if direct > 0 {
+            return direct;
+        }
+        let sw = |d: usize| {
+            self.devices[d]
+                .links
+                .iter()
+                .filter(|p| matches!(p, LinkPeer::Switch(_)))
+                .count() as u32
+        };
+        sw(a).min(sw(b))
+    }
+
+    pub fn pcie_level(&self, a: usize, b: usize) -> PcieLevel {
+        let (x, y) = (&self.devices[a], &self.devices[b]);
+        if a == b {
+            PcieLevel::Internal
+        } else if x.pcie_switch == y.pcie_switch {
+            PcieLevel::Single
+        } else if x.pcie_root == y.pcie_root {
+            PcieLevel::Multiple
+        } else if x.numa_node == y.numa_node {
+            PcieLevel::Node
+        } else {
+            PcieLevel::System
+        }
+    }
+
+    /// A stable 64-bit fingerprint of everything that shapes the shared state.
+    pub fn fingerprint(&self) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in format!("{self:?}").bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h
+    }
+
+    /// The matrix `nvidia-smi topo -m` prints, with the same legend.
+    pub fn topo_matrix(&self) -> String {
+        let n = self.devices.len();
+        let mut out = String::from("\t");
+        for i in 0..n {
+            let _ = write!(out, "GPU{i}\t");
+        }
+        out.push_str("CPU Affinity\tNUMA Affinity\n");
+        for a in 0..n {
+            let _ = write!(out, "GPU{a}\t");
+            for b in 0..n {
+                let cell = if a == b {
+                    "X".to_string()
+                } else {
+                    let links = self.nvlink_bandwidth_links(a, b);
+                    if links > 0 {
+                        format!("NV{links}")
+                    } else {
+                        self.pcie_level(a, b).legend().to_string()
+                    }
+                };
+                let _ = write!(out, "{cell}\t");
+            }
+            let node = self.devices[a].numa_node;
+            let _ = writeln!(out, "{}\t{node}", cpu_affinity(node));
+        }
+        out.push_str(
+            "\nLegend:\n\n  X    = Self\n  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)\n  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node\n  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)\n  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)\n  PIX  = Connection traversing at most a single PCIe bridge\n  NV#  = Connection traversing a bonded set of # NVLinks\n",
+        );
+        out
+    }
+}
+
+/// The CPUs of a simulated NUMA node: 16 per node, as "0-15".
+pub fn cpu_affinity(node: u32) -> String {
+    format!("{}-{}", node * 16, node * 16 + 15)
+}
+
+/// The host CPU set a NUMA node's GPUs are near to (bit i = CPU i), as NVML's cpuSet words.
+pub fn cpu_set(node: u32) -> u64 {
+    0xffffu64 << ((node * 16) % 64)
+}
+
+pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let hex: String = s
+        .strip_prefix("GPU-")
+        .unwrap_or(s)
+        .chars()
+        .filter(|c| *c != '-')
+        .collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+pub fn format_uuid(b: &[u8; 16]) -> String {
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// A deterministic UUID for device `index` of machine `machine`.
+fn make_uuid(machine: &str, index: usize) -> String {
+    let mut b = [0u8; 16];
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (i, chunk) in b.chunks_mut(8).enumerate() {
+        for byte in format!("{machine}/{index}/{i}").bytes() {
+            h ^= byte as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        chunk.copy_from_slice(&h.to_be_bytes());
+    }
+    b[6] = (b[6] & 0x0f) | 0x40; // RFC 4122 version 4 shape, like real GPU UUIDs
+    b[8] = (b[8] & 0x3f) | 0x80;
+    format_uuid(&b)
+}
+
+struct Gpu {
+    name: &'static str,
+    memory: u64,
+    sm: u32,
+    cc: (u32, u32),
+    pci_device_id: u32,
+    nvlink: u32,
+}
+
+const V100: Gpu = Gpu {
+    name: "Tesla V100-SXM2-16GB",
+    memory: 16 * GIB,
+    sm: 80,
+    cc: (7, 0),
+    pci_device_id: 0x1db1_10de,
+    nvlink: 2,
+};
+const A100: Gpu = Gpu {
+    name: "NVIDIA A100-SXM4-80GB",
+    memory: 80 * GIB,
+    sm: 108,
+    cc: (8, 0),
+    pci_device_id: 0x20b2_10de,
+    nvlink: 3,
+};
+const A10: Gpu = Gpu {
+    name: "NVIDIA A10",
+    memory: 24 * GIB,
+    sm: 72,
+    cc: (8, 6),
+    pci_device_id: 0x2236_10de,
+    nvlink: 0,
+};
+const SINGLE: Gpu = Gpu {
+    name: "NVIDIA A100-PCIE-16GB (simulated)",
+    memory: 16 * GIB,
+    sm: 108,
+    cc: (8, 0),
+    pci_device_id: 0x20f1_10de,
+    nvlink: 0,
+};
+
+fn machine(name: &str, gpu: &Gpu, n: usize, place: impl Fn(usize) -> (u32, u32, u32)) -> Model {
+    let devices = (0..n)
+        .map(|i| {
+            let (switch, root, numa) = place(i);
+            Device {
+                name: gpu.name.to_string(),
+                uuid: make_uuid(name, i),
+                pci_domain: 0,
+                pci_bus: [
+                    0x07, 0x0f, 0x47, 0x4e, 0x87, 0x90, 0xb7, 0xbd, 0xc1, 0xc5, 0xc9, 0xcd, 0xd1,
+                    0xd5, 0xd9, 0xdd,
+                ][i],
+                pci_device: 0,
+                pci_device_id: gpu.pci_device_id,
+                memory: gpu.memory,
+                sm_count: gpu.sm,
+                cc: gpu.cc,
+                numa_node: numa,
+                pcie_switch: switch,
+                pcie_root: root,
+                nvlink_version: gpu.nvlink,
+                links: Vec::new(),
+                context_memory: 0,
+            }
+        })
+        .collect();
+    Model {
+        name: name.to_string(),
+        devices,
+        nvswitches: Vec::new(),
+        driver_version: 12080,
+        driver_release: "570.124.06".to_string(),
+        default_kernel_ns: 10_000,
+    }
+}
+
+/// Wire direct NVLinks: for each (a, b, count), `count` links on each side, in list order.
+fn wire(m: &mut Model, pairs: &[(usize, usize, u32)]) -> Result<(), String> {
+    for &(a, b, count) in pairs {
+        if a >= m.devices.len() || b >= m.devices.len() || a == b {
+            return Err(format!("nvlink {a}-{b}: no such pair of devices"));
+        }
+        for _ in 0..count {
+            m.devices[a].links.push(LinkPeer::Gpu(b));
+            m.devices[b].links.push(LinkPeer::Gpu(a));
+        }
+    }
+    for (i, d) in m.devices.iter().enumerate() {
+        if d.links.len() > MAX_NVLINKS {
+            return Err(format!(
+                "device {i} has {} NVLinks, at most {MAX_NVLINKS}",
+                d.links.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// DGX-1 (V100) hybrid cube-mesh, as NVIDIA's DGX-1 documentation draws it.
+pub const DGX1_LINKS: &[(usize, usize, u32)] = &[
+    (0, 1, 1),
+    (0, 2, 1),
+    (0, 3, 2),
+    (0, 4, 2),
+    (1, 2, 2),
+    (1, 3, 1),
+    (1, 5, 2),
+    (2, 3, 2),
+    (2, 6, 1),
+    (3, 7, 1),
+    (4, 5, 1),
+    (4, 6, 1),
+    (4, 7, 2),
+    (5, 6, 2),
+    (5, 7, 1),
+    (6, 7, 2),
+];
+
+pub fn preset(name: &str) -> Option<Model> {
+    Some(match name {
+        "single" => machine("single", &SINGLE, 1, |_| (0, 0, 0)),
+        "dgx1-v100" => {
+            let mut m = machine("dgx1-v100", &V100, 8, |i| {
+                (i as u32 / 2, i as u32 / 2, i as u32 / 4)
+            });
+            wire(&mut m, DGX1_LINKS).expect("preset wiring is valid");
+            m
+        }
+        "dgx-a100" => {
+            // Six NVSwitches; every A100 has 12 links, two to each switch. NVML reports the
+            // switch as the remote end of each link, never a peer GPU.
+            let mut m = machine("dgx-a100", &A100, 8, |i| {
+                (i as u32 / 2, i as u32 / 2, i as u32 / 4)
+            });
+            m.nvswitches = (0..6)
+                .map(|s| NvSwitch {
+                    pci_bus_id: format!("00000000:{:02x}:00.0", 0xc4 + s),
+                })
+                .collect();
+            for d in &mut m.devices {
+                d.links = (0..12).map(|l| LinkPeer::Switch(l / 2)).collect();
+            }
+            m
+        }
+        "pcie-8" => machine("pcie-8", &A10, 8, |i| {
+            (i as u32 / 2, i as u32 / 4, i as u32 / 4)
+        }),
+        _ => return None,
+    })
+}
+
+/// A model file (TOML or JSON). Example:
+///
+/// ```toml
+/// name = "two-a10"
+/// [[device]]
+/// name = "NVIDIA A10"
+/// memory = "24Gi"
+/// [[device]]
+/// name = "NVIDIA A10"
+/// memory = "24Gi"
+/// pcie_switch = 0
+/// [[nvlink]]
+/// a = 0
+/// b = 1
+/// links = 4
+/// ```
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct ModelFile {
+    pub name: Option<String>,
+    #[serde(rename = "device", alias = "devices")]
+    pub devices: Vec<DeviceFile>,
+    #[serde(default, rename = "nvlink", alias = "nvlinks")]
+    pub nvlinks: Vec<NvlinkFile>,
+    /// NVSwitch boxes: links from every GPU to the switches (spread evenly over `nvswitches`).
+    pub nvswitch_links_per_gpu: Option<u32>,
+    pub nvswitches: Option<u32>,
+    pub driver_version: Option<i32>,
+    pub default_kernel_ns: Option<u64>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceFile {
+    pub name: Option<String>,
+    pub uuid: Option<String>,
+    /// Bytes, or a Kubernetes-style quantity ("16Gi", "512Mi").
+    pub memory: Quantity,
+    pub sm_count: Option<u32>,
+    /// "8.0"
+    pub compute_capability: Option<String>,
+    pub numa_node: Option<u32>,
+    pub pcie_switch: Option<u32>,
+    pub pcie_root: Option<u32>,
+    pub pci_bus: Option<u32>,
+    pub nvlink_version: Option<u32>,
+    pub context_memory: Option<Quantity>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct NvlinkFile {
+    pub a: usize,
+    pub b: usize,
+    pub links: u32,
+}
+
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum Quantity {
+    Bytes(u64),
+    Text(String),
+}
+
+impl Quantity {
+    pub fn bytes(&self) -> Result<u64, String> {
+        match self {
+            Quantity::Bytes(b) => Ok(*b),
+            Quantity::Text(t) => parse_quantity(t),
+        }
+    }
+}
+
+/// Parses "16Gi", "512Mi", "1.5Gi", "4G", "123" into bytes.
+pub fn parse_quantity(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: u64 =
+        match unit {
+            "" => 1,
+            "Ki" => 1 << 10,
+            "Mi" => 1 << 20,
+            "Gi" => 1 << 30,
+            "Ti" => 1 << 40,
+            "k" => 1_000,
+            "M" => 1_000_000,
+            "G" => 1_000_000_000,
+            "T" => 1_000_000_000_000,
+            _ => return Err(format!(
+                "{text:?}: unknown unit {unit:?} (use Ki, Mi, Gi, Ti, k, M, G, T or plain bytes)"
+            )),
+        };
+    let value: f64 = num.parse().map_err(|_| format!("{text:?}: not a number"))?;
+    let bytes = value * mult as f64;
+    if num.is_empty() || !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(format!("{text:?}: not a valid size"));
+    }
+    Ok(bytes as u64)
+}
+
+impl ModelFile {
+    fn into_model(self, origin: &str) -> Result<Model, String> {
+        let name = self.name.clone().unwrap_or_else(|| origin.to_string());
+        if self.devices.is_empty() || self.devices.len() > MAX_DEVICES {
+            return Err(format!(
+                "{origin}: needs 1 to {MAX_DEVICES} devices, has {}",
+                self.devices.len()
+            ));
+        }
+        let mut m = machine(&name, &SINGLE, self.devices.len(), |i| {
+            (i as u32, i as u32, 0)
+        });
+        for (i, (d, f)) in m.devices.iter_mut().zip(&self.devices).enumerate() {
+            let err = |e: String| format!("{origin}: device {i}: {e}");
+            if let Some(n) = &f.name {
+                d.name = n.clone();
+            }
+            if let Some(u) = &f.uuid {
+                parse_uuid(u).ok_or_else(|| {
+                    err(format!(
+                        "uuid {u:?} is not GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+                    ))
+                })?;
+                d.uuid = u.clone();
+            }
+            d.memory = f.memory.bytes().map_err(err)?;
+            if d.memory == 0 {
+                return Err(err("memory must be > 0".into()));
+            }
+            if let Some(s) = f.sm_count {
+                d.sm_count = s;
+            }
+            if let Some(cc) = &f.compute_capability {
+                let (a, b) = cc
+                    .split_once('.')
+                    .ok_or_else(|| err(format!("compute_capability {cc:?} is not MAJOR.MINOR")))?;
+                d.cc = (
+                    a.parse()
+                        .map_err(|_| err(format!("bad compute_capability {cc:?}")))?,
+                    b.parse()
+                        .map_err(|_| err(format!("bad compute_capability {cc:?}")))?,
+                );
+            }
+            d.numa_node = f.numa_node.unwrap_or(0);
+            d.pcie_switch = f.pcie_switch.unwrap_or(i as u32);
+            d.pcie_root = f.pcie_root.unwrap_or(d.pcie_switch);
+            if let Some(b) = f.pci_bus {
+                d.pci_bus = b;
+            }
+            d.nvlink_version = f.nvlink_version.unwrap_or(
+                if self.nvlinks.is_empty() && self.nvswitch_links_per_gpu.is_none() {
+                    0
+                } else {
+                    3
+                },
+            );
+            if let Some(c) = &f.context_memory {
+                d.context_memory = c.bytes().map_err(err)?;
+            }
+        }
+        let pairs: Vec<_> = self.nvlinks.iter().map(|l| (l.a, l.b, l.links)).collect();
+        wire(&mut m, &pairs).map_err(|e| format!("{origin}: {e}"))?;
+        if let Some(per_gpu) = self.nvswitch_links_per_gpu {
+            let switches = self.nvswitches.unwrap_or(1).max(1) as usize;
+            if per_gpu as usize > MAX_NVLINKS {
+                return Err(format!(
+                    "{origin}: nvswitch_links_per_gpu {per_gpu} > {MAX_NVLINKS}"
+                ));
+            }
+            m.nvswitches = (0..switches)
+                .map(|s| NvSwitch {
+                    pci_bus_id: format!("00000000:{:02x}:00.0", 0xc4 + s),
+                })
+                .collect();
+            for d in &mut m.devices {
+                d.links = (0..per_gpu as usize)
+                    .map(|l| LinkPeer::Switch(l * switches / per_gpu as usize))
+                    .collect();
+            }
+        }
+        if let Some(v) = self.driver_version {
+            m.driver_version = v;
+        }
+        if let Some(k) = self.default_kernel_ns {
+            m.default_kernel_ns = k;
+        }
+        Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_have_the_documented_shape() {
+        let s = preset("single").unwrap();
+        assert_eq!(s.devices.len(), 1);
+        assert_eq!(s.devices[0].memory, 16 * GIB);
+        let d = preset("dgx1-v100").unwrap();
+        assert_eq!(d.devices.len(), 8);
+        assert!(
+            d.devices
+                .iter()
+                .all(|x| x.memory == 16 * GIB && x.links.len() == 6),
+            "V100 has 6 NVLinks, all used"
+        );
+        assert_eq!(d.direct_links(0, 3), 2);
+        assert_eq!(d.direct_links(0, 1), 1);
+        assert_eq!(d.direct_links(0, 5), 0);
+        assert_eq!(d.pcie_level(0, 1), PcieLevel::Single);
+        assert_eq!(d.pcie_level(0, 5), PcieLevel::System);
+        assert_eq!(d.devices[3].numa_node, 0);
+        assert_eq!(d.devices[4].numa_node, 1);
+        let a = preset("dgx-a100").unwrap();
+        assert!(a
+            .devices
+            .iter()
+            .all(|x| x.links.len() == 12 && x.memory == 80 * GIB));
+        assert_eq!(
+            a.direct_links(0, 1),
+            0,
+            "through NVSwitch, no direct GPU peer"
+        );
+        assert_eq!(a.nvlink_bandwidth_links(0, 7), 12);
+        let p = preset("pcie-8").unwrap();
+        assert_eq!(p.pcie_level(0, 1), PcieLevel::Single);
+        assert_eq!(p.pcie_level(0, 3), PcieLevel::Multiple);
+        assert_eq!(p.pcie_level(0, 4), PcieLevel::System);
+        assert_eq!(p.nvlink_bandwidth_links(0, 1), 0);
+    }
+
+    #[test]
+    fn uuids_are_unique_and_round_trip() {
+        let d = preset("dgx1-v100").unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for x in &d.devices {
+            assert!(seen.insert(x.uuid.clone()));
+            assert_eq!(format_uuid(&x.uuid_bytes()), x.uuid);
+        }
+    }
+
+    #[test]
+    fn topo_matrix_matches_nvidia_smi_cells() {
+        let m = preset("dgx1-v100").unwrap().topo_matrix();
+        let row0: Vec<&str> = m.lines().nth(1).unwrap().split('\t').collect();
+        assert_eq!(
+            &row0[..9],
+            &["GPU0", "X", "NV1", "NV1", "NV2", "NV2", "SYS", "SYS", "SYS"]
+        );
+        let m = preset("pcie-8").unwrap().topo_matrix();
+        let row0: Vec<&str> = m.lines().nth(1).unwrap().split('\t').collect();
+        assert_eq!(
+            &row0[..9],
+            &["GPU0", "X", "PIX", "PXB", "PXB", "SYS", "SYS", "SYS", "SYS"]
+        );
+    }
+
+    #[test]
+    fn quantities() {
+        assert_eq!(parse_quantity("16Gi").unwrap(), 16 * GIB);
+        assert_eq!(parse_quantity("512Mi").unwrap(), 512 * MIB);
+        assert_eq!(parse_quantity("1.5Gi").unwrap(), 3 * GIB / 2);
+        assert_eq!(parse_quantity("4G").unwrap(), 4_000_000_000);
+        assert_eq!(parse_quantity("6442450944").unwrap(), 6 * GIB);
+        assert!(parse_quantity("4GB").unwrap_err().contains("unknown unit"));
+        assert!(parse_quantity("Gi").is_err());
+        assert!(parse_quantity("-1Gi").is_err());
+    }
+
+    #[test]
+    fn model_files_load_and_bad_ones_say_why() {
+        let dir = std::env::temp_dir().join(format!("cuvisor-model-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("m.toml");
+        std::fs::write(&p, "name='two'\n[[device]]\nmemory='8Gi'\n[[device]]\nmemory=1073741824\nnuma_node=1\n[[nvlink]]\na=0\nb=1\nlinks=4\n").unwrap();
+        let m = Model::load(p.to_str().unwrap()).unwrap();
+        assert_eq!(m.devices[0].memory, 8 * GIB);
+        assert_eq!(m.devices[1].memory, GIB);
+        assert_eq!(m.direct_links(0, 1), 4);
+        assert_eq!(m.pcie_level(0, 1), PcieLevel::System);
+        let j = dir.join("m.json");
+        std::fs::write(
+            &j,
+            r#"{"devices":[{"memory":"2Gi","compute_capability":"9.0"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            Model::load(j.to_str().unwrap()).unwrap().devices[0].cc,
+            (9, 0)
+        );
+        std::fs::write(&p, "[[device]]\nmemory='8GB'\n").unwrap();
+        assert!(Model::load(p.to_str().unwrap())
+            .unwrap_err()
+            .contains("unknown unit"));
+        std::fs::write(&p, "[[device]]\nmemory='8Gi'\nbogus=1\n").unwrap();
+        assert!(Model::load(p.to_str().unwrap())
+            .unwrap_err()
+            .contains("bogus"));
+        assert!(Model::load("dgx2")
+            .unwrap_err()
+            .contains("neither a preset"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,580 @@
+//! State shared by every process that loads the simulated driver or NVML: a file mapped
+//! `MAP_SHARED` (default under /dev/shm, `CUVISOR_SIM_STATE` names another).
+//!
+//! Everything in it is a plain atomic: no process can leave a lock behind when it dies.
+//! - per device: physical memory in use, the execution timeline (the time at which the last
+//!   queued kernel ends), busy time in 10 ms buckets (what NVML's utilization reads), injected
+//!   faults (XID events, NVLinks down, allocations that must fail);
+//! - per process: a slot (pid + start time) with its memory per device and its own busy buckets,
+//!   so NVML can list processes and a process that dies (SIGKILL included) gives its memory back
+//!   when anyone next looks.
+
+use crate::model::{Model, MAX_DEVICES};
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+pub const MAGIC: u64 = 0x4355_5653_494d_0001; // "CUVSIM" v1
+pub const LAYOUT_VERSION: u32 = 1;
+pub const MAX_PROCS: usize = 256;
+/// Width of one utilization bucket.
+pub const BUCKET_NS: u64 = 10_000_000;
+/// Device history: 1024 buckets of 10 ms = 10.24 s.
+pub const DEV_BUCKETS: usize = 1024;
+/// Per-process history: 128 buckets = 1.28 s.
+pub const PROC_BUCKETS: usize = 128;
+pub const XID_RING: usize = 32;
+
+/// A bucket packs (bucket number: high 40 bits, busy ns: low 24 bits) in one word, so that a
+/// stale bucket (from one lap of the ring ago) reads as empty and is reset by whoever writes it.
+const BUSY_BITS: u32 = 24;
+const BUSY_MASK: u64 = (1 << BUSY_BITS) - 1;
+
+#[repr(C)]
+pub struct Header {
+    pub magic: AtomicU64,
+    pub version: u32,
+    pub device_count: u32,
+    pub fingerprint: u64,
+    /// Bumped by every process that attaches; used to make pool/handle ids unique machine-wide.
+    pub attach_count: AtomicU64,
+}
+
+#[repr(C)]
+pub struct XidSlot {
+    /// Sequence number of the event in this slot (0 = empty).
+    pub seq: AtomicU64,
+    pub xid: AtomicU64,
+    pub time_ns: AtomicU64,
+}
+
+#[repr(C)]
+pub struct DeviceShared {
+    pub mem_used: AtomicU64,
+    /// CLOCK_MONOTONIC ns at which the last queued kernel ends.
+    pub timeline_end: AtomicU64,
+    /// Total kernel time ever queued (ns).
+    pub busy_total: AtomicU64,
+    pub kernels: AtomicU64,
+    /// Fault injection: the next N allocations on this device fail with CUDA_ERROR_OUT_OF_MEMORY.
+    pub fail_allocs: AtomicU64,
+    /// Fault injection: bit i set = NVLink i is down.
+    pub nvlink_down: AtomicU64,
+    pub xid_seq: AtomicU64,
+    pub xids: [XidSlot; XID_RING],
+    pub util: [AtomicU64; DEV_BUCKETS],
+}
+
+#[repr(C)]
+pub struct ProcSlot {
+    /// 0 = free, RECLAIMING while a sweeper gives a dead process's memory back.
+    pub pid: AtomicU32,
+    pub _pad: u32,
+    /// Start time of the process (clock ticks since boot, /proc/PID/stat field 22): with the pid it
+    /// names one process for good, so a reused pid is not mistaken for the dead one.
+    pub start_time: AtomicU64,
+    pub mem: [AtomicU64; MAX_DEVICES],
+    pub util: [[AtomicU64; PROC_BUCKETS]; MAX_DEVICES],
+}
+
+const RECLAIMING: u32 = u32::MAX;
+
+#[repr(C)]
+pub struct Layout {
+    pub header: Header,
+    pub devices: [DeviceShared; MAX_DEVICES],
+    pub procs: [ProcSlot; MAX_PROCS],
+}
+
+/// The mapped state. Lives for the life of the process once attached.
+pub struct Shared {
+    layout: &'static Layout,
+    pub path: PathBuf,
+    _file: File,
+}
+
+/// CLOCK_MONOTONIC in ns: one clock for every process on the machine.
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Sleeps until CLOCK_MONOTONIC reaches `t_ns`.
+pub fn sleep_until(t_ns: u64) {
+    loop {
+        let now = now_ns();
+        if now >= t_ns {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_nanos(t_ns - now));
+    }
+}
+
+/// Start time of a live process, or None if there is no such process.
+pub fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: fields resume after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    // rest starts at field 3 (state); starttime is field 22.
+    let state = rest.split(' ').next()?;
+    if state == "Z" || state == "X" {
+        return None; // a zombie's memory is gone already
+    }
+    rest.split(' ').nth(19)?.parse().ok()
+}
+
+pub fn default_state_path(model: &Model) -> PathBuf {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let dir = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    dir.join(format!(
+        "cuvisor-sim-{uid}-{:016x}.state",
+        model.fingerprint()
+    ))
+}
+
+impl Shared {
+    /// Maps the state file named by `CUVISOR_SIM_STATE` (or the default for this model),
+    /// creating and initialising it if it is new.
+    pub fn attach(model: &Model) -> Result<Shared, String> {
+        let path = match std::env::var_os("CUVISOR_SIM_STATE") {
+            Some(p) if !p.is_empty() => PathBuf::from(p),
+            _ => default_state_path(model),
+        };
+        Self::attach_at(model, &path)
+    }
+
+    pub fn attach_at(model: &Model, path: &Path) -> Result<Shared, String> {
+        let err = |what: &str, e: std::io::Error| {
+            format!("simulator state {}: {what}: {e}", path.display())
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| err("open", e))?;
+        let fd = file.as_raw_fd();
+        let size = std::mem::size_of::<Layout>();
+        // flock is released by the kernel if we die, so a crashed initialiser blocks nobody.
+        // SAFETY: fd is a valid open descriptor for the duration of these calls.
+        unsafe {
+            if libc::flock(fd, libc::LOCK_EX) != 0 {
+                return Err(err("lock", std::io::Error::last_os_error()));
+            }
+        }
+        let result = (|| {
+            let len = file.metadata().map_err(|e| err("stat", e))?.len();
+            if len < size as u64 {
+                file.set_len(size as u64).map_err(|e| err("resize", e))?;
+            }
+            // SAFETY: mapping `size` bytes of a file we just made at least that long; MAP_SHARED so
+            // every process sees the same atomics. The mapping is never unmapped (lives as 'static).
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    size,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(err("mmap", std::io::Error::last_os_error()));
+            }
+            // SAFETY: the mapping is page aligned, `size` long, zero-filled when new, and every field
+            // of Layout is an atomic or plain integer for which all-zero bytes are valid.
+            let layout: &'static Layout = unsafe { &*(p as *const Layout) };
+            let h = &layout.header;
+            match h.magic.load(Acquire) {
+                0 => {
+                    // SAFETY: we hold the exclusive flock and the magic is unset, so no other
+                    // process reads these two plain fields yet.
+                    unsafe {
+                        let hp = p as *mut Header;
+                        (*hp).version = LAYOUT_VERSION;
+                        (*hp).device_count = model.devices.len() as u32;
+                        (*hp).fingerprint = model.fingerprint();
+                    }
+                    h.magic.store(MAGIC, Release);
+                }
+                MAGIC if h.version == LAYOUT_VERSION && h.fingerprint == model.fingerprint() => {}
+                MAGIC => {
+                    return Err(format!(
+                        "simulator state {} belongs to another machine model (set CUVISOR_SIM_STATE to a new file, or remove it)",
+                        path.display()
+                    ))
+                }
+                _ => return Err(format!("simulator state {} is not a cuvisor simulator file", path.display())),
+            }
+            h.attach_count.fetch_add(1, Relaxed);
+            Ok(layout)
+        })();
+        // SAFETY: fd is still open; unlocking is always allowed.
+        unsafe { libc::flock(fd, libc::LOCK_UN) };
+        Ok(Shared {
+            layout: result?,
+            path: path.to_path_buf(),
+            _file: file,
+        })
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.layout.header
+    }
+
+    pub fn device(&self, d: usize) -> &DeviceShared {
+        &self.layout.devices[d]
+    }
+
+    pub fn procs(&self) -> &[ProcSlot] {
+        &self.layout.procs
+    }
+
+    /// Claims a slot for this process. None when all slots are taken by live processes.
+    pub fn claim_slot(&self) -> Option<usize> {
+        let pid = std::process::id();
+        let start = process_start_time(pid).unwrap_or(1);
+        for pass in 0..2 {
+            for (i, s) in self.layout.procs.iter().enumerate() {
+                if s.pid.load(Relaxed) == pid && s.start_time.load(Relaxed) == start {
+                    return Some(i); // already ours (a second attach in one process)
+                }
+                if s.pid.compare_exchange(0, pid, AcqRel, Relaxed).is_ok() {
+                    s.start_time.store(start, Release);
+                    return Some(i);
+                }
+            }
+            if pass == 0 {
+                self.reclaim_dead();
+            }
+        }
+        None
+    }
+
+    /// Gives a slot back (normal process exit): its memory returns to the devices.
+    pub fn release_slot(&self, i: usize) {
+        let s = &self.layout.procs[i];
+        self.drain_slot(s);
+        s.start_time.store(0, Relaxed);
+        s.pid.store(0, Release);
+    }
+
+    fn drain_slot(&self, s: &ProcSlot) {
+        for (d, m) in s.mem.iter().enumerate() {
+            let bytes = m.swap(0, AcqRel);
+            if bytes > 0 {
+                saturating_sub(&self.layout.devices[d].mem_used, bytes);
+            }
+        }
+    }
+
+    /// Gives back the memory of every process that has died. Returns how many were reclaimed.
+    pub fn reclaim_dead(&self) -> usize {
+        let mut n = 0;
+        for s in self.layout.procs.iter() {
+            let pid = s.pid.load(Acquire);
+            if pid == 0 || pid == RECLAIMING {
+                continue;
+            }
+            let start = s.start_time.load(Acquire);
+            if start == 0 {
+                continue; // still being claimed
+            }
+            if process_start_time(pid) == Some(start) {
+                continue; // alive
+            }
+            if s.pid
+                .compare_exchange(pid, RECLAIMING, AcqRel, Relaxed)
+                .is_ok()
+            {
+                self.drain_slot(s);
+                s.start_time.store(0, Relaxed);
+                s.pid.store(0, Release);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Live processes with their slots.
+    pub fn live_procs(&self) -> impl Iterator<Item = (u32, &ProcSlot)> {
+        self.layout.procs.iter().filter_map(|s| {
+            let pid = s.pid.load(Acquire);
+            (pid != 0 && pid != RECLAIMING).then_some((pid, s))
+        })
+    }
+
+    /// Charges `bytes` of device `d` to process slot `slot`, if the device has room.
+    pub fn charge(&self, slot: usize, d: usize, bytes: u64, capacity: u64) -> bool {
+        let dev = &self.layout.devices[d];
+        if dev.fail_allocs.load(Relaxed) > 0
+            && dev
+                .fail_allocs
+                .fetch_update(AcqRel, Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            return false;
+        }
+        let mine = &self.layout.procs[slot].mem[d];
+        mine.fetch_add(bytes, AcqRel);
+        let ok = dev
+            .mem_used
+            .fetch_update(AcqRel, Acquire, |used| {
+                used.checked_add(bytes).filter(|&u| u <= capacity)
+            })
+            .is_ok();
+        if !ok {
+            mine.fetch_sub(bytes, AcqRel);
+        }
+        ok
+    }
+
+    pub fn uncharge(&self, slot: usize, d: usize, bytes: u64) {
+        saturating_sub(&self.layout.procs[slot].mem[d], bytes);
+        saturating_sub(&self.layout.devices[d].mem_used, bytes);
+    }
+
+    /// Queues `dur` ns of kernel time on device `d`'s timeline, no earlier than `not_before`.
+    /// Returns (start, end). Kernels of all processes run one after another.
+    pub fn run_kernel(&self, slot: usize, d: usize, not_before: u64, dur: u64) -> (u64, u64) {
+        let dev = &self.layout.devices[d];
+        let now = now_ns();
+        let mut cur = dev.timeline_end.load(Acquire);
+        let (start, end) = loop {
+            let start = cur.max(now).max(not_before);
+            let end = start + dur;
+            match dev
+                .timeline_end
+                .compare_exchange_weak(cur, end, AcqRel, Acquire)
+            {
+                Ok(_) => break (start, end),
+                Err(actual) => cur = actual,
+            }
+        };
+        dev.busy_total.fetch_add(dur, Relaxed);
+        dev.kernels.fetch_add(1, Relaxed);
+        add_busy(&dev.util, start, end);
+        add_busy(&self.layout.procs[slot].util[d], start, end);
+        (start, end)
+    }
+
+    /// Percent of [now - window, now) during which device `d` ran a kernel.
+    pub fn device_utilization(&self, d: usize, window_ns: u64) -> u32 {
+        busy_percent(&self.layout.devices[d].util, window_ns)
+    }
+
+    /// Busy ns of one process on device `d` during [since, now).
+    pub fn proc_busy_since(&self, s: &ProcSlot, d: usize, since: u64) -> u64 {
+        busy_between(&s.util[d], since, now_ns())
+    }
+
+    /// Records an XID event on device `d` (fault injection).
+    pub fn raise_xid(&self, d: usize, xid: u64) -> u64 {
+        let dev = &self.layout.devices[d];
+        let seq = dev.xid_seq.fetch_add(1, AcqRel) + 1;
+        let slot = &dev.xids[(seq as usize) % XID_RING];
+        slot.seq.store(0, Release);
+        slot.xid.store(xid, Relaxed);
+        slot.time_ns.store(now_ns(), Relaxed);
+        slot.seq.store(seq, Release);
+        seq
+    }
+
+    /// XID events on device `d` with sequence number > `after`, oldest first.
+    pub fn xids_after(&self, d: usize, after: u64) -> Vec<(u64, u64, u64)> {
+        let dev = &self.layout.devices[d];
+        let last = dev.xid_seq.load(Acquire);
+        let first = after.max(last.saturating_sub(XID_RING as u64 - 1)) + 1;
+        (first..=last)
+            .filter_map(|seq| {
+                let s = &dev.xids[(seq as usize) % XID_RING];
+                let xid = s.xid.load(Relaxed);
+                let t = s.time_ns.load(Relaxed);
+                (s.seq.load(Acquire) == seq).then_some((seq, xid, t))
+            })
+            .collect()
+    }
+}
+
+fn saturating_sub(a: &AtomicU64, v: u64) {
+    let _ = a.fetch_update(AcqRel, Relaxed, |x| Some(x.saturating_sub(v)));
+}
+
+fn add_busy(buckets: &[AtomicU64], start: u64, end: u64) {
+    let mut t = start;
+    while t < end {
+        let b = t / BUCKET_NS;
+        let upto = ((b + 1) * BUCKET_NS).min(end);
+        let add = upto - t;
+        let cell = &buckets[(b as usize) % buckets.len()];
+        let _ = cell.fetch_update(AcqRel, Relaxed, |w| {
+            let busy = if w >> BUSY_BITS == b {
+                w & BUSY_MASK
+            } else {
+                0
+            };
+            Some((b << BUSY_BITS) | (busy + add).min(BUSY_MASK))
+        });
+        t = upto;
+    }
+}
+
+fn bucket_busy(buckets: &[AtomicU64], b: u64) -> u64 {
+    let w = buckets[(b as usize) % buckets.len()].load(Acquire);
+    if w >> BUSY_BITS == b {
+        w & BUSY_MASK
+    } else {
+        0
+    }
+}
+
+/// Busy ns in [from, to), counting partial buckets in proportion.
+fn busy_between(buckets: &[AtomicU64], from: u64, to: u64) -> u64 {
+    let horizon = to.saturating_sub(buckets.len() as u64 * BUCKET_NS - BUCKET_NS);
+    let from = from.max(horizon);
+    if from >= to {
+        return 0;
+    }
+    let mut total = 0u128;
+    let (b0, b1) = (from / BUCKET_NS, (to - 1) / BUCKET_NS);
+    for b in b0..=b1 {
+        let lo = (b * BUCKET_NS).max(from);
+        let hi = ((b + 1) * BUCKET_NS).min(to);
+        total += bucket_busy(buckets, b) as u128 * (hi - lo) as u128 / BUCKET_NS as u128;
+    }
+    total as u64
+}
+
+fn busy_percent(buckets: &[AtomicU64], window: u64) -> u32 {
+    let now = now_ns();
+    let window = window.clamp(BUCKET_NS, (buckets.len() as u64 - 1) * BUCKET_NS);
+    let busy = busy_between(buckets, now - window, now);
+    ((busy * 100 + window / 2) / window).min(100) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::preset;
+
+    fn temp_state(tag: &str) -> (Model, Shared) {
+        let m = preset("dgx1-v100").unwrap();
+        let p =
+            std::env::temp_dir().join(format!("cuvisor-state-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let s = Shared::attach_at(&m, &p).unwrap();
+        (m, s)
+    }
+
+    #[test]
+    fn charge_respects_capacity_and_release_returns_it() {
+        let (m, s) = temp_state("charge");
+        let slot = s.claim_slot().unwrap();
+        let cap = m.devices[0].memory;
+        assert!(s.charge(slot, 0, cap - 10, cap));
+        assert!(!s.charge(slot, 0, 11, cap));
+        assert!(s.charge(slot, 0, 10, cap));
+        assert_eq!(s.device(0).mem_used.load(Relaxed), cap);
+        s.release_slot(slot);
+        assert_eq!(s.device(0).mem_used.load(Relaxed), 0);
+        let _ = std::fs::remove_file(&s.path);
+    }
+
+    #[test]
+    fn injected_allocation_failures_are_counted_down() {
+        let (_m, s) = temp_state("fail");
+        let slot = s.claim_slot().unwrap();
+        s.device(1).fail_allocs.store(2, Relaxed);
+        assert!(!s.charge(slot, 1, 1, 100));
+        assert!(!s.charge(slot, 1, 1, 100));
+        assert!(s.charge(slot, 1, 1, 100));
+        s.release_slot(slot);
+        let _ = std::fs::remove_file(&s.path);
+    }
+
+    #[test]
+    fn a_dead_process_slot_is_reclaimed() {
+        let (m, s) = temp_state("dead");
+        // A child that exits at once stands in for a killed process: write a slot for its pid.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let start = process_start_time(pid);
+        child.wait().unwrap();
+        let slot = &s.procs()[7];
+        slot.pid.store(pid, Relaxed);
+        slot.start_time.store(start.unwrap_or(12345), Relaxed);
+        slot.mem[2].store(1000, Relaxed);
+        s.device(2).mem_used.store(1000, Relaxed);
+        assert_eq!(s.reclaim_dead(), 1);
+        assert_eq!(s.device(2).mem_used.load(Relaxed), 0);
+        assert_eq!(slot.pid.load(Relaxed), 0);
+        let _ = m;
+        let _ = std::fs::remove_file(&s.path);
+    }
+
+    #[test]
+    fn kernels_serialise_on_the_timeline() {
+        let (_m, s) = temp_state("timeline");
+        let slot = s.claim_slot().unwrap();
+        let (a0, a1) = s.run_kernel(slot, 0, 0, 1_000_000);
+        let (b0, b1) = s.run_kernel(slot, 0, 0, 2_000_000);
+        assert_eq!(a1 - a0, 1_000_000);
+        assert_eq!(b0, a1, "second kernel starts when the first ends");
+        assert_eq!(b1 - b0, 2_000_000);
+        s.release_slot(slot);
+        let _ = std::fs::remove_file(&s.path);
+    }
+
+    #[test]
+    fn busy_buckets_sum_exactly() {
+        let buckets: Vec<AtomicU64> = (0..16).map(|_| AtomicU64::new(0)).collect();
+        let base = 1_000 * BUCKET_NS;
+        add_busy(&buckets, base + 5_000_000, base + 25_000_000); // 5 ms, 10 ms, 5 ms
+        assert_eq!(bucket_busy(&buckets, 1000), 5_000_000);
+        assert_eq!(bucket_busy(&buckets, 1001), 10_000_000);
+        assert_eq!(bucket_busy(&buckets, 1002), 5_000_000);
+        assert_eq!(
+            busy_between(&buckets, base, base + 3 * BUCKET_NS),
+            20_000_000
+        );
+        // One lap later the same cells read as empty.
+        assert_eq!(bucket_busy(&buckets, 1016), 0);
+    }
+
+    #[test]
+    fn xid_ring_keeps_the_latest() {
+        let (_m, s) = temp_state("xid");
+        for i in 0..40 {
+            s.raise_xid(3, 79 + i);
+        }
+        let ev = s.xids_after(3, 0);
+        assert_eq!(ev.len(), XID_RING - 1);
+        assert_eq!(ev.last().unwrap().1, 79 + 39);
+        assert!(s.xids_after(3, 40).is_empty());
+        let _ = std::fs::remove_file(&s.path);
+    }
+
+    #[test]
+    fn another_model_is_refused() {
+        let (_m, s) = temp_state("model");
+        let other = preset("single").unwrap();
+        assert!(Shared::attach_at(&other, &s.path)
+            .err()
+            .unwrap()
+            .contains("another machine model"));
+        let _ = std::fs::remove_file(&s.path);
+    }
+}
