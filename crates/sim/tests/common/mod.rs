@@ -26,7 +26,14 @@ pub fn sim_dir() -> PathBuf {
         // `cargo test -p cuvisor-sim` alone does not build the cdylibs; build them now. Cargo's
         // build lock is free while tests run, and this is a no-op when they are current.
         let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-q", "-p", "cuvisor-sim-cuda", "-p", "cuvisor-sim-nvml"]);
+        cmd.args([
+            "build",
+            "-q",
+            "-p",
+            "cuvisor-sim-cuda",
+            "-p",
+            "cuvisor-sim-nvml",
+        ]);
         if release {
             cmd.arg("--release");
         }
@@ -34,7 +41,11 @@ pub fn sim_dir() -> PathBuf {
         let status = cmd.status().expect("run cargo build for the simulator");
         assert!(status.success(), "building the simulated libraries failed");
         let dir = profile_dir.join("sim");
-        assert!(dir.join("libcuda.so.1").exists(), "{} has no libcuda.so.1", dir.display());
+        assert!(
+            dir.join("libcuda.so.1").exists(),
+            "{} has no libcuda.so.1",
+            dir.display()
+        );
         dir
     })
     .clone()
@@ -68,7 +79,12 @@ pub struct Child {
 impl Child {
     /// Re-runs test `test` of this binary in a child process on the simulator.
     pub fn new(test: &str) -> Child {
-        Child { test: test.to_string(), preset: "single".into(), state: state_file(test), env: Vec::new() }
+        Child {
+            test: test.to_string(),
+            preset: "single".into(),
+            state: state_file(test),
+            env: Vec::new(),
+        }
     }
     pub fn preset(mut self, p: &str) -> Child {
         self.preset = p.into();
@@ -84,13 +100,23 @@ impl Child {
     }
     pub fn command(&self) -> Command {
         let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args([self.test.as_str(), "--exact", "--nocapture", "--test-threads=1"]);
+        cmd.args([
+            self.test.as_str(),
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ]);
         sim_env(&mut cmd, &self.preset, &self.state);
         cmd.env("CUVISOR_TEST_CHILD", "1");
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
         cmd
+    }
+    /// Starts the child without waiting, its output captured for [`Ran::success`].
+    pub fn spawn(&self) -> std::process::Child {
+        use std::process::Stdio;
+        self.command().stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn child test")
     }
     pub fn run(&self) -> Ran {
         Ran(self.command().output().expect("spawn child test"))
