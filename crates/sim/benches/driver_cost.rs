@@ -48,8 +48,21 @@ fn main() {
     let retain: extern "C" fn(*mut *mut c_void, i32) -> R = sym(lib, "cuDevicePrimaryCtxRetain");
     let set_current: extern "C" fn(*mut c_void) -> R = sym(lib, "cuCtxSetCurrent");
     let load: extern "C" fn(*mut *mut c_void, *const c_void) -> R = sym(lib, "cuModuleLoadData");
-    let get_fn: extern "C" fn(*mut *mut c_void, *mut c_void, *const i8) -> R = sym(lib, "cuModuleGetFunction");
-    type Launch = extern "C" fn(*mut c_void, u32, u32, u32, u32, u32, u32, u32, *mut c_void, *mut *mut c_void, *mut *mut c_void) -> R;
+    let get_fn: extern "C" fn(*mut *mut c_void, *mut c_void, *const i8) -> R =
+        sym(lib, "cuModuleGetFunction");
+    type Launch = extern "C" fn(
+        *mut c_void,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        *mut c_void,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> R;
     let launch: Launch = sym(lib, "cuLaunchKernel");
     let sync: extern "C" fn(*mut c_void) -> R = sym(lib, "cuStreamSynchronize");
     let alloc: extern "C" fn(*mut u64, usize) -> R = sym(lib, "cuMemAlloc_v2");
@@ -67,7 +80,19 @@ fn main() {
     let mut args = [&mut ns as *mut u64 as *mut c_void];
     let iters = 200_000;
     let launch_ns = best_of(5, iters, || {
-        let r = launch(func, 1, 1, 1, 32, 1, 1, 0, std::ptr::null_mut(), args.as_mut_ptr(), std::ptr::null_mut());
+        let r = launch(
+            func,
+            1,
+            1,
+            1,
+            32,
+            1,
+            1,
+            0,
+            std::ptr::null_mut(),
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        );
         debug_assert_eq!(r, 0);
     });
     assert_eq!(sync(std::ptr::null_mut()), 0);

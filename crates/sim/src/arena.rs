@@ -76,7 +76,7 @@ impl Arena {
     /// A block of `size` bytes (already rounded by the caller to ALIGN), or None when the
     /// address space is exhausted.
     pub fn alloc(&self, size: u64) -> Option<u64> {
-        debug_assert!(size > 0 && size % ALIGN == 0);
+        debug_assert!(size > 0 && size.is_multiple_of(ALIGN));
         let mut f = self.free.lock().unwrap_or_else(|e| e.into_inner());
         let &(bsize, addr) = f.by_size.range((size, 0)..).next()?;
         f.remove(addr, bsize);

@@ -7,9 +7,19 @@ use std::process::Command;
 
 /// Compiles tests/c/NAME.c with the system C compiler (extra link flags after the source).
 fn compile(name: &str, link: &[&str]) -> PathBuf {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(format!("{name}.c"));
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(format!("{name}.c"));
     let out = std::env::temp_dir().join(format!("cuvisor-c-{name}-{}", std::process::id()));
-    let status = Command::new("cc").arg("-O1").arg("-Wall").arg("-o").arg(&out).arg(&src).args(link).status().expect("run cc");
+    let status = Command::new("cc")
+        .arg("-O1")
+        .arg("-Wall")
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .args(link)
+        .status()
+        .expect("run cc");
     assert!(status.success(), "compiling {}", src.display());
     out
 }
@@ -20,8 +30,14 @@ fn libcudart_style_resolution_through_cu_get_proc_address_v2() {
     let mut cmd = Command::new(&exe);
     common::sim_env(&mut cmd, "single", &common::state_file("cudart"));
     let out = cmd.output().unwrap();
-    let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && so.contains("OK"), "stdout: {so}\nstderr: {se}");
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success() && so.contains("OK"),
+        "stdout: {so}\nstderr: {se}"
+    );
 }
 
 #[test]
@@ -32,7 +48,14 @@ fn a_directly_linked_program_fills_exactly_the_device() {
     common::sim_env(&mut cmd, "single", &common::state_file("direct"));
     let out = cmd.output().unwrap();
     let so = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{so}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{so}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // 16 GiB device, nothing else on it: exactly 16 allocations of 1 GiB, then out of memory.
-    assert!(so.starts_with("allocated 16 GiB, stopped with 2, free 0 of 17179869184"), "{so}");
+    assert!(
+        so.starts_with("allocated 16 GiB, stopped with 2, free 0 of 17179869184"),
+        "{so}"
+    );
 }

@@ -42,10 +42,17 @@ fn two_processes_share_one_device_memory() {
             wait_for(&dir.join("allocated"));
             let (free, total) = ctx.mem_get_info().unwrap();
             assert_eq!(total, 16 * GIB);
-            assert_eq!(free, 6 * GIB, "the other process's 10 GiB shows in cuMemGetInfo");
+            assert_eq!(
+                free,
+                6 * GIB,
+                "the other process's 10 GiB shows in cuMemGetInfo"
+            );
             // SAFETY: as above; these allocations are never read.
             let too_much = unsafe { stream.alloc::<u8>(6 * GIB + 1) };
-            assert!(too_much.is_err(), "together the processes cannot exceed the device");
+            assert!(
+                too_much.is_err(),
+                "together the processes cannot exceed the device"
+            );
             let fits = unsafe { stream.alloc::<u8>(6 * GIB) }.unwrap();
             assert_eq!(ctx.mem_get_info().unwrap().0, 0);
             drop(fits);
@@ -70,7 +77,13 @@ fn two_processes_share_one_device_memory() {
     // Both exited: their memory is back.
     let model = cuvisor_sim::model::preset("single").unwrap();
     let shared = cuvisor_sim::state::Shared::attach_at(&model, &state).unwrap();
-    assert_eq!(shared.device(0).mem_used.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(
+        shared
+            .device(0)
+            .mem_used
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
 }
 
 #[test]
@@ -79,7 +92,11 @@ fn kernels_of_two_processes_do_not_overlap() {
         let dir = PathBuf::from(std::env::var("RDV").unwrap());
         let ctx = CudaContext::new(0).unwrap();
         let stream = ctx.default_stream();
-        let f = ctx.load_module(Ptx::from_src("image")).unwrap().load_function("sim_busy").unwrap();
+        let f = ctx
+            .load_module(Ptx::from_src("image"))
+            .unwrap()
+            .load_function("sim_busy")
+            .unwrap();
         stream.synchronize().unwrap();
         wait_for(&dir.join("go"));
         let start = cuvisor_sim::state::now_ns();
@@ -90,7 +107,11 @@ fn kernels_of_two_processes_do_not_overlap() {
         unsafe { b.launch(LaunchConfig::for_num_elems(1)) }.unwrap();
         stream.synchronize().unwrap();
         let end = cuvisor_sim::state::now_ns();
-        std::fs::write(dir.join(format!("times-{}", std::process::id())), format!("{start} {end}")).unwrap();
+        std::fs::write(
+            dir.join(format!("times-{}", std::process::id())),
+            format!("{start} {end}"),
+        )
+        .unwrap();
         return;
     }
     let dir = rendezvous_dir("time");
@@ -123,6 +144,12 @@ fn kernels_of_two_processes_do_not_overlap() {
     let first_start = times.iter().map(|t| t.0).min().unwrap();
     let last_end = times.iter().map(|t| t.1).max().unwrap();
     let total_ms = (last_end - first_start) / 1_000_000;
-    assert!(total_ms >= 400, "two 200 ms kernels from two processes took {total_ms} ms: they overlapped");
-    assert!(total_ms < 600, "took {total_ms} ms: far more than serialised run time");
+    assert!(
+        total_ms >= 400,
+        "two 200 ms kernels from two processes took {total_ms} ms: they overlapped"
+    );
+    assert!(
+        total_ms < 600,
+        "took {total_ms} ms: far more than serialised run time"
+    );
 }

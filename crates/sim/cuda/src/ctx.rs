@@ -267,7 +267,7 @@ export! {
     fn cuDevicePrimaryCtxRelease(dev: CUdevice) { primary_release(dev) }
     fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) { primary_release(dev) }
 
-    fn cuDevicePrimaryCtxGetState(flags: *mut c_uint, active: *mut i32, dev: CUdevice) {
+    fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut i32) {
         let (i, _) = device(dev)?;
         let p = primaries()[i].lock().unwrap_or_else(|e| e.into_inner());
         write(flags, p.flags)?;

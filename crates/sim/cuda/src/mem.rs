@@ -15,7 +15,7 @@
 //!   share bytes in the simulator.
 //! - arrays and mipmapped arrays: charged by their element size, not addressable for copies.
 //! - IPC and shareable-handle imports: new mappings of someone else's memory, charged nothing.
-//! - v1 (32-bit) entry points: allocations live below 4 GiB (a 1 GiB arena), as a 32-bit
+//! - v1 (32-bit) entry points: allocations live below 2 GiB (a 256 MiB arena), as a 32-bit
 //!   `CUdeviceptr_v1` requires.
 
 use crate::ctx;
@@ -31,7 +31,9 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 /// Granularity of cuMemCreate / cuMemAddressReserve and of pool growth.
 pub const GRANULARITY: u64 = 2 << 20;
-const LOW_ARENA: u64 = 1 << 30;
+/// MAP_32BIT's window is the second GiB of the address space (0x4000_0000..0x8000_0000),
+/// shared with anything else that asks for it: a quarter of it is ample for v1 callers.
+const LOW_ARENA: u64 = 256 << 20;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Kind {
@@ -301,7 +303,7 @@ fn copy_any(dst: u64, src: u64, n: usize) -> Res {
 fn memset(dst: u64, value: u32, elem: usize, count: usize) -> Res {
     ctx::current()?;
     let n = elem.checked_mul(count).ok_or(err::INVALID_VALUE)?;
-    if dst % elem as u64 != 0 {
+    if !dst.is_multiple_of(elem as u64) {
         return Err(err::INVALID_VALUE);
     }
     device_range(dst, n as u64, true)?;
@@ -887,7 +889,7 @@ export! {
     fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) {
         drv()?;
         let p: CUmemAllocationProp = read(prop)?;
-        if handle.is_null() || flags != 0 || p.type_ != CU_MEM_ALLOCATION_TYPE_PINNED || size == 0 || size as u64 % GRANULARITY != 0 {
+        if handle.is_null() || flags != 0 || p.type_ != CU_MEM_ALLOCATION_TYPE_PINNED || size == 0 || !(size as u64).is_multiple_of(GRANULARITY) {
             return Err(err::INVALID_VALUE);
         }
         let dev = location_device(p.location)?;
@@ -912,7 +914,7 @@ export! {
     }
     fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, _align: usize, _addr: CUdeviceptr, flags: u64) {
         drv()?;
-        if ptr.is_null() || flags != 0 || size == 0 || size as u64 % GRANULARITY != 0 {
+        if ptr.is_null() || flags != 0 || size == 0 || !(size as u64).is_multiple_of(GRANULARITY) {
             return Err(err::INVALID_VALUE);
         }
         let a = va_arena()?.alloc(size as u64).ok_or(err::OUT_OF_MEMORY)?;
@@ -932,7 +934,7 @@ export! {
     fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) {
         drv()?;
         let p = phys().get(handle as usize).map_err(|_| err::INVALID_VALUE)?;
-        if flags != 0 || size == 0 || offset as u64 + size as u64 > p.size || size as u64 % GRANULARITY != 0 {
+        if flags != 0 || size == 0 || offset as u64 + size as u64 > p.size || !(size as u64).is_multiple_of(GRANULARITY) {
             return Err(err::INVALID_VALUE);
         }
         let inside = {

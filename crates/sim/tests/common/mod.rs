@@ -116,7 +116,11 @@ impl Child {
     /// Starts the child without waiting, its output captured for [`Ran::success`].
     pub fn spawn(&self) -> std::process::Child {
         use std::process::Stdio;
-        self.command().stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn child test")
+        self.command()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn child test")
     }
     pub fn run(&self) -> Ran {
         Ran(self.command().output().expect("spawn child test"))

@@ -1,0 +1,856 @@
+//! The simulated driver API, entry point by entry point, from a real client: cudarc's raw `sys`
+//! bindings (dynamic loading of libcuda.so), plus dlsym for the v1 and `_ptsz` symbols that
+//! bindgen does not declare. Each test runs in a child process on its own simulator state.
+mod common;
+
+use cu::CUresult::{self as R, *};
+use cudarc::driver::sys as cu;
+use std::ffi::{c_void, CString};
+use std::ptr::null_mut;
+
+const MIB: usize = 1 << 20;
+const GIB: usize = 1 << 30;
+
+/// Runs the calling test in a child on `preset` unless we are that child.
+macro_rules! in_child {
+    ($name:literal) => {
+        in_child!($name, "single")
+    };
+    ($name:literal, $preset:literal) => {
+        if !common::is_child() {
+            common::Child::new($name).preset($preset).run().success();
+            return;
+        }
+    };
+}
+
+fn ok(r: R) {
+    assert_eq!(r, CUDA_SUCCESS);
+}
+
+// SAFETY (for every `unsafe` block in this file): these are calls into the simulated driver with
+// arguments that follow the CUDA driver API's documented contract (valid out-pointers, live
+// handles), which is what the tests exercise.
+
+fn setup() -> cu::CUcontext {
+    let mut ctx = null_mut();
+    // SAFETY: see the file-level note.
+    unsafe {
+        ok(cu::cuInit(0));
+        ok(cu::cuDevicePrimaryCtxRetain(&mut ctx, 0));
+        ok(cu::cuCtxSetCurrent(ctx));
+    }
+    ctx
+}
+
+fn free_mem() -> usize {
+    let (mut free, mut total) = (0, 0);
+    // SAFETY: see the file-level note.
+    unsafe { ok(cu::cuMemGetInfo_v2(&mut free, &mut total)) };
+    free
+}
+
+fn busy_function(name: &str) -> cu::CUfunction {
+    let (mut m, mut f) = (null_mut(), null_mut());
+    let name = CString::new(name).unwrap();
+    // SAFETY: see the file-level note.
+    unsafe {
+        ok(cu::cuModuleLoadData(
+            &mut m,
+            c"image".as_ptr() as *const c_void,
+        ));
+        ok(cu::cuModuleGetFunction(&mut f, m, name.as_ptr()));
+    }
+    f
+}
+
+fn launch_busy(f: cu::CUfunction, ns: u64, stream: cu::CUstream) -> R {
+    let mut ns = ns;
+    let mut args = [&mut ns as *mut u64 as *mut c_void];
+    // SAFETY: see the file-level note.
+    unsafe {
+        cu::cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            32,
+            1,
+            1,
+            0,
+            stream,
+            args.as_mut_ptr(),
+            null_mut(),
+        )
+    }
+}
+
+/// An exported symbol of libcuda.so.1 that bindgen does not declare (v1 and `_ptsz` forms).
+fn raw<T: Copy>(name: &str) -> T {
+    let lib = c"libcuda.so.1";
+    let name = CString::new(name).unwrap();
+    // SAFETY: RTLD_NOLOAD only finds the already loaded driver; the symbol is then reinterpreted
+    // as the function-pointer type T that the caller names for it (pointer-sized).
+    unsafe {
+        let h = libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        assert!(!h.is_null());
+        let p = libc::dlsym(h, name.as_ptr());
+        assert!(!p.is_null(), "{name:?} not exported");
+        std::mem::transmute_copy(&p)
+    }
+}
+
+fn elapsed_ms(start: cu::CUevent, end: cu::CUevent) -> f32 {
+    let mut ms = 0f32;
+    // SAFETY: see the file-level note.
+    unsafe {
+        ok(cu::cuEventSynchronize(end));
+        ok(cu::cuEventElapsedTime_v2(&mut ms, start, end));
+    }
+    ms
+}
+
+fn event() -> cu::CUevent {
+    let mut e = null_mut();
+    // SAFETY: see the file-level note.
+    unsafe { ok(cu::cuEventCreate(&mut e, 0)) };
+    e
+}
+
+#[test]
+fn calls_before_cu_init_are_not_initialized() {
+    in_child!("calls_before_cu_init_are_not_initialized");
+    let mut n = 0;
+    let mut v = 0;
+    // SAFETY: see the file-level note.
+    unsafe {
+        assert_eq!(cu::cuDeviceGetCount(&mut n), CUDA_ERROR_NOT_INITIALIZED);
+        ok(cu::cuDriverGetVersion(&mut v)); // allowed before cuInit
+        assert_eq!(v, 12080);
+        assert_eq!(cu::cuInit(1), CUDA_ERROR_INVALID_VALUE, "flags must be 0");
+        ok(cu::cuInit(0));
+        ok(cu::cuDeviceGetCount(&mut n));
+        assert_eq!(n, 1);
+        let mut p = 0;
+        assert_eq!(
+            cu::cuMemAlloc_v2(&mut p, 1),
+            CUDA_ERROR_INVALID_CONTEXT,
+            "no current context"
+        );
+        let mut name = null_mut::<i8>() as *const i8;
+        ok(cu::cuGetErrorName(CUDA_ERROR_OUT_OF_MEMORY, &mut name));
+        assert_eq!(
+            std::ffi::CStr::from_ptr(name).to_str().unwrap(),
+            "CUDA_ERROR_OUT_OF_MEMORY"
+        );
+    }
+}
+
+#[test]
+fn device_queries_follow_the_model() {
+    in_child!("device_queries_follow_the_model", "dgx1-v100");
+    // SAFETY: see the file-level note.
+    unsafe {
+        ok(cu::cuInit(0));
+        let model = cuvisor_sim::model::preset("dgx1-v100").unwrap();
+        for (i, d) in model.devices.iter().enumerate() {
+            let mut dev = 0;
+            ok(cu::cuDeviceGet(&mut dev, i as i32));
+            let mut name = [0i8; 64];
+            ok(cu::cuDeviceGetName(name.as_mut_ptr(), 64, dev));
+            assert_eq!(
+                std::ffi::CStr::from_ptr(name.as_ptr()).to_str().unwrap(),
+                d.name
+            );
+            let mut uuid = std::mem::zeroed::<cu::CUuuid>();
+            ok(cu::cuDeviceGetUuid_v2(&mut uuid, dev));
+            assert_eq!(uuid.bytes.map(|b| b as u8), d.uuid_bytes());
+            let mut bus = [0i8; 32];
+            ok(cu::cuDeviceGetPCIBusId(bus.as_mut_ptr(), 32, dev));
+            let bus = std::ffi::CStr::from_ptr(bus.as_ptr())
+                .to_str()
+                .unwrap()
+                .to_string();
+            assert_eq!(bus, d.pci_bus_id_cuda());
+            let mut back = -1;
+            let c = CString::new(bus).unwrap();
+            ok(cu::cuDeviceGetByPCIBusId(&mut back, c.as_ptr()));
+            assert_eq!(back, dev);
+            let mut sm = 0;
+            ok(cu::cuDeviceGetAttribute(
+                &mut sm,
+                cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                dev,
+            ));
+            assert_eq!(sm, 80);
+            let mut major = 0;
+            ok(cu::cuDeviceGetAttribute(
+                &mut major,
+                cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                dev,
+            ));
+            assert_eq!(major, 7);
+            let mut total = 0;
+            ok(cu::cuDeviceTotalMem_v2(&mut total, dev));
+            assert_eq!(total, 16 * GIB);
+            // v1 reports through 32 bits: clamped, never wrapped.
+            let total_v1: extern "C" fn(*mut u32, i32) -> R = raw("cuDeviceTotalMem");
+            let mut t32 = 0u32;
+            ok(total_v1(&mut t32, dev));
+            assert_eq!(t32, u32::MAX);
+        }
+        let mut dev = 0;
+        assert_eq!(cu::cuDeviceGet(&mut dev, 8), CUDA_ERROR_INVALID_DEVICE);
+        let mut can = 0;
+        ok(cu::cuDeviceCanAccessPeer(&mut can, 0, 3)); // NVLink
+        assert_eq!(can, 1);
+        ok(cu::cuDeviceCanAccessPeer(&mut can, 0, 5)); // across NUMA nodes, no NVLink
+        assert_eq!(can, 0);
+    }
+}
+
+#[test]
+fn contexts_stack_and_destroying_one_frees_its_memory() {
+    in_child!("contexts_stack_and_destroying_one_frees_its_memory");
+    // SAFETY: see the file-level note.
+    unsafe {
+        ok(cu::cuInit(0));
+        let mut popped = null_mut();
+        assert_eq!(
+            cu::cuCtxPopCurrent_v2(&mut popped),
+            CUDA_ERROR_INVALID_CONTEXT
+        );
+        let mut ctx = null_mut();
+        ok(cu::cuCtxCreate_v2(&mut ctx, 0, 0));
+        let mut cur = null_mut();
+        ok(cu::cuCtxGetCurrent(&mut cur));
+        assert_eq!(cur, ctx, "cuCtxCreate makes the new context current");
+        let before = free_mem();
+        let mut p = 0;
+        ok(cu::cuMemAlloc_v2(&mut p, 64 * MIB));
+        assert_eq!(before - free_mem(), 64 * MIB);
+        ok(cu::cuCtxPopCurrent_v2(&mut popped));
+        assert_eq!(popped, ctx);
+        ok(cu::cuCtxDestroy_v2(ctx));
+        let primary = setup();
+        assert_eq!(
+            free_mem(),
+            before,
+            "destroying a context frees what it allocated"
+        );
+        assert_eq!(
+            cu::cuCtxDestroy_v2(primary),
+            CUDA_ERROR_INVALID_CONTEXT,
+            "a primary context is released, not destroyed"
+        );
+        let (mut flags, mut active) = (0, 0);
+        ok(cu::cuDevicePrimaryCtxGetState(0, &mut flags, &mut active));
+        assert_eq!(active, 1);
+        assert_eq!(
+            cu::cuDevicePrimaryCtxSetFlags_v2(0, 0x100),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        ok(cu::cuDevicePrimaryCtxSetFlags_v2(0, 4)); // v2 may change flags while active
+        ok(cu::cuDevicePrimaryCtxRelease_v2(0));
+        ok(cu::cuDevicePrimaryCtxGetState(0, &mut flags, &mut active));
+        assert_eq!((flags, active), (4, 0));
+    }
+}
+
+#[test]
+fn allocation_paths_charge_and_free_exactly() {
+    in_child!("allocation_paths_charge_and_free_exactly");
+    setup();
+    let base = free_mem();
+    // SAFETY: see the file-level note.
+    unsafe {
+        let mut p = 0;
+        ok(cu::cuMemAlloc_v2(&mut p, 1000));
+        assert_eq!(base - free_mem(), 1024, "rounded up to 512 bytes");
+        assert_eq!(p % 512, 0);
+        let (mut b, mut s) = (0, 0);
+        ok(cu::cuMemGetAddressRange_v2(&mut b, &mut s, p + 10));
+        assert_eq!((b, s), (p, 1024));
+        assert_eq!(
+            cu::cuMemFree_v2(p + 512),
+            CUDA_ERROR_INVALID_VALUE,
+            "interior pointer"
+        );
+        ok(cu::cuMemFree_v2(p));
+        assert_eq!(cu::cuMemAlloc_v2(&mut p, 0), CUDA_ERROR_INVALID_VALUE);
+
+        let mut pitch = 0;
+        ok(cu::cuMemAllocPitch_v2(&mut p, &mut pitch, 1000, 100, 4));
+        assert_eq!(pitch, 1024);
+        assert_eq!(base - free_mem(), 1024 * 100);
+        assert_eq!(
+            cu::cuMemAllocPitch_v2(&mut p, &mut pitch, 1000, 100, 3),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        ok(cu::cuMemFree_v2(p));
+
+        ok(cu::cuMemAllocManaged(&mut p, 4 * MIB, 1));
+        assert_eq!(
+            base - free_mem(),
+            4 * MIB,
+            "managed memory is charged to the device"
+        );
+        ok(cu::cuMemFree_v2(p));
+
+        // v1: a 32-bit CUdeviceptr and 32-bit cuMemGetInfo (clamped).
+        let alloc_v1: extern "C" fn(*mut u32, u32) -> R = raw("cuMemAlloc");
+        let free_v1: extern "C" fn(u32) -> R = raw("cuMemFree");
+        let info_v1: extern "C" fn(*mut u32, *mut u32) -> R = raw("cuMemGetInfo");
+        let mut p32 = 0u32;
+        ok(alloc_v1(&mut p32, 4096));
+        assert_ne!(p32, 0);
+        let (mut f32_, mut t32) = (0, 0);
+        ok(info_v1(&mut f32_, &mut t32));
+        assert_eq!((f32_, t32), (u32::MAX, u32::MAX));
+        ok(free_v1(p32));
+
+        // Arrays: charged by element size, given back by their destroy.
+        let desc = cu::CUDA_ARRAY_DESCRIPTOR {
+            Width: 1024,
+            Height: 1024,
+            Format: cu::CUarray_format::CU_AD_FORMAT_FLOAT,
+            NumChannels: 4,
+        };
+        let mut arr = null_mut();
+        ok(cu::cuArrayCreate_v2(&mut arr, &desc));
+        assert_eq!(base - free_mem(), 16 * MIB);
+        ok(cu::cuArrayDestroy(arr));
+        let d3 = cu::CUDA_ARRAY3D_DESCRIPTOR {
+            Width: 256,
+            Height: 256,
+            Depth: 16,
+            Format: cu::CUarray_format::CU_AD_FORMAT_UNSIGNED_INT8,
+            NumChannels: 2,
+            Flags: 0,
+        };
+        ok(cu::cuArray3DCreate_v2(&mut arr, &d3));
+        assert_eq!(base - free_mem(), 2 * MIB);
+        ok(cu::cuArrayDestroy(arr));
+        let mut mip = null_mut();
+        let dm = cu::CUDA_ARRAY3D_DESCRIPTOR {
+            Width: 1024,
+            Height: 1024,
+            Depth: 0,
+            Format: cu::CUarray_format::CU_AD_FORMAT_UNSIGNED_INT8,
+            NumChannels: 1,
+            Flags: 0,
+        };
+        ok(cu::cuMipmappedArrayCreate(&mut mip, &dm, 3));
+        assert_eq!(
+            base - free_mem(),
+            (1024 * 1024 + 512 * 512 + 256 * 256) as usize
+        );
+        ok(cu::cuMipmappedArrayDestroy(mip));
+        assert_eq!(
+            cu::cuMipmappedArrayCreate(&mut mip, &dm, 12),
+            CUDA_ERROR_INVALID_VALUE,
+            "1024 has 11 levels"
+        );
+        assert_eq!(free_mem(), base);
+
+        // Data round-trips through memset and the copy entry points.
+        ok(cu::cuMemAlloc_v2(&mut p, 4096));
+        ok(cu::cuMemsetD32_v2(p, 0xdead_beef, 1024));
+        let mut host = vec![0u32; 1024];
+        ok(cu::cuMemcpyDtoH_v2(
+            host.as_mut_ptr() as *mut c_void,
+            p,
+            4096,
+        ));
+        assert!(host.iter().all(|&x| x == 0xdead_beef));
+        assert_eq!(
+            cu::cuMemcpyDtoH_v2(host.as_mut_ptr() as *mut c_void, p, 4097),
+            CUDA_ERROR_INVALID_VALUE,
+            "past the end"
+        );
+        ok(cu::cuMemFree_v2(p));
+        assert_eq!(
+            cu::cuMemcpyDtoH_v2(host.as_mut_ptr() as *mut c_void, p, 4),
+            CUDA_ERROR_INVALID_VALUE,
+            "after free"
+        );
+    }
+}
+
+#[test]
+fn stream_ordered_pools_keep_memory_until_a_sync_point() {
+    in_child!("stream_ordered_pools_keep_memory_until_a_sync_point");
+    setup();
+    let base = free_mem();
+    let attr = |pool: cu::CUmemoryPool, a: cu::CUmemPool_attribute| {
+        let mut v = 0u64;
+        // SAFETY: see the file-level note.
+        unsafe {
+            ok(cu::cuMemPoolGetAttribute(
+                pool,
+                a,
+                &mut v as *mut u64 as *mut c_void,
+            ))
+        };
+        v as usize
+    };
+    use cu::CUmemPool_attribute::*;
+    // SAFETY: see the file-level note.
+    unsafe {
+        let mut pool = null_mut();
+        ok(cu::cuDeviceGetDefaultMemPool(&mut pool, 0));
+        let mut p = 0;
+        ok(cu::cuMemAllocAsync(&mut p, 3 * MIB, null_mut()));
+        assert_eq!(attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 3 * MIB);
+        assert_eq!(
+            attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+            4 * MIB,
+            "pools grow in 2 MiB steps"
+        );
+        assert_eq!(base - free_mem(), 4 * MIB);
+        ok(cu::cuMemFreeAsync(p, null_mut()));
+        assert_eq!(attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
+        assert_eq!(
+            base - free_mem(),
+            4 * MIB,
+            "freed memory stays reserved in the pool"
+        );
+        ok(cu::cuStreamSynchronize(null_mut()));
+        assert_eq!(free_mem(), base, "released at the sync point (threshold 0)");
+
+        let mut keep = 64u64 * MIB as u64;
+        ok(cu::cuMemPoolSetAttribute(
+            pool,
+            CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &mut keep as *mut u64 as *mut c_void,
+        ));
+        ok(cu::cuMemAllocAsync(&mut p, 32 * MIB, null_mut()));
+        ok(cu::cuMemFreeAsync(p, null_mut()));
+        ok(cu::cuStreamSynchronize(null_mut()));
+        assert_eq!(
+            base - free_mem(),
+            32 * MIB,
+            "kept under the release threshold"
+        );
+        ok(cu::cuMemPoolTrimTo(pool, 0));
+        assert_eq!(free_mem(), base);
+        assert_eq!(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH), 32 * MIB);
+
+        // A created pool, allocation from it, and its destruction.
+        let mut props: cu::CUmemPoolProps = std::mem::zeroed();
+        props.allocType = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        let mut mine = null_mut();
+        ok(cu::cuMemPoolCreate(&mut mine, &props));
+        ok(cu::cuMemAllocFromPoolAsync(&mut p, MIB, mine, null_mut()));
+        assert_eq!(base - free_mem(), 2 * MIB);
+        let mut which = null_mut::<c_void>();
+        ok(cu::cuPointerGetAttribute(
+            &mut which as *mut _ as *mut c_void,
+            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+            p,
+        ));
+        assert_eq!(which as cu::CUmemoryPool, mine);
+        ok(cu::cuMemPoolDestroy(mine));
+        assert_eq!(free_mem(), base, "destroying a pool frees what it held");
+        assert_eq!(
+            cu::cuMemPoolDestroy(pool),
+            CUDA_ERROR_INVALID_VALUE,
+            "the default pool cannot be destroyed"
+        );
+    }
+}
+
+#[test]
+fn virtual_memory_management_charges_physical_handles() {
+    in_child!("virtual_memory_management_charges_physical_handles");
+    setup();
+    let base = free_mem();
+    // SAFETY: see the file-level note.
+    unsafe {
+        let mut prop: cu::CUmemAllocationProp = std::mem::zeroed();
+        prop.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        let mut gran = 0;
+        ok(cu::cuMemGetAllocationGranularity(
+            &mut gran,
+            &prop,
+            cu::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        ));
+        assert_eq!(gran, 2 * MIB);
+        let mut h = 0;
+        assert_eq!(
+            cu::cuMemCreate(&mut h, 3 * MIB, &prop, 0),
+            CUDA_ERROR_INVALID_VALUE,
+            "not a granularity multiple"
+        );
+        ok(cu::cuMemCreate(&mut h, 4 * MIB, &prop, 0));
+        assert_eq!(base - free_mem(), 4 * MIB);
+        let mut va = 0;
+        ok(cu::cuMemAddressReserve(&mut va, 8 * MIB, 0, 0, 0));
+        assert_eq!(base - free_mem(), 4 * MIB, "address space is not memory");
+        ok(cu::cuMemMap(va, 4 * MIB, 0, h, 0));
+        let access = cu::CUmemAccessDesc {
+            location: prop.location,
+            flags: cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        ok(cu::cuMemSetAccess(va, 4 * MIB, &access, 1));
+        let data = [7u8; 64];
+        ok(cu::cuMemcpyHtoD_v2(
+            va + 100,
+            data.as_ptr() as *const c_void,
+            64,
+        ));
+        let mut back = [0u8; 64];
+        ok(cu::cuMemcpyDtoH_v2(
+            back.as_mut_ptr() as *mut c_void,
+            va + 100,
+            64,
+        ));
+        assert_eq!(back, data);
+        ok(cu::cuMemRelease(h));
+        assert_eq!(base - free_mem(), 4 * MIB, "still mapped: still charged");
+        ok(cu::cuMemUnmap(va, 4 * MIB));
+        assert_eq!(free_mem(), base, "released and unmapped: given back");
+        ok(cu::cuMemAddressFree(va, 8 * MIB));
+        // Host-located physical memory takes no device memory.
+        prop.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST;
+        ok(cu::cuMemCreate(&mut h, 2 * MIB, &prop, 0));
+        assert_eq!(free_mem(), base);
+        ok(cu::cuMemRelease(h));
+    }
+}
+
+#[test]
+fn graphs_capture_and_cooperative_launches_take_device_time() {
+    in_child!("graphs_capture_and_cooperative_launches_take_device_time");
+    setup();
+    let f = busy_function("sim_busy_graph");
+    // SAFETY: see the file-level note.
+    unsafe {
+        let mut s = null_mut();
+        ok(cu::cuStreamCreate(&mut s, 0));
+        // Captured work does not run until the graph is launched.
+        ok(cu::cuStreamBeginCapture_v2(
+            s,
+            cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        ));
+        let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        ok(cu::cuStreamIsCapturing(s, &mut status));
+        assert_eq!(
+            status,
+            cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+        );
+        for _ in 0..3 {
+            ok(launch_busy(f, 10_000_000, s));
+        }
+        assert_eq!(
+            cu::cuStreamSynchronize(s),
+            CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+        );
+        let mut g = null_mut();
+        ok(cu::cuStreamEndCapture(s, &mut g));
+        ok(cu::cuStreamQuery(s));
+        let mut exec = null_mut();
+        ok(cu::cuGraphInstantiateWithFlags(&mut exec, g, 0));
+        let (a, b) = (event(), event());
+        ok(cu::cuEventRecord(a, s));
+        ok(cu::cuGraphLaunch(exec, s));
+        ok(cu::cuEventRecord(b, s));
+        let ms = elapsed_ms(a, b);
+        assert!(
+            (29.0..=33.0).contains(&ms),
+            "captured graph of 3 x 10 ms took {ms} ms"
+        );
+
+        // A graph built node by node.
+        let mut g2 = null_mut();
+        ok(cu::cuGraphCreate(&mut g2, 0));
+        let mut ns: u64 = 20_000_000;
+        let mut args = [&mut ns as *mut u64 as *mut c_void];
+        let params = cu::CUDA_KERNEL_NODE_PARAMS {
+            func: f,
+            gridDimX: 1,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: 1,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            kernelParams: args.as_mut_ptr(),
+            extra: null_mut(),
+            kern: null_mut(),
+            ctx: null_mut(),
+        };
+        let mut n1 = null_mut();
+        let mut n2 = null_mut();
+        ok(cu::cuGraphAddKernelNode_v2(
+            &mut n1,
+            g2,
+            null_mut(),
+            0,
+            &params,
+        ));
+        *(args[0] as *mut u64) = 1; // the second node reads 1 ns; the first copied 20 ms when made
+        ok(cu::cuGraphAddKernelNode_v2(&mut n2, g2, &n1, 1, &params));
+        let mut exec2 = null_mut();
+        ok(cu::cuGraphInstantiateWithFlags(&mut exec2, g2, 0));
+        ok(cu::cuEventRecord(a, s));
+        ok(cu::cuGraphLaunch(exec2, s));
+        ok(cu::cuEventRecord(b, s));
+        let ms = elapsed_ms(a, b);
+        assert!(
+            (19.0..=22.0).contains(&ms),
+            "built graph 20 ms + 1 ns took {ms} ms"
+        );
+
+        // Cooperative launches run like any kernel, and must fit on the device at once.
+        let mut ns: u64 = 5_000_000;
+        let mut args = [&mut ns as *mut u64 as *mut c_void];
+        ok(cu::cuEventRecord(a, s));
+        ok(cu::cuLaunchCooperativeKernel(
+            f,
+            108,
+            1,
+            1,
+            256,
+            1,
+            1,
+            0,
+            s,
+            args.as_mut_ptr(),
+        ));
+        ok(cu::cuEventRecord(b, s));
+        let ms = elapsed_ms(a, b);
+        assert!(
+            (4.5..=6.0).contains(&ms),
+            "cooperative 5 ms kernel took {ms} ms"
+        );
+        // 108 SMs x 8 blocks of 256 threads fit; one more block does not.
+        assert_eq!(
+            cu::cuLaunchCooperativeKernel(f, 108 * 8 + 1, 1, 1, 256, 1, 1, 0, s, args.as_mut_ptr()),
+            CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
+        );
+        assert_eq!(
+            cu::cuLaunchKernel(f, 0, 1, 1, 1, 1, 1, 0, s, args.as_mut_ptr(), null_mut()),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        assert_eq!(
+            cu::cuLaunchKernel(f, 1, 1, 1, 1025, 1, 1, 0, s, args.as_mut_ptr(), null_mut()),
+            CUDA_ERROR_INVALID_VALUE
+        );
+    }
+}
+
+#[test]
+fn the_per_thread_stream_is_not_the_legacy_stream() {
+    in_child!("the_per_thread_stream_is_not_the_legacy_stream");
+    setup();
+    let f = busy_function("sim_busy");
+    let query_ptsz: extern "C" fn(cu::CUstream) -> R = raw("cuStreamQuery_ptsz");
+    // SAFETY: see the file-level note.
+    unsafe {
+        ok(launch_busy(f, 100_000_000, null_mut())); // NULL on the legacy entry point = legacy stream
+        assert_eq!(cu::cuStreamQuery(null_mut()), CUDA_ERROR_NOT_READY);
+        assert_eq!(
+            query_ptsz(null_mut()),
+            CUDA_SUCCESS,
+            "NULL on a _ptsz entry point = the per-thread stream, which is idle"
+        );
+        assert_eq!(
+            cu::cuStreamQuery(2 as cu::CUstream),
+            CUDA_SUCCESS,
+            "CU_STREAM_PER_THREAD"
+        );
+        assert_eq!(
+            cu::cuStreamQuery(1 as cu::CUstream),
+            CUDA_ERROR_NOT_READY,
+            "CU_STREAM_LEGACY"
+        );
+        ok(cu::cuCtxSynchronize());
+        ok(cu::cuStreamQuery(null_mut()));
+    }
+}
+
+#[test]
+fn injected_allocation_failures_hit_the_next_allocations() {
+    if !common::is_child() {
+        let state = common::state_file("fail-alloc");
+        let model = cuvisor_sim::model::preset("single").unwrap();
+        let shared = cuvisor_sim::state::Shared::attach_at(&model, &state).unwrap();
+        shared
+            .device(0)
+            .fail_allocs
+            .store(2, std::sync::atomic::Ordering::SeqCst);
+        common::Child::new("injected_allocation_failures_hit_the_next_allocations")
+            .state(&state)
+            .run()
+            .success();
+        return;
+    }
+    setup();
+    let mut p = 0;
+    // SAFETY: see the file-level note.
+    unsafe {
+        assert_eq!(cu::cuMemAlloc_v2(&mut p, MIB), CUDA_ERROR_OUT_OF_MEMORY);
+        assert_eq!(cu::cuMemAlloc_v2(&mut p, MIB), CUDA_ERROR_OUT_OF_MEMORY);
+        ok(cu::cuMemAlloc_v2(&mut p, MIB));
+    }
+}
+
+#[test]
+fn a_killed_process_gives_its_memory_back() {
+    if common::is_child() {
+        setup();
+        let mut p = 0;
+        // SAFETY: see the file-level note.
+        unsafe { ok(cu::cuMemAlloc_v2(&mut p, 12 * GIB)) };
+        if std::env::var("ROLE").as_deref() == Ok("victim") {
+            println!("holding");
+            std::thread::sleep(std::time::Duration::from_secs(60));
+        }
+        return;
+    }
+    use std::io::{BufRead, BufReader};
+    let state = common::state_file("sigkill");
+    let mut victim = common::Child::new("a_killed_process_gives_its_memory_back")
+        .state(&state)
+        .env("ROLE", "victim")
+        .spawn();
+    let mut line = String::new();
+    BufReader::new(victim.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    while !line.contains("holding") {
+        line.clear();
+        BufReader::new(victim.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+    }
+    victim.kill().unwrap(); // SIGKILL: no exit handler runs
+    victim.wait().unwrap();
+    // The next process finds the device full, reclaims the dead one's 12 GiB and allocates.
+    common::Child::new("a_killed_process_gives_its_memory_back")
+        .state(&state)
+        .env("ROLE", "next")
+        .run()
+        .success();
+}
+
+#[test]
+fn ipc_and_shareable_handle_imports_are_not_new_memory() {
+    in_child!("ipc_and_shareable_handle_imports_are_not_new_memory");
+    // One process stands in for both sides of the exchange for the shareable handle; IPC needs
+    // a second process, which the sibling test below provides.
+    setup();
+    let base = free_mem();
+    // SAFETY: see the file-level note.
+    unsafe {
+        let mut prop: cu::CUmemAllocationProp = std::mem::zeroed();
+        prop.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.requestedHandleTypes =
+            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        let mut h = 0;
+        ok(cu::cuMemCreate(&mut h, 2 * MIB, &prop, 0));
+        let mut fd: i32 = -1;
+        ok(cu::cuMemExportToShareableHandle(
+            &mut fd as *mut i32 as *mut c_void,
+            h,
+            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        ));
+        assert!(fd >= 0);
+        let mut imported = 0;
+        ok(cu::cuMemImportFromShareableHandle(
+            &mut imported,
+            fd as usize as *mut c_void,
+            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        ));
+        assert_eq!(base - free_mem(), 2 * MIB, "the import adds nothing");
+        ok(cu::cuMemRelease(imported));
+        ok(cu::cuMemRelease(h));
+        assert_eq!(free_mem(), base);
+
+        let mut p = 0;
+        ok(cu::cuMemAlloc_v2(&mut p, 8 * MIB));
+        let mut handle: cu::CUipcMemHandle = std::mem::zeroed();
+        ok(cu::cuIpcGetMemHandle(&mut handle, p));
+        let mut opened = 0;
+        assert_eq!(
+            cu::cuIpcOpenMemHandle_v2(&mut opened, handle, 1),
+            CUDA_ERROR_INVALID_CONTEXT,
+            "not in the exporting process"
+        );
+    }
+}
+
+#[test]
+fn an_opened_ipc_handle_charges_nothing() {
+    use std::io::{BufRead, BufReader, Write};
+    if common::is_child() {
+        setup();
+        // SAFETY: see the file-level note.
+        unsafe {
+            if std::env::var("ROLE").as_deref() == Ok("exporter") {
+                let mut p = 0;
+                ok(cu::cuMemAlloc_v2(&mut p, 8 * MIB));
+                let mut handle: cu::CUipcMemHandle = std::mem::zeroed();
+                ok(cu::cuIpcGetMemHandle(&mut handle, p));
+                let hex: String = handle
+                    .reserved
+                    .iter()
+                    .map(|b| format!("{:02x}", *b as u8))
+                    .collect();
+                println!("handle {hex}");
+                let mut line = String::new();
+                std::io::stdin().lock().read_line(&mut line).unwrap(); // until the importer is done
+            } else {
+                let hex = std::env::var("HANDLE").unwrap();
+                let mut handle: cu::CUipcMemHandle = std::mem::zeroed();
+                for (i, b) in handle.reserved.iter_mut().enumerate() {
+                    *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap() as _;
+                }
+                let before = free_mem();
+                let mut opened = 0;
+                ok(cu::cuIpcOpenMemHandle_v2(&mut opened, handle, 1));
+                assert_eq!(
+                    free_mem(),
+                    before,
+                    "opening someone else's memory takes none"
+                );
+                ok(cu::cuIpcCloseMemHandle(opened));
+            }
+        }
+        return;
+    }
+    let state = common::state_file("ipc");
+    let mut cmd = common::Child::new("an_opened_ipc_handle_charges_nothing")
+        .state(&state)
+        .env("ROLE", "exporter")
+        .command();
+    let mut exporter = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(exporter.stdout.take().unwrap());
+    let mut line = String::new();
+    // libtest prints "test NAME ... " without a newline before the test's own output.
+    while !line.contains("handle ") {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "exporter ended early"
+        );
+    }
+    let hex = line.trim().rsplit("handle ").next().unwrap().to_string();
+    common::Child::new("an_opened_ipc_handle_charges_nothing")
+        .state(&state)
+        .env("ROLE", "importer")
+        .env("HANDLE", &hex)
+        .run()
+        .success();
+    writeln!(exporter.stdin.as_mut().unwrap()).unwrap();
+    assert!(exporter.wait().unwrap().success());
+}
