@@ -22,8 +22,9 @@ pub const MAX_PROCS: usize = 256;
 pub const BUCKET_NS: u64 = 10_000_000;
 /// Device history: 1024 buckets of 10 ms = 10.24 s.
 pub const DEV_BUCKETS: usize = 1024;
-/// Per-process history: 128 buckets = 1.28 s.
-pub const PROC_BUCKETS: usize = 128;
+/// Per-process history: 512 buckets = 5.12 s (kernels queued further ahead than that are not
+/// fully reflected in per-process utilization). The file is sparse: unused slots cost nothing.
+pub const PROC_BUCKETS: usize = 512;
 pub const XID_RING: usize = 32;
 
 /// A bucket packs (bucket number: high 40 bits, busy ns: low 24 bits) in one word, so that a

@@ -447,8 +447,8 @@ fn memory_processes_and_utilization_follow_other_processes() {
         assert_eq!(d0.memory_info().unwrap().used, 0);
 
         // The parent queued an 800 ms kernel on device 1 just before starting us. (Not longer: the
-        // per-process busy history is a 1.28 s ring, and busy time queued further ahead than that
-        // laps it.)
+        // per-process busy history is a PROC_BUCKETS x 10 ms ring, and time queued further ahead
+        // than that laps it.)
         std::thread::sleep(Duration::from_millis(150));
         let busy = d1.utilization_rates().unwrap();
         assert!(busy.gpu >= 5, "{busy:?}");

@@ -1,5 +1,5 @@
 //! Several processes on one simulated device: memory is one pool for all of them, every process
-//! sees the others' usage, and kernels of different processes never overlap in time.
+//! sees the others' usage (cuMemGetInfo and NVML's process list), and kernels of different processes never overlap in time.
 mod common;
 
 use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
@@ -55,6 +55,30 @@ fn two_processes_share_one_device_memory() {
             );
             let fits = unsafe { stream.alloc::<u8>(6 * GIB) }.unwrap();
             assert_eq!(ctx.mem_get_info().unwrap().0, 0);
+            // NVML's process list shows both processes with what each holds.
+            let first: u32 = std::fs::read_to_string(dir.join("allocated"))
+                .unwrap()
+                .parse()
+                .unwrap();
+            let nvml = nvml_wrapper::Nvml::init().unwrap();
+            let mut procs: Vec<(u32, u64)> = nvml
+                .device_by_index(0)
+                .unwrap()
+                .running_compute_processes()
+                .unwrap()
+                .into_iter()
+                .map(|p| match p.used_gpu_memory {
+                    nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => (p.pid, b),
+                    other => panic!("memory of {} not reported: {other:?}", p.pid),
+                })
+                .collect();
+            procs.sort();
+            let mut want = vec![
+                (first, 10 * GIB as u64),
+                (std::process::id(), 6 * GIB as u64),
+            ];
+            want.sort();
+            assert_eq!(procs, want);
             drop(fits);
             std::fs::write(dir.join("done"), "").unwrap();
         }

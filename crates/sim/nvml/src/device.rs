@@ -357,7 +357,7 @@ fn process_samples(sim: &Sim, d: usize, last_seen_us: u64) -> Vec<nvmlProcessUti
 }
 
 /// A process is on a device when it holds memory there or ran a kernel there within the
-/// per-process history (1.28 s): the simulator does not record contexts across processes, and
+/// per-process history (`PROC_BUCKETS` x 10 ms): the simulator does not record contexts across processes, and
 /// context creation itself costs 0 bytes in the presets.
 fn on_device(sim: &Sim, s: &ProcSlot, d: usize) -> Option<u64> {
     let mem = s.mem[d].load(std::sync::atomic::Ordering::Acquire);
