@@ -3,16 +3,19 @@
 //! Cargo names a cdylib after its crate (`libcuvisor_sim_cuda.so`), but clients look for the
 //! driver by its real names. This script gives the library the real SONAME and puts links with
 //! the real file names in `target/<profile>/sim/`, pointing at the library Cargo is about to
-//! write next to them. So after a plain `cargo build`:
+//! write. So after a plain `cargo build`:
 //!
 //! ```text
-//! target/debug/sim/libcuda.so.1       -> ../libcuvisor_sim_cuda.so
-//! target/debug/sim/libcuda.so         -> ../libcuvisor_sim_cuda.so
-//! target/debug/sim/libnvidia-ml.so.1  -> ../libcuvisor_sim_nvml.so
-//! target/debug/sim/libnvidia-ml.so    -> ../libcuvisor_sim_nvml.so
+//! target/debug/sim/libcuda.so.1       -> ../deps/libcuvisor_sim_cuda.so
+//! target/debug/sim/libcuda.so         -> ../deps/libcuvisor_sim_cuda.so
+//! target/debug/sim/libnvidia-ml.so.1  -> ../deps/libcuvisor_sim_nvml.so
+//! target/debug/sim/libnvidia-ml.so    -> ../deps/libcuvisor_sim_nvml.so
 //! ```
 //!
-//! and `LD_LIBRARY_PATH=target/debug/sim` makes any program load the simulator.
+//! and `LD_LIBRARY_PATH=target/debug/sim` makes any program load the simulator. The links point
+//! into `deps/`, where Cargo always writes a cdylib (it copies it up to `target/debug/` only when
+//! the package itself was asked for, not when it is built as another package's dependency, as
+//! for `cargo run --bin cuvisor`).
 use std::path::PathBuf;
 
 fn main() {
@@ -43,7 +46,7 @@ fn main() {
     for name in names {
         let link = sim_dir.join(name);
         let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(format!("../{artifact}"), &link).expect("symlink");
+        std::os::unix::fs::symlink(format!("../deps/{artifact}"), &link).expect("symlink");
     }
     // Not watching the links themselves: they resolve to the artifact, which is always newer than
     // this script's run, so Cargo would rebuild every time. If target/<profile>/sim is deleted by
