@@ -17,7 +17,6 @@ use crate::{Failure, Result};
 use nvml_wrapper::enum_wrappers::device::TopologyLevel;
 use nvml_wrapper::{Device, Nvml};
 use std::ffi::c_ulong;
-use std::fmt::Write as _;
 
 /// NVML_NVLINK_MAX_LINKS.
 const MAX_LINKS: u32 = 18;
@@ -168,32 +167,22 @@ pub fn cpu_ranges(words: &[c_ulong]) -> String {
         .join(",")
 }
 
-const LEGEND: &str = "\nLegend:\n\n  X    = Self\n  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)\n  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node\n  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)\n  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)\n  PIX  = Connection traversing at most a single PCIe bridge\n  NV#  = Connection traversing a bonded set of # NVLinks\n";
-
 /// Draws the matrix: tab-separated cells, then the legend, as `nvidia-smi topo -m`.
 pub fn render(f: &Facts) -> String {
-    let n = f.pcie.len();
-    let mut out = String::from("\t");
-    for i in 0..n {
-        let _ = write!(out, "GPU{i}\t");
-    }
-    out.push_str("CPU Affinity\tNUMA Affinity\n");
-    for a in 0..n {
-        let _ = write!(out, "GPU{a}\t");
-        for b in 0..n {
-            let links = if a == b { 0 } else { f.nvlinks(a, b) };
-            if links > 0 {
-                let _ = write!(out, "NV{links}\t");
-            } else {
-                let _ = write!(out, "{}\t", f.pcie[a][b]);
-            }
-        }
-        let cpus = f.cpu_affinity[a].as_deref().unwrap_or("N/A");
-        let numa = f.numa_node[a].map_or_else(|| "N/A".to_string(), |x| x.to_string());
-        let _ = writeln!(out, "{cpus}\t{numa}");
-    }
-    out.push_str(LEGEND);
-    out
+    cuvisor_sim::model::render_topo_matrix(
+        f.pcie.len(),
+        |a, b| match f.nvlinks(a, b) {
+            0 => f.pcie[a][b].to_string(),
+            links => format!("NV{links}"),
+        },
+        |a| {
+            let cpus = f.cpu_affinity[a]
+                .clone()
+                .unwrap_or_else(|| "N/A".to_string());
+            let numa = f.numa_node[a].map_or_else(|| "N/A".to_string(), |x| x.to_string());
+            (cpus, numa)
+        },
+    )
 }
 
 #[cfg(test)]

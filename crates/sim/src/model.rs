@@ -205,38 +205,48 @@ impl Model {
         h
     }
 
-    /// The matrix `nvidia-smi topo -m` prints, with the same legend.
+    /// The matrix `nvidia-smi topo -m` prints, with the same legend, straight from the model.
     pub fn topo_matrix(&self) -> String {
-        let n = self.devices.len();
-        let mut out = String::from("\t");
-        for i in 0..n {
-            let _ = write!(out, "GPU{i}\t");
-        }
-        out.push_str("CPU Affinity\tNUMA Affinity\n");
-        for a in 0..n {
-            let _ = write!(out, "GPU{a}\t");
-            for b in 0..n {
-                let cell = if a == b {
-                    "X".to_string()
-                } else {
-                    let links = self.nvlink_bandwidth_links(a, b);
-                    if links > 0 {
-                        format!("NV{links}")
-                    } else {
-                        self.pcie_level(a, b).legend().to_string()
-                    }
-                };
-                let _ = write!(out, "{cell}\t");
-            }
-            let node = self.devices[a].numa_node;
-            let _ = writeln!(out, "{}\t{node}", cpu_affinity(node));
-        }
-        out.push_str(
-            "\nLegend:\n\n  X    = Self\n  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)\n  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node\n  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)\n  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)\n  PIX  = Connection traversing at most a single PCIe bridge\n  NV#  = Connection traversing a bonded set of # NVLinks\n",
-        );
-        out
+        render_topo_matrix(
+            self.devices.len(),
+            |a, b| match self.nvlink_bandwidth_links(a, b) {
+                0 => self.pcie_level(a, b).legend().to_string(),
+                links => format!("NV{links}"),
+            },
+            |a| {
+                let node = self.devices[a].numa_node;
+                (cpu_affinity(node), node.to_string())
+            },
+        )
     }
 }
+
+/// Renders `nvidia-smi topo -m`'s matrix for `n` GPUs: `cell(a, b)` for each pair a != b (NV#,
+/// PIX, ...), `affinity(a)` the CPU and NUMA affinity columns of row a; then the legend.
+pub fn render_topo_matrix(
+    n: usize,
+    cell: impl Fn(usize, usize) -> String,
+    affinity: impl Fn(usize) -> (String, String),
+) -> String {
+    let mut out = String::from("\t");
+    for i in 0..n {
+        let _ = write!(out, "GPU{i}\t");
+    }
+    out.push_str("CPU Affinity\tNUMA Affinity\n");
+    for a in 0..n {
+        let _ = write!(out, "GPU{a}\t");
+        for b in 0..n {
+            let c = if a == b { "X".to_string() } else { cell(a, b) };
+            let _ = write!(out, "{c}\t");
+        }
+        let (cpus, numa) = affinity(a);
+        let _ = writeln!(out, "{cpus}\t{numa}");
+    }
+    out.push_str(TOPO_LEGEND);
+    out
+}
+
+pub const TOPO_LEGEND: &str = "\nLegend:\n\n  X    = Self\n  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)\n  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node\n  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)\n  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)\n  PIX  = Connection traversing at most a single PCIe bridge\n  NV#  = Connection traversing a bonded set of # NVLinks\n";
 
 /// The CPUs of a simulated NUMA node: 16 per node, as "0-15".
 pub fn cpu_affinity(node: u32) -> String {
