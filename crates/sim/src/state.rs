@@ -117,18 +117,8 @@ pub fn sleep_until(t_ns: u64) {
     }
 }
 
-/// Start time of a live process, or None if there is no such process.
-pub fn process_start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: fields resume after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    // rest starts at field 3 (state); starttime is field 22.
-    let state = rest.split(' ').next()?;
-    if state == "Z" || state == "X" {
-        return None; // a zombie's memory is gone already
-    }
-    rest.split(' ').nth(19)?.parse().ok()
-}
+/// Start time of a live process (shared with the ledger's definition of "the same process").
+pub use cuvisor_shm::process::start_time as process_start_time;
 
 pub fn default_state_path(model: &Model) -> PathBuf {
     // SAFETY: getuid has no preconditions.
