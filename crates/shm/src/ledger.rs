@@ -68,8 +68,14 @@ impl DeviceEntry {
     }
     fn set_uuid(&self, u: [u8; 16]) {
         let (hi, lo) = u.split_at(8);
-        self.uuid_words[0].store(u64::from_be_bytes(hi.try_into().unwrap_or_default()), Release);
-        self.uuid_words[1].store(u64::from_be_bytes(lo.try_into().unwrap_or_default()), Release);
+        self.uuid_words[0].store(
+            u64::from_be_bytes(hi.try_into().unwrap_or_default()),
+            Release,
+        );
+        self.uuid_words[1].store(
+            u64::from_be_bytes(lo.try_into().unwrap_or_default()),
+            Release,
+        );
     }
 }
 
@@ -115,7 +121,12 @@ unsafe impl Sync for Ledger {}
 impl Drop for Ledger {
     fn drop(&mut self) {
         // SAFETY: unmapping exactly what `open` mapped; no reference into it outlives self.
-        unsafe { libc::munmap(self.layout as *mut libc::c_void, std::mem::size_of::<Layout>()) };
+        unsafe {
+            libc::munmap(
+                self.layout as *mut libc::c_void,
+                std::mem::size_of::<Layout>(),
+            )
+        };
     }
 }
 
@@ -151,11 +162,19 @@ impl Ledger {
                 if len != 0 {
                     return Err(format!("ledger {}: {len} bytes, expected {size}: not a cuvisor ledger of this version", path.display()));
                 }
-                file.set_len(size as u64).map_err(|e| io_err(path, "resize", e))?;
+                file.set_len(size as u64)
+                    .map_err(|e| io_err(path, "resize", e))?;
             }
             // SAFETY: mapping `size` bytes of a file at least that long, shared between processes.
             let p = unsafe {
-                libc::mmap(std::ptr::null_mut(), size, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    size,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                )
             };
             if p == libc::MAP_FAILED {
                 return Err(io_err(path, "mmap", std::io::Error::last_os_error()));
@@ -180,7 +199,11 @@ impl Ledger {
                 MAGIC => {
                     // SAFETY: unmapping what we just mapped before reporting.
                     unsafe { libc::munmap(p, size) };
-                    return Err(format!("ledger {}: version {} (this cuvisor speaks {VERSION})", path.display(), header.version));
+                    return Err(format!(
+                        "ledger {}: version {} (this cuvisor speaks {VERSION})",
+                        path.display(),
+                        header.version
+                    ));
                 }
                 _ => {
                     // SAFETY: as above.
@@ -192,7 +215,11 @@ impl Ledger {
         })();
         // SAFETY: fd still open.
         unsafe { libc::flock(fd, libc::LOCK_UN) };
-        Ok(Ledger { layout: mapped?, path: path.to_path_buf(), _file: file })
+        Ok(Ledger {
+            layout: mapped?,
+            path: path.to_path_buf(),
+            _file: file,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -243,14 +270,22 @@ impl Ledger {
                 std::thread::yield_now();
                 continue;
             }
-            let free = devs.iter().position(|e| e.state.compare_exchange(DEV_EMPTY, DEV_CLAIMING, AcqRel, Acquire).is_ok())?;
+            let free = devs.iter().position(|e| {
+                e.state
+                    .compare_exchange(DEV_EMPTY, DEV_CLAIMING, AcqRel, Acquire)
+                    .is_ok()
+            })?;
             let e = &devs[free];
             e.set_uuid(uuid); // we own the entry while CLAIMING; readers ignore it until READY
             e.limit.store(limit, Release);
             e.state.store(DEV_READY, Release);
             // Another process may have claimed the same uuid concurrently in another entry: the
             // lowest index wins, the other entry is given up.
-            if let Some((j, _)) = devs.iter().enumerate().find(|(j, x)| *j < free && x.state.load(Acquire) == DEV_READY && x.uuid() == uuid) {
+            if let Some((j, _)) = devs
+                .iter()
+                .enumerate()
+                .find(|(j, x)| *j < free && x.state.load(Acquire) == DEV_READY && x.uuid() == uuid)
+            {
                 devs[j].limit.fetch_min(limit, AcqRel);
                 e.state.store(DEV_EMPTY, Release);
                 return Some(j);
@@ -282,13 +317,19 @@ impl Ledger {
     pub fn try_charge(&self, d: usize, p: usize, bytes: u64) -> Result<(), Denied> {
         let e = &self.layout().devices[d];
         let limit = e.limit.load(Acquire);
-        match e.used.fetch_update(AcqRel, Acquire, |u| u.checked_add(bytes).filter(|&n| n <= limit)) {
+        match e.used.fetch_update(AcqRel, Acquire, |u| {
+            u.checked_add(bytes).filter(|&n| n <= limit)
+        }) {
             Ok(prev) => {
                 self.layout().procs[p].charged[d].fetch_add(bytes, AcqRel);
                 e.peak.fetch_max(prev + bytes, Relaxed);
                 Ok(())
             }
-            Err(used) => Err(Denied { requested: bytes, used, limit }),
+            Err(used) => Err(Denied {
+                requested: bytes,
+                used,
+                limit,
+            }),
         }
     }
 
@@ -331,7 +372,10 @@ impl Ledger {
             if start == 0 || process::alive(pid, start) {
                 continue;
             }
-            if s.pid.compare_exchange(pid, PID_RECLAIMING, AcqRel, Relaxed).is_ok() {
+            if s.pid
+                .compare_exchange(pid, PID_RECLAIMING, AcqRel, Relaxed)
+                .is_ok()
+            {
                 self.drain(s);
                 s.start_time.store(0, Relaxed);
                 s.pid.store(0, Release);
@@ -405,7 +449,14 @@ mod tests {
         let d = l.device_for([2; 16], 100).unwrap();
         let p = l.claim_proc(1, 1).unwrap();
         l.try_charge(d, p, 60).unwrap();
-        assert_eq!(l.try_charge(d, p, 41), Err(Denied { requested: 41, used: 60, limit: 100 }));
+        assert_eq!(
+            l.try_charge(d, p, 41),
+            Err(Denied {
+                requested: 41,
+                used: 60,
+                limit: 100
+            })
+        );
         l.try_charge(d, p, 40).unwrap();
         let _ = std::fs::remove_dir_all(l.path().parent().unwrap());
     }
@@ -417,7 +468,11 @@ mod tests {
         let b = l.device_for([4; 16], 200).unwrap();
         assert_ne!(a, b);
         assert_eq!(l.device_for([3; 16], 500).unwrap(), a);
-        assert_eq!(l.device(a).limit.load(Relaxed), 100, "a process cannot raise the limit");
+        assert_eq!(
+            l.device(a).limit.load(Relaxed),
+            100,
+            "a process cannot raise the limit"
+        );
         l.device_for([3; 16], 50).unwrap();
         assert_eq!(l.device(a).limit.load(Relaxed), 50);
         assert_eq!(l.devices().count(), 2);
@@ -450,7 +505,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("cuvisor-ledger-bad-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(FILE_NAME), b"not a ledger").unwrap();
-        assert!(Ledger::open_dir(&dir).err().unwrap().contains("not a cuvisor ledger of this version"));
+        assert!(Ledger::open_dir(&dir)
+            .err()
+            .unwrap()
+            .contains("not a cuvisor ledger of this version"));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

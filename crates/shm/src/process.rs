@@ -34,7 +34,10 @@ mod tests {
     fn a_live_process_is_alive_and_a_finished_one_is_not() {
         let (pid, start) = me();
         assert!(alive(pid, start));
-        assert!(!alive(pid, start + 1), "same pid, other start time: another process");
+        assert!(
+            !alive(pid, start + 1),
+            "same pid, other start time: another process"
+        );
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let cpid = child.id();
         child.wait().unwrap();

@@ -16,12 +16,14 @@ extern "C" fn unimplemented_entry_point() -> CUresult {
     err::NOT_SUPPORTED
 }
 
-/// This library's own dlopen handle (found through the address of one of its functions).
+/// This library's own dlopen handle, found through the address of one of its functions: a
+/// private one, because an exported function's address can be interposed (with libcuvisor
+/// preloaded, `cuGetProcAddress_v2` here would be the wrapper's address, in another library).
 fn own_handle() -> usize {
     static H: OnceLock<usize> = OnceLock::new();
     *H.get_or_init(|| {
         let mut info = empty_dl_info();
-        let me = cuGetProcAddress_v2 as *const c_void;
+        let me = unimplemented_entry_point as *const c_void;
         // SAFETY: dladdr only reads the address and fills `info`, which we own.
         if unsafe { libc::dladdr(me, &mut info) } == 0 || info.dli_fname.is_null() {
             return 0;

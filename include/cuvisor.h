@@ -1,0 +1,140 @@
+/*
+ * cuvisor.h: the C view of cuvisor's per-container memory ledger.
+ *
+ * Every CUDA process of a container, the device plugin and the cuvisor CLI share one file,
+ * <state dir>/ledger, mapped MAP_SHARED. It holds, per GPU (keyed by UUID), the container's
+ * limit, the bytes in use, the peak and the number of refused allocations, and per process a
+ * slot (pid + start time) with the bytes that process holds on each GPU.
+ *
+ * The layout is defined in Rust (crates/shm/src/ledger.rs); this header mirrors it, and the test
+ * crates/shm/tests/c_header.rs fails if the two differ. Any change to the layout bumps
+ * CUVISOR_LEDGER_VERSION. All 64-bit fields sit at 8-byte-aligned offsets and there is no
+ * implicit padding: sizes and offsets are the same on every LP64 or ILP32 Linux ABI.
+ *
+ * Concurrency. The file is written concurrently by live processes, without locks. Fields marked
+ * "atomic" below must be read (and written) with atomic operations, e.g. GCC/Clang builtins:
+ *     __atomic_load_n(&entry->used, __ATOMIC_ACQUIRE)
+ * Other fields are written once, before the magic number is published, and may be read plainly
+ * once the magic has been loaded (with acquire) and checked. Read-only tools (monitors, metrics)
+ * only ever load. Writing (charging, claiming slots, reclaiming a dead process's charges) has a
+ * protocol of its own; follow crates/shm/src/ledger.rs exactly, or use the Rust crate.
+ *
+ * How a C monitor reads the ledger:
+ *   1. open("<state dir>/" CUVISOR_LEDGER_FILE, O_RDONLY) and mmap sizeof(cuvisor_ledger) bytes,
+ *      PROT_READ, MAP_SHARED. A file shorter than that, or whose magic is still 0, is being
+ *      created: try again later.
+ *   2. Check header.magic == CUVISOR_LEDGER_MAGIC (atomic load, acquire), then
+ *      header.version == CUVISOR_LEDGER_VERSION and header.size == sizeof(cuvisor_ledger).
+ *      Anything else is not a ledger this header describes: refuse it.
+ *   3. Iterate devices[0 .. CUVISOR_MAX_DEVICES): only entries whose state (acquire) is
+ *      CUVISOR_DEV_READY are in use; their uuid_words and limit are valid after that load.
+ *      uuid_words holds the GPU's 16-byte UUID as two big-endian words: byte 0 of the UUID is
+ *      the most significant byte of uuid_words[0], byte 15 the least significant of
+ *      uuid_words[1] (so do not memcpy the words on a little-endian host; shift).
+ *      Two claimers racing for one GPU may briefly both show READY with the same UUID: the
+ *      lower index is the real entry, the other goes back to EMPTY.
+ *   4. Process slots: pid 0 is a free slot, CUVISOR_PID_RECLAIMING one whose owner died and
+ *      whose charges are being given back; any other pid is a process of the container, and
+ *      charged[i] is what it holds on devices[i]. A process is charged on the device's `used`
+ *      first and on its own slot after, so the per-process sums can lag `used` for an instant;
+ *      `used` is authoritative.
+ *
+ * Example (prints each GPU's UUID, limit and use; give it the state directory):
+ *
+ * @code
+ * #include <fcntl.h>
+ * #include <stdio.h>
+ * #include <sys/mman.h>
+ * #include <sys/stat.h>
+ * #include <unistd.h>
+ * #include "cuvisor.h"
+ *
+ * int main(int argc, char **argv) {
+ *     char path[4096];
+ *     struct stat st;
+ *     snprintf(path, sizeof path, "%s/" CUVISOR_LEDGER_FILE, argc > 1 ? argv[1] : ".");
+ *     int fd = open(path, O_RDONLY);
+ *     if (fd < 0 || fstat(fd, &st) != 0 || st.st_size < (off_t)sizeof(cuvisor_ledger)) return 1;
+ *     const cuvisor_ledger *l = mmap(NULL, sizeof *l, PROT_READ, MAP_SHARED, fd, 0);
+ *     close(fd);
+ *     if (l == MAP_FAILED) return 1;
+ *     if (__atomic_load_n(&l->header.magic, __ATOMIC_ACQUIRE) != CUVISOR_LEDGER_MAGIC ||
+ *         l->header.version != CUVISOR_LEDGER_VERSION || l->header.size != sizeof *l) return 1;
+ *     for (int i = 0; i < CUVISOR_MAX_DEVICES; i++) {
+ *         const cuvisor_device_entry *d = &l->devices[i];
+ *         if (__atomic_load_n(&d->state, __ATOMIC_ACQUIRE) != CUVISOR_DEV_READY) continue;
+ *         uint64_t hi = __atomic_load_n(&d->uuid_words[0], __ATOMIC_ACQUIRE);
+ *         uint64_t lo = __atomic_load_n(&d->uuid_words[1], __ATOMIC_ACQUIRE);
+ *         printf("GPU-%08x-%04x-%04x-%04x-%012llx limit %llu used %llu\n",
+ *                (unsigned)(hi >> 32), (unsigned)(hi >> 16) & 0xffff, (unsigned)hi & 0xffff,
+ *                (unsigned)(lo >> 48), (unsigned long long)lo & 0xffffffffffffULL,
+ *                (unsigned long long)__atomic_load_n(&d->limit, __ATOMIC_ACQUIRE),
+ *                (unsigned long long)__atomic_load_n(&d->used, __ATOMIC_ACQUIRE));
+ *     }
+ *     munmap((void *)l, sizeof *l);
+ *     return 0;
+ * }
+ * @endcode
+ */
+#ifndef CUVISOR_H
+#define CUVISOR_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* "CUVLEDG1" in a little-endian word. */
+#define CUVISOR_LEDGER_MAGIC UINT64_C(0x314744454C565543)
+#define CUVISOR_LEDGER_VERSION 1
+/* The ledger's file name inside the state directory. */
+#define CUVISOR_LEDGER_FILE "ledger"
+#define CUVISOR_MAX_DEVICES 16
+#define CUVISOR_MAX_PROCS 1024
+
+/* cuvisor_device_entry.state */
+#define CUVISOR_DEV_EMPTY 0
+#define CUVISOR_DEV_CLAIMING 1 /* uuid being written: ignore the entry */
+#define CUVISOR_DEV_READY 2
+
+/* cuvisor_proc_entry.pid of a slot whose owner died and whose charges are being given back. */
+#define CUVISOR_PID_RECLAIMING UINT32_C(0xFFFFFFFF)
+
+typedef struct cuvisor_ledger_header {
+    uint64_t magic; /* atomic; CUVISOR_LEDGER_MAGIC once initialised, stored last (release) */
+    uint32_t version; /* CUVISOR_LEDGER_VERSION */
+    uint32_t size; /* sizeof(cuvisor_ledger) */
+    uint32_t max_devices; /* CUVISOR_MAX_DEVICES */
+    uint32_t max_procs; /* CUVISOR_MAX_PROCS */
+} cuvisor_ledger_header;
+
+typedef struct cuvisor_device_entry {
+    uint32_t state; /* atomic; CUVISOR_DEV_EMPTY, _CLAIMING or _READY */
+    uint32_t _pad;
+    uint64_t uuid_words[2]; /* atomic each; the GPU UUID as two big-endian words */
+    uint64_t limit; /* atomic; bytes the container may hold on this GPU */
+    uint64_t used; /* atomic; bytes it holds now (all its processes) */
+    uint64_t peak; /* atomic; highest `used` seen */
+    uint64_t denied; /* atomic; allocations refused for the quota */
+} cuvisor_device_entry;
+
+typedef struct cuvisor_proc_entry {
+    uint32_t pid; /* atomic; 0 = free, CUVISOR_PID_RECLAIMING = being reclaimed */
+    uint32_t _pad;
+    uint64_t start_time; /* atomic; /proc/PID/stat start time, 0 while being claimed */
+    uint64_t charged[CUVISOR_MAX_DEVICES]; /* atomic each; bytes held on devices[i] */
+} cuvisor_proc_entry;
+
+/* The whole file. */
+typedef struct cuvisor_ledger {
+    cuvisor_ledger_header header;
+    cuvisor_device_entry devices[CUVISOR_MAX_DEVICES];
+    cuvisor_proc_entry procs[CUVISOR_MAX_PROCS];
+} cuvisor_ledger;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CUVISOR_H */

@@ -1,0 +1,344 @@
+//! Configuration: a read-only limits file (`CUVISOR_CONFIG`, what the device plugin writes) and,
+//! where no file is given, environment variables. Read once, at load time.
+//!
+//! The limits file is lines of `key = value` (`#` starts a comment):
+//!
+//! ```text
+//! version = 1
+//! state_dir = /var/run/cuvisor/containers/3f2a       # the container's ledger directory
+//! memory = 6Gi                                        # every device
+//! memory.0 = 6Gi                                      # by CUDA device ordinal
+//! memory.GPU-5f2ac1de-0000-4000-8000-000000000001 = 6Gi   # by GPU UUID
+//! context_reserve = 300Mi                             # charged per CUDA context
+//! ```
+//!
+//! Environment: `CUVISOR_MEMORY_LIMIT` ("6Gi" for every device, or "0=6Gi,1=2Gi"),
+//! `CUVISOR_STATE_DIR`, `CUVISOR_CONTEXT_RESERVE`. When a file is given the environment can only
+//! lower its limits. With neither a file nor a limit the library passes everything through.
+//! A malformed value is an error: the caller fails closed (refuses allocations), it never means
+//! "unlimited".
+
+use std::path::PathBuf;
+
+/// Sizes: "6Gi", "512Mi", "1.5Gi", "4G" (10^9), "6442450944".
+pub fn parse_quantity(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: u64 =
+        match unit {
+            "" => 1,
+            "Ki" => 1 << 10,
+            "Mi" => 1 << 20,
+            "Gi" => 1 << 30,
+            "Ti" => 1 << 40,
+            "k" => 1_000,
+            "M" => 1_000_000,
+            "G" => 1_000_000_000,
+            "T" => 1_000_000_000_000,
+            _ => return Err(format!(
+                "{text:?}: unknown unit {unit:?} (use Ki, Mi, Gi, Ti, k, M, G, T or plain bytes)"
+            )),
+        };
+    if num.is_empty() {
+        return Err(format!("{text:?}: no number"));
+    }
+    let value: f64 = num.parse().map_err(|_| format!("{text:?}: not a number"))?;
+    let bytes = value * mult as f64;
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+        return Err(format!("{text:?}: too large"));
+    }
+    Ok(bytes as u64)
+}
+
+/// Which devices a memory limit applies to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    All,
+    Ordinal(u32),
+    Uuid([u8; 16]),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub limits: Vec<(Target, u64)>,
+    pub state_dir: PathBuf,
+    pub context_reserve: u64,
+}
+
+impl Config {
+    /// The limit for a device, or None if no rule names it. Several rules: the lowest wins.
+    /// When rules name devices one by one, a device none of them names gets 0 (fail closed).
+    pub fn limit_for(&self, ordinal: u32, uuid: &[u8; 16]) -> u64 {
+        let matching = self.limits.iter().filter(|(t, _)| match t {
+            Target::All => true,
+            Target::Ordinal(o) => *o == ordinal,
+            Target::Uuid(u) => u == uuid,
+        });
+        matching.map(|(_, l)| *l).min().unwrap_or(0)
+    }
+}
+
+/// What the environment and the limits file say. `Ok(None)`: nothing configured (pass-through).
+pub fn load(env: impl Fn(&str) -> Option<String>) -> Result<Option<Config>, String> {
+    let file = env("CUVISOR_CONFIG").filter(|s| !s.is_empty());
+    let env_limit = env("CUVISOR_MEMORY_LIMIT").filter(|s| !s.trim().is_empty());
+    let env_reserve = env("CUVISOR_CONTEXT_RESERVE").filter(|s| !s.trim().is_empty());
+    let env_dir = env("CUVISOR_STATE_DIR")
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from);
+    let mut cfg = match &file {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).map_err(|e| format!("CUVISOR_CONFIG={path}: {e}"))?;
+            parse_file(&text).map_err(|e| format!("CUVISOR_CONFIG={path}: {e}"))?
+        }
+        None if env_limit.is_none() => return Ok(None),
+        None => Config {
+            limits: Vec::new(),
+            state_dir: default_state_dir(),
+            context_reserve: 0,
+        },
+    };
+    if let Some(l) = &env_limit {
+        // With a file, these can only add lower bounds (limit_for takes the minimum).
+        cfg.limits
+            .extend(parse_env_limits(l).map_err(|e| format!("CUVISOR_MEMORY_LIMIT={l:?}: {e}"))?);
+    }
+    if let Some(r) = &env_reserve {
+        let v = parse_quantity(r).map_err(|e| format!("CUVISOR_CONTEXT_RESERVE: {e}"))?;
+        cfg.context_reserve = if file.is_some() {
+            cfg.context_reserve.max(v)
+        } else {
+            v
+        };
+    }
+    if let (None, Some(d)) = (&file, env_dir) {
+        cfg.state_dir = d;
+    }
+    Ok(Some(cfg))
+}
+
+/// Where the ledger lives when nothing says: one per user, so all of a user's processes that are
+/// not given a state directory share one quota.
+fn default_state_dir() -> PathBuf {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    std::env::temp_dir().join(format!("cuvisor-{uid}"))
+}
+
+fn parse_env_limits(text: &str) -> Result<Vec<(Target, u64)>, String> {
+    if !text.contains('=') {
+        return Ok(vec![(Target::All, parse_quantity(text)?)]);
+    }
+    text.split(',')
+        .map(|part| {
+            let (dev, q) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{part:?} is not DEVICE=SIZE"))?;
+            let ordinal = dev
+                .trim()
+                .parse::<u32>()
+                .map_err(|_| format!("{dev:?} is not a device ordinal"))?;
+            Ok((Target::Ordinal(ordinal), parse_quantity(q)?))
+        })
+        .collect()
+}
+
+pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let hex: String = s
+        .strip_prefix("GPU-")
+        .unwrap_or(s)
+        .chars()
+        .filter(|c| *c != '-')
+        .collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+fn parse_file(text: &str) -> Result<Config, String> {
+    let mut cfg = Config {
+        limits: Vec::new(),
+        state_dir: PathBuf::new(),
+        context_reserve: 0,
+    };
+    let mut version = None;
+    for (n, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let at = |e: String| format!("line {}: {e}", n + 1);
+        let (key, value) = line
+            .split_once('=')
+            .ok_or_else(|| at(format!("{line:?} is not KEY = VALUE")))?;
+        let (key, value) = (key.trim(), value.trim());
+        match key {
+            "version" => version = Some(value.to_string()),
+            "state_dir" => cfg.state_dir = PathBuf::from(value),
+            "context_reserve" => cfg.context_reserve = parse_quantity(value).map_err(at)?,
+            "memory" => cfg
+                .limits
+                .push((Target::All, parse_quantity(value).map_err(at)?)),
+            k if k.starts_with("memory.") => {
+                let dev = &k["memory.".len()..];
+                let target = match dev.parse::<u32>() {
+                    Ok(o) => Target::Ordinal(o),
+                    Err(_) => Target::Uuid(parse_uuid(dev).ok_or_else(|| {
+                        at(format!(
+                            "{dev:?} is neither a device ordinal nor a GPU UUID"
+                        ))
+                    })?),
+                };
+                cfg.limits
+                    .push((target, parse_quantity(value).map_err(at)?));
+            }
+            other => return Err(at(format!("unknown key {other:?}"))),
+        }
+    }
+    match version.as_deref() {
+        Some("1") => {}
+        Some(v) => return Err(format!("version {v} (this cuvisor reads version 1)")),
+        None => return Err("no `version = 1` line".into()),
+    }
+    if cfg.state_dir.as_os_str().is_empty() {
+        return Err("no state_dir".into());
+    }
+    if cfg.limits.is_empty() {
+        return Err("no memory limit".into());
+    }
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn quantities_and_their_errors() {
+        assert_eq!(parse_quantity("6Gi").unwrap(), 6 << 30);
+        assert_eq!(parse_quantity("512Mi").unwrap(), 512 << 20);
+        assert_eq!(parse_quantity("6442450944").unwrap(), 6 << 30);
+        assert_eq!(parse_quantity("4G").unwrap(), 4_000_000_000);
+        assert!(parse_quantity("4GB")
+            .unwrap_err()
+            .contains("unknown unit \"GB\""));
+        assert!(parse_quantity("").unwrap_err().contains("no number"));
+        assert!(parse_quantity("-1Gi").is_err());
+        assert!(parse_quantity("1e30").is_err());
+    }
+
+    #[test]
+    fn nothing_configured_is_pass_through() {
+        assert_eq!(load(env(&[])).unwrap(), None);
+        assert_eq!(load(env(&[("CUVISOR_STATE_DIR", "/x")])).unwrap(), None);
+    }
+
+    #[test]
+    fn env_limits_for_all_or_per_device() {
+        let c = load(env(&[
+            ("CUVISOR_MEMORY_LIMIT", "6Gi"),
+            ("CUVISOR_STATE_DIR", "/s"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.limit_for(3, &[0; 16]), 6 << 30);
+        assert_eq!(c.state_dir, PathBuf::from("/s"));
+        let c = load(env(&[("CUVISOR_MEMORY_LIMIT", "0=6Gi,1=2Gi")]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.limit_for(0, &[0; 16]), 6 << 30);
+        assert_eq!(c.limit_for(1, &[0; 16]), 2 << 30);
+        assert_eq!(
+            c.limit_for(2, &[0; 16]),
+            0,
+            "a device no rule names gets nothing: fail closed"
+        );
+        assert!(load(env(&[("CUVISOR_MEMORY_LIMIT", "4GB")]))
+            .unwrap_err()
+            .contains("unknown unit"));
+        assert!(load(env(&[("CUVISOR_MEMORY_LIMIT", "x=1Gi")]))
+            .unwrap_err()
+            .contains("not a device ordinal"));
+    }
+
+    #[test]
+    fn the_file_rules_and_the_environment_cannot_raise_it() {
+        let dir = std::env::temp_dir().join(format!("cuvisor-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("limits");
+        let uuid = "GPU-5f2ac1de-0000-4000-8000-000000000001";
+        std::fs::write(&f, format!("# plugin\nversion = 1\nstate_dir = /run/c1\nmemory.{uuid} = 6Gi\ncontext_reserve = 300Mi\n")).unwrap();
+        let path = f.to_str().unwrap();
+        let u = parse_uuid(uuid).unwrap();
+        let c = load(env(&[
+            ("CUVISOR_CONFIG", path),
+            ("CUVISOR_MEMORY_LIMIT", "10Gi"),
+            ("CUVISOR_STATE_DIR", "/elsewhere"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            c.limit_for(0, &u),
+            6 << 30,
+            "the environment cannot raise the file's limit"
+        );
+        assert_eq!(c.state_dir, PathBuf::from("/run/c1"), "nor move the ledger");
+        assert_eq!(c.context_reserve, 300 << 20);
+        let c = load(env(&[
+            ("CUVISOR_CONFIG", path),
+            ("CUVISOR_MEMORY_LIMIT", "1Gi"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.limit_for(0, &u), 1 << 30, "but can lower it");
+        assert_eq!(
+            c.limit_for(0, &[9; 16]),
+            0,
+            "another GPU is not this container's"
+        );
+
+        for (text, why) in [
+            ("memory = 6Gi\nstate_dir = /x\n", "version"),
+            ("version = 2\nmemory = 1Gi\nstate_dir = /x\n", "version 2"),
+            ("version = 1\nmemory = 6GB\nstate_dir = /x\n", "line 2"),
+            (
+                "version = 1\nmemroy = 6Gi\nstate_dir = /x\n",
+                "unknown key \"memroy\"",
+            ),
+            (
+                "version = 1\nmemory.GPU-zz = 1Gi\nstate_dir = /x\n",
+                "neither a device ordinal",
+            ),
+            ("version = 1\nstate_dir = /x\n", "no memory limit"),
+        ] {
+            std::fs::write(&f, text).unwrap();
+            let e = load(env(&[("CUVISOR_CONFIG", path)])).unwrap_err();
+            assert!(
+                e.contains(why) && e.contains("CUVISOR_CONFIG"),
+                "{text:?}: {e}"
+            );
+        }
+        assert!(load(env(&[("CUVISOR_CONFIG", "/nonexistent/limits")]))
+            .unwrap_err()
+            .contains("/nonexistent/limits"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,705 @@
+//! Driver API wrappers: every path that takes device memory is charged before the driver
+//! allocates and given back exactly on its free; memory queries show the quota.
+//!
+//! Which device an allocation lands on: the current context's (asked from the driver, or known
+//! when only one device is visible). Stream-ordered allocations are charged to the current
+//! device too, and pool allocations are charged when made and given back when freed (a pool may
+//! keep freed memory reserved until the next synchronization point: README, "What is counted").
+
+use super::hooks;
+use super::{procaddr, Lib, Real};
+use crate::quota::{Quota, Refusal};
+use crate::Mode;
+use cuvisor_cuda_abi::cuda::*;
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering::*};
+
+hooks! {
+    Cuda cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) => alloc_v2;
+    Cuda cuMemAlloc(dptr: *mut c_uint, size: c_uint) => alloc_v1;
+    Cuda cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) => alloc_pitch_v2;
+    Cuda cuMemAllocPitch(dptr: *mut c_uint, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint) => alloc_pitch_v1;
+    Cuda cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) => alloc_managed;
+    Cuda cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) => alloc_async;
+    Cuda cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) => alloc_async;
+    Cuda cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream) => alloc_from_pool;
+    Cuda cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream) => alloc_from_pool;
+    Cuda cuMemFree_v2(dptr: CUdeviceptr) => free_v2;
+    Cuda cuMemFree(dptr: c_uint) => free_v1;
+    Cuda cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => free_async;
+    Cuda cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => free_async;
+    Cuda cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) => mem_create;
+    Cuda cuMemRelease(handle: CUmemGenericAllocationHandle) => mem_release;
+    Cuda cuArrayCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) => array_create;
+    Cuda cuArray3DCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) => array3d_create;
+    Cuda cuMipmappedArrayCreate(array: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) => mipmapped_create;
+    Cuda cuArrayDestroy(array: CUarray) => handle_destroy;
+    Cuda cuMipmappedArrayDestroy(array: CUmipmappedArray) => handle_destroy;
+    Cuda cuCtxCreate_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => ctx_create_v2;
+    Cuda cuCtxCreate_v3(ctx: *mut CUcontext, params: *mut c_void, nparams: c_int, flags: c_uint, dev: CUdevice) => ctx_create_v3;
+    Cuda cuCtxCreate_v4(ctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) => ctx_create_v4;
+    Cuda cuCtxDestroy_v2(ctx: CUcontext) => handle_destroy;
+    Cuda cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) => primary_retain;
+    Cuda cuDevicePrimaryCtxRelease(dev: CUdevice) => primary_release;
+    Cuda cuDevicePrimaryCtxRelease_v2(dev: CUdevice) => primary_release;
+    Cuda cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => mem_get_info_v2;
+    Cuda cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) => mem_get_info_v1;
+    Cuda cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) => total_mem_v2;
+    Cuda cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) => total_mem_v1;
+    Cuda cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch;
+    Cuda cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch;
+    Cuda cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) => procaddr::get_proc_address;
+    Cuda cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) => procaddr::get_proc_address_v2;
+}
+
+const SUCCESS: u32 = err::SUCCESS;
+const OOM: u32 = err::OUT_OF_MEMORY;
+
+// ---- the driver's answers cuvisor itself needs (real entry points, never our wrappers) ----------
+
+static REAL_CTX_GET_DEVICE: Real = Real::new(Lib::Cuda, c"cuCtxGetDevice");
+static REAL_DEVICE_GET_COUNT: Real = Real::new(Lib::Cuda, c"cuDeviceGetCount");
+static REAL_DEVICE_GET_UUID: Real = Real::new(Lib::Cuda, c"cuDeviceGetUuid");
+static REAL_MEM_FREE: Real = Real::new(Lib::Cuda, c"cuMemFree_v2");
+
+fn call_real<F: Copy>(r: &Real) -> Option<F> {
+    let a = r.get();
+    // SAFETY: `r` names a driver export whose C signature is F (each caller below states it).
+    (a != 0).then(|| unsafe { std::mem::transmute_copy::<usize, F>(&a) })
+}
+
+/// Visible device count, asked once (after cuInit succeeded; -1 until then).
+fn device_count() -> i32 {
+    static COUNT: AtomicI32 = AtomicI32::new(-1);
+    let c = COUNT.load(Relaxed);
+    if c >= 0 {
+        return c;
+    }
+    let mut n = 0;
+    if let Some(f) = call_real::<unsafe extern "C" fn(*mut c_int) -> u32>(&REAL_DEVICE_GET_COUNT) {
+        // SAFETY: cuDeviceGetCount(int*) with a valid out-pointer.
+        if unsafe { f(&mut n) } == SUCCESS {
+            COUNT.store(n, Relaxed);
+            return n;
+        }
+    }
+    -1
+}
+
+/// The ordinal of the current context's device.
+fn current_ordinal() -> Option<i32> {
+    if device_count() == 1 {
+        return Some(0); // one visible device: every allocation is on it, no driver call needed
+    }
+    let f = call_real::<unsafe extern "C" fn(*mut CUdevice) -> u32>(&REAL_CTX_GET_DEVICE)?;
+    let mut d = -1;
+    // SAFETY: cuCtxGetDevice(CUdevice*) with a valid out-pointer.
+    (unsafe { f(&mut d) } == SUCCESS).then_some(d)
+}
+
+fn uuid_of(ordinal: i32) -> Option<[u8; 16]> {
+    let f = call_real::<unsafe extern "C" fn(*mut CUuuid, CUdevice) -> u32>(&REAL_DEVICE_GET_UUID)?;
+    let mut u = CUuuid::default();
+    // SAFETY: cuDeviceGetUuid(CUuuid*, CUdevice) with a valid out-pointer.
+    (unsafe { f(&mut u, ordinal) } == SUCCESS).then_some(u.bytes)
+}
+
+fn entry_of(q: &Quota, ordinal: i32) -> Option<usize> {
+    q.entry(ordinal, || uuid_of(ordinal))
+}
+
+// ---- pointers from the program (its contract: NULL or valid) -------------------------------------
+
+fn read<T: Copy>(p: *const T) -> Option<T> {
+    // SAFETY: non-null and, by the driver API contract, valid for a read of T.
+    (!p.is_null()).then(|| unsafe { p.read_unaligned() })
+}
+
+fn write<T>(p: *mut T, v: T) {
+    if !p.is_null() {
+        // SAFETY: non-null and, by the driver API contract, valid for a write of T.
+        unsafe { p.write_unaligned(v) }
+    }
+}
+
+// ---- the rules ----------------------------------------------------------------------------------
+
+/// The common shape of a charged allocation: charge `bytes` on `ordinal` first, let the driver
+/// allocate, give the charge back if it fails, record it under the key the driver returned.
+fn charged(
+    call: &str,
+    ordinal: Option<i32>,
+    bytes: u64,
+    allocate: impl FnOnce() -> u32,
+    key: impl FnOnce() -> u64,
+    handles: bool,
+) -> Option<u32> {
+    let q = match crate::mode() {
+        Mode::PassThrough => return None,
+        Mode::Broken(_) => {
+            crate::log::refused_broken(call);
+            return Some(OOM);
+        }
+        Mode::Enforce(q) => q,
+    };
+    let ord = ordinal.or_else(current_ordinal).unwrap_or(-1);
+    let Some(e) = entry_of(q, ord) else {
+        q.log_refusal(call, ord, bytes, Refusal::NoEntry);
+        return Some(OOM);
+    };
+    if let Err(why) = q.charge(e, bytes) {
+        q.log_refusal(call, ord, bytes, why);
+        return Some(OOM);
+    }
+    let r = allocate();
+    if r != SUCCESS {
+        q.uncharge(e, bytes);
+        return Some(r);
+    }
+    let table = if handles { &q.handles } else { &q.ptrs };
+    q.record(table, key(), e, bytes);
+    Some(r)
+}
+
+/// A free: forget the key first (so an address the driver hands out again right after cannot be
+/// confused with this one), free, then give the charge back — or put it back if the free failed.
+fn released(key: u64, free: impl FnOnce() -> u32, handles: bool) -> u32 {
+    let Mode::Enforce(q) = crate::mode() else {
+        return free();
+    };
+    let table = if handles { &q.handles } else { &q.ptrs };
+    let Some((e, bytes)) = table.remove(key) else {
+        return free();
+    };
+    let r = free();
+    if r == SUCCESS {
+        q.uncharge(e, bytes);
+    } else {
+        q.record(table, key, e, bytes);
+    }
+    r
+}
+
+fn alloc_v2(
+    real: impl Fn(*mut CUdeviceptr, usize) -> u32,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+) -> u32 {
+    if dptr.is_null() || size == 0 {
+        return real(dptr, size); // the driver's own INVALID_VALUE
+    }
+    charged(
+        "cuMemAlloc_v2",
+        None,
+        size as u64,
+        || real(dptr, size),
+        || read(dptr).unwrap_or(0),
+        false,
+    )
+    .unwrap_or_else(|| real(dptr, size))
+}
+
+fn alloc_v1(real: impl Fn(*mut c_uint, c_uint) -> u32, dptr: *mut c_uint, size: c_uint) -> u32 {
+    if dptr.is_null() || size == 0 {
+        return real(dptr, size);
+    }
+    charged(
+        "cuMemAlloc",
+        None,
+        size as u64,
+        || real(dptr, size),
+        || read(dptr).unwrap_or(0) as u64,
+        false,
+    )
+    .unwrap_or_else(|| real(dptr, size))
+}
+
+fn alloc_managed(
+    real: impl Fn(*mut CUdeviceptr, usize, c_uint) -> u32,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    flags: c_uint,
+) -> u32 {
+    if dptr.is_null() || size == 0 {
+        return real(dptr, size, flags);
+    }
+    charged(
+        "cuMemAllocManaged",
+        None,
+        size as u64,
+        || real(dptr, size, flags),
+        || read(dptr).unwrap_or(0),
+        false,
+    )
+    .unwrap_or_else(|| real(dptr, size, flags))
+}
+
+fn alloc_async(
+    real: impl Fn(*mut CUdeviceptr, usize, CUstream) -> u32,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    s: CUstream,
+) -> u32 {
+    if dptr.is_null() || size == 0 {
+        return real(dptr, size, s);
+    }
+    charged(
+        "cuMemAllocAsync",
+        None,
+        size as u64,
+        || real(dptr, size, s),
+        || read(dptr).unwrap_or(0),
+        false,
+    )
+    .unwrap_or_else(|| real(dptr, size, s))
+}
+
+fn alloc_from_pool(
+    real: impl Fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> u32,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: CUmemoryPool,
+    s: CUstream,
+) -> u32 {
+    if dptr.is_null() || size == 0 {
+        return real(dptr, size, pool, s);
+    }
+    charged(
+        "cuMemAllocFromPoolAsync",
+        None,
+        size as u64,
+        || real(dptr, size, pool, s),
+        || read(dptr).unwrap_or(0),
+        false,
+    )
+    .unwrap_or_else(|| real(dptr, size, pool, s))
+}
+
+/// Pitched allocations: the driver picks the pitch. We charge an upper bound (rows padded to
+/// 512 bytes, the largest pitch alignment of current GPUs), then settle on the real pitch x
+/// height once it is known; a pitch beyond the bound that the quota cannot cover is freed again.
+fn pitched(
+    call: &str,
+    width: u64,
+    height: u64,
+    allocate: impl FnOnce() -> u32,
+    result: impl FnOnce() -> (u64, u64),
+) -> Option<u32> {
+    let bound = width.div_ceil(512) * 512 * height;
+    let mut actual = None;
+    let r = charged(
+        call,
+        None,
+        bound,
+        allocate,
+        || {
+            let (ptr, pitch) = result();
+            actual = Some((ptr, pitch * height));
+            ptr
+        },
+        false,
+    )?;
+    let (Some((ptr, bytes)), Mode::Enforce(q)) = (actual, crate::mode()) else {
+        return Some(r);
+    };
+    if bytes == bound {
+        return Some(r);
+    }
+    let (e, _) = q.ptrs.remove(ptr)?;
+    q.uncharge(e, bound);
+    if let Err(why) = q.charge(e, bytes) {
+        q.log_refusal(call, current_ordinal().unwrap_or(-1), bytes, why);
+        if let Some(f) = call_real::<unsafe extern "C" fn(CUdeviceptr) -> u32>(&REAL_MEM_FREE) {
+            // SAFETY: cuMemFree_v2 of the pointer the driver just gave us, which nobody has seen.
+            unsafe { f(ptr) };
+        }
+        return Some(OOM);
+    }
+    q.record(&q.ptrs, ptr, e, bytes);
+    Some(r)
+}
+
+fn alloc_pitch_v2(
+    real: impl Fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> u32,
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    w: usize,
+    h: usize,
+    elem: c_uint,
+) -> u32 {
+    if dptr.is_null() || pitch.is_null() || w == 0 || h == 0 {
+        return real(dptr, pitch, w, h, elem);
+    }
+    pitched(
+        "cuMemAllocPitch_v2",
+        w as u64,
+        h as u64,
+        || real(dptr, pitch, w, h, elem),
+        || (read(dptr).unwrap_or(0), read(pitch).unwrap_or(0) as u64),
+    )
+    .unwrap_or_else(|| real(dptr, pitch, w, h, elem))
+}
+
+fn alloc_pitch_v1(
+    real: impl Fn(*mut c_uint, *mut c_uint, c_uint, c_uint, c_uint) -> u32,
+    dptr: *mut c_uint,
+    pitch: *mut c_uint,
+    w: c_uint,
+    h: c_uint,
+    elem: c_uint,
+) -> u32 {
+    if dptr.is_null() || pitch.is_null() || w == 0 || h == 0 {
+        return real(dptr, pitch, w, h, elem);
+    }
+    pitched(
+        "cuMemAllocPitch",
+        w as u64,
+        h as u64,
+        || real(dptr, pitch, w, h, elem),
+        || {
+            (
+                read(dptr).unwrap_or(0) as u64,
+                read(pitch).unwrap_or(0) as u64,
+            )
+        },
+    )
+    .unwrap_or_else(|| real(dptr, pitch, w, h, elem))
+}
+
+fn free_v2(real: impl Fn(CUdeviceptr) -> u32, dptr: CUdeviceptr) -> u32 {
+    released(dptr, || real(dptr), false)
+}
+
+fn free_v1(real: impl Fn(c_uint) -> u32, dptr: c_uint) -> u32 {
+    released(dptr as u64, || real(dptr), false)
+}
+
+fn free_async(real: impl Fn(CUdeviceptr, CUstream) -> u32, dptr: CUdeviceptr, s: CUstream) -> u32 {
+    released(dptr, || real(dptr, s), false)
+}
+
+/// VMM: physical memory on a device is charged at cuMemCreate (host-located memory is not
+/// device memory and passes through); cuMemRelease gives it back.
+fn mem_create(
+    real: impl Fn(*mut CUmemGenericAllocationHandle, usize, *const CUmemAllocationProp, u64) -> u32,
+    h: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    flags: u64,
+) -> u32 {
+    let on_device = read(prop).filter(|p| p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE);
+    match on_device {
+        Some(p) if !h.is_null() && size > 0 => charged(
+            "cuMemCreate",
+            Some(p.location.id),
+            size as u64,
+            || real(h, size, prop, flags),
+            || read(h).unwrap_or(0),
+            true,
+        )
+        .unwrap_or_else(|| real(h, size, prop, flags)),
+        _ => real(h, size, prop, flags),
+    }
+}
+
+fn mem_release(
+    real: impl Fn(CUmemGenericAllocationHandle) -> u32,
+    h: CUmemGenericAllocationHandle,
+) -> u32 {
+    released(h, || real(h), true)
+}
+
+fn array_create(
+    real: impl Fn(*mut CUarray, *const CUDA_ARRAY_DESCRIPTOR) -> u32,
+    a: *mut CUarray,
+    desc: *const CUDA_ARRAY_DESCRIPTOR,
+) -> u32 {
+    let bytes = read(desc)
+        .and_then(|d| crate::quota::array_bytes(d.Width, d.Height, 1, d.Format, d.NumChannels, 1));
+    match bytes {
+        Some(b) if !a.is_null() => charged(
+            "cuArrayCreate_v2",
+            None,
+            b,
+            || real(a, desc),
+            || read(a).map_or(0, |x| x as u64),
+            true,
+        )
+        .unwrap_or_else(|| real(a, desc)),
+        _ => real(a, desc),
+    }
+}
+
+fn array3d_create(
+    real: impl Fn(*mut CUarray, *const CUDA_ARRAY3D_DESCRIPTOR) -> u32,
+    a: *mut CUarray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+) -> u32 {
+    let bytes = read(desc).and_then(|d| {
+        crate::quota::array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, 1)
+    });
+    match bytes {
+        Some(b) if !a.is_null() => charged(
+            "cuArray3DCreate_v2",
+            None,
+            b,
+            || real(a, desc),
+            || read(a).map_or(0, |x| x as u64),
+            true,
+        )
+        .unwrap_or_else(|| real(a, desc)),
+        _ => real(a, desc),
+    }
+}
+
+fn mipmapped_create(
+    real: impl Fn(*mut CUmipmappedArray, *const CUDA_ARRAY3D_DESCRIPTOR, c_uint) -> u32,
+    a: *mut CUmipmappedArray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+    levels: c_uint,
+) -> u32 {
+    let bytes = read(desc).and_then(|d| {
+        crate::quota::array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, levels)
+    });
+    match bytes {
+        Some(b) if !a.is_null() => charged(
+            "cuMipmappedArrayCreate",
+            None,
+            b,
+            || real(a, desc, levels),
+            || read(a).map_or(0, |x| x as u64),
+            true,
+        )
+        .unwrap_or_else(|| real(a, desc, levels)),
+        _ => real(a, desc, levels),
+    }
+}
+
+/// Arrays, mipmapped arrays and contexts are opaque handles recorded in the handle table.
+fn handle_destroy(real: impl Fn(*mut c_void) -> u32, h: *mut c_void) -> u32 {
+    released(h as u64, || real(h), true)
+}
+
+// ---- context memory: `context_reserve` per context, which no allocation call shows -------------
+
+fn reserve() -> u64 {
+    match crate::mode() {
+        Mode::Enforce(q) => q.config.context_reserve,
+        _ => 0,
+    }
+}
+
+fn ctx_create(call: &str, ctx: *mut CUcontext, dev: CUdevice, create: impl Fn() -> u32) -> u32 {
+    let r = reserve();
+    if r == 0 || ctx.is_null() {
+        return create();
+    }
+    charged(
+        call,
+        Some(dev),
+        r,
+        &create,
+        || read(ctx).map_or(0, |c| c as u64),
+        true,
+    )
+    .unwrap_or_else(create)
+}
+
+fn ctx_create_v2(
+    real: impl Fn(*mut CUcontext, c_uint, CUdevice) -> u32,
+    ctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+) -> u32 {
+    ctx_create("cuCtxCreate_v2", ctx, dev, || real(ctx, flags, dev))
+}
+
+fn ctx_create_v3(
+    real: impl Fn(*mut CUcontext, *mut c_void, c_int, c_uint, CUdevice) -> u32,
+    ctx: *mut CUcontext,
+    p: *mut c_void,
+    n: c_int,
+    flags: c_uint,
+    dev: CUdevice,
+) -> u32 {
+    ctx_create("cuCtxCreate_v3", ctx, dev, || real(ctx, p, n, flags, dev))
+}
+
+fn ctx_create_v4(
+    real: impl Fn(*mut CUcontext, *mut c_void, c_uint, CUdevice) -> u32,
+    ctx: *mut CUcontext,
+    p: *mut c_void,
+    flags: c_uint,
+    dev: CUdevice,
+) -> u32 {
+    ctx_create("cuCtxCreate_v4", ctx, dev, || real(ctx, p, flags, dev))
+}
+
+/// Primary contexts are reference counted by the driver; we charge the reserve when this
+/// process first retains one and give it back when it releases the last reference.
+static PRIMARY_REFS: [AtomicU32; 64] = [const { AtomicU32::new(0) }; 64];
+
+fn primary_retain(
+    real: impl Fn(*mut CUcontext, CUdevice) -> u32,
+    ctx: *mut CUcontext,
+    dev: CUdevice,
+) -> u32 {
+    let (r, Some(refs)) = (
+        reserve(),
+        usize::try_from(dev).ok().and_then(|d| PRIMARY_REFS.get(d)),
+    ) else {
+        return real(ctx, dev);
+    };
+    if r == 0 {
+        return real(ctx, dev);
+    }
+    if refs.load(Acquire) > 0 {
+        let res = real(ctx, dev);
+        if res == SUCCESS {
+            refs.fetch_add(1, AcqRel);
+        }
+        return res;
+    }
+    // First reference: charged like a context, recorded under a key no pointer can have.
+    let key = u64::MAX - 2 - dev as u64;
+    let res = charged(
+        "cuDevicePrimaryCtxRetain",
+        Some(dev),
+        r,
+        || real(ctx, dev),
+        || key,
+        true,
+    )
+    .unwrap_or_else(|| real(ctx, dev));
+    if res == SUCCESS {
+        refs.fetch_add(1, AcqRel);
+    }
+    res
+}
+
+fn primary_release(real: impl Fn(CUdevice) -> u32, dev: CUdevice) -> u32 {
+    let Some(refs) = usize::try_from(dev).ok().and_then(|d| PRIMARY_REFS.get(d)) else {
+        return real(dev);
+    };
+    let res = real(dev);
+    if res == SUCCESS && refs.fetch_update(AcqRel, Acquire, |n| n.checked_sub(1)) == Ok(1) {
+        if let Mode::Enforce(q) = crate::mode() {
+            q.release(&q.handles, u64::MAX - 2 - dev as u64);
+        }
+    }
+    res
+}
+
+// ---- what the program is shown ------------------------------------------------------------------
+
+/// (free, total) as the program should see them on the current device, from the physical ones.
+fn shown(phys_free: u64, phys_total: u64, ordinal: Option<i32>) -> (u64, u64) {
+    match crate::mode() {
+        Mode::Enforce(q) => {
+            let Some(e) = entry_of(q, ordinal.or_else(current_ordinal).unwrap_or(-1)) else {
+                return (0, 0);
+            };
+            q.reclaim_now_and_then();
+            let v = q.view(e, phys_free, phys_total);
+            (v.free, v.total)
+        }
+        // Fail closed: nothing is free.
+        Mode::Broken(_) => (0, phys_total),
+        Mode::PassThrough => (phys_free, phys_total),
+    }
+}
+
+fn mem_get_info_v2(
+    real: impl Fn(*mut usize, *mut usize) -> u32,
+    free: *mut usize,
+    total: *mut usize,
+) -> u32 {
+    let (mut f, mut t) = (0usize, 0usize);
+    let r = real(&mut f, &mut t);
+    if r != SUCCESS || free.is_null() || total.is_null() {
+        return if r == SUCCESS { real(free, total) } else { r };
+    }
+    let (f, t) = shown(f as u64, t as u64, None);
+    write(free, f as usize);
+    write(total, t as usize);
+    r
+}
+
+fn mem_get_info_v1(
+    real: impl Fn(*mut c_uint, *mut c_uint) -> u32,
+    free: *mut c_uint,
+    total: *mut c_uint,
+) -> u32 {
+    let (mut f, mut t) = (0, 0);
+    let r = real(&mut f, &mut t);
+    if r != SUCCESS || free.is_null() || total.is_null() {
+        return if r == SUCCESS { real(free, total) } else { r };
+    }
+    let (f, t) = shown(f as u64, t as u64, None);
+    write(free, f.min(u32::MAX as u64) as c_uint);
+    write(total, t.min(u32::MAX as u64) as c_uint);
+    r
+}
+
+fn total_mem_v2(
+    real: impl Fn(*mut usize, CUdevice) -> u32,
+    bytes: *mut usize,
+    dev: CUdevice,
+) -> u32 {
+    let r = real(bytes, dev);
+    if r == SUCCESS {
+        if let Some(t) = read(bytes) {
+            write(bytes, shown(t as u64, t as u64, Some(dev)).1 as usize);
+        }
+    }
+    r
+}
+
+fn total_mem_v1(
+    real: impl Fn(*mut c_uint, CUdevice) -> u32,
+    bytes: *mut c_uint,
+    dev: CUdevice,
+) -> u32 {
+    let r = real(bytes, dev);
+    if r == SUCCESS {
+        if let Some(t) = read(bytes) {
+            write(
+                bytes,
+                shown(t as u64, t as u64, Some(dev)).1.min(u32::MAX as u64) as c_uint,
+            );
+        }
+    }
+    r
+}
+
+// ---- launches: forwarded untouched for now (the compute share hooks in here) ---------------------
+
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    real: impl Fn(
+        CUfunction,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        CUstream,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> u32,
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    smem: c_uint,
+    s: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> u32 {
+    real(f, gx, gy, gz, bx, by, bz, smem, s, params, extra)
+}

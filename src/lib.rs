@@ -1,0 +1,77 @@
+//! libcuvisor.so: loaded into every process of a container (LD_PRELOAD, /etc/ld.so.preload), it
+//! interposes the CUDA driver API and NVML to hold the container to its device-memory quota.
+//!
+//! - `config`: the limits file and environment, read once at load.
+//! - `quota`: the memory ledger's rules, plain Rust.
+//! - `hook`: symbol interposition only (exported wrappers, dlsym, cuGetProcAddress).
+//!
+//! Modes: nothing configured = pure pass-through; a configuration that cannot be read or makes no
+//! sense = every allocation refused with one clear line on stderr (fail closed), never unlimited.
+
+mod config;
+mod hook;
+mod log;
+mod quota;
+
+use std::sync::OnceLock;
+
+pub enum Mode {
+    /// No limits configured: every call goes straight to the driver.
+    PassThrough,
+    Enforce(quota::Quota),
+    /// Misconfigured: allocations are refused, with this reason.
+    Broken(String),
+}
+
+static MODE: OnceLock<Mode> = OnceLock::new();
+
+/// The mode, decided at load time (or on first use, if a program calls in before our
+/// constructor ran, e.g. from another library's constructor).
+pub fn mode() -> &'static Mode {
+    MODE.get_or_init(decide)
+}
+
+fn decide() -> Mode {
+    let env = |k: &str| std::env::var(k).ok();
+    log::set_level_from_env(env("CUVISOR_LOG"));
+    let cfg = match config::load(env) {
+        Ok(None) => return Mode::PassThrough,
+        Ok(Some(c)) => c,
+        Err(e) => {
+            log::error(&format!("{e}: refusing all GPU memory allocations"));
+            return Mode::Broken(e);
+        }
+    };
+    match quota::Quota::new(cfg) {
+        Ok(q) => {
+            log::info(&format!(
+                "enforcing memory limits, ledger {}",
+                q.ledger.path().display()
+            ));
+            Mode::Enforce(q)
+        }
+        Err(e) => {
+            log::error(&format!("{e}: refusing all GPU memory allocations"));
+            Mode::Broken(e)
+        }
+    }
+}
+
+/// Gives this process's charges back when it exits normally (a killed process's are reclaimed
+/// by whoever looks next).
+extern "C" fn release_at_exit() {
+    if let Some(Mode::Enforce(q)) = MODE.get() {
+        q.ledger.release_proc(q.proc_slot);
+    }
+}
+
+#[ctor::ctor(unsafe)]
+fn load() {
+    // Nothing here may unwind into the loader.
+    let _ = std::panic::catch_unwind(|| {
+        if let Mode::Enforce(_) = mode() {
+            // SAFETY: registering a plain extern "C" function with no captured state.
+            unsafe { libc::atexit(release_at_exit) };
+        }
+    });
+}

@@ -1,0 +1,368 @@
+//! The memory quota, as plain Rust: which ledger entry a device is, charging before the driver
+//! allocates, what each allocation was charged, and the memory a program is shown.
+//!
+//! No FFI here: `hook` asks the driver (for a device's UUID, for physical memory) and passes the
+//! answers in, so everything below is unit-tested without a GPU.
+
+pub mod table;
+
+use crate::config::Config;
+use cuvisor_shm::ledger::{Denied, Ledger, MAX_DEVICES};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use table::Table;
+
+/// CUDA ordinals we keep a resolved entry for (more would be a very large machine).
+const MAX_ORDINALS: usize = 64;
+
+pub struct Quota {
+    pub config: Config,
+    pub ledger: Ledger,
+    /// This process's slot in the ledger.
+    pub proc_slot: usize,
+    /// CUDA ordinal -> ledger device entry + 1 (0: not resolved yet).
+    entries: [AtomicU32; MAX_ORDINALS],
+    /// Device pointers -> (entry, bytes).
+    pub ptrs: Table,
+    /// VMM physical handles, arrays and contexts -> (entry, bytes).
+    pub handles: Table,
+    last_refusal_log: AtomicU64,
+}
+
+/// A refused allocation, with what the message needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Over the quota.
+    Quota(Denied),
+    /// The device has no ledger entry (all taken) or could not be identified.
+    NoEntry,
+}
+
+impl Quota {
+    pub fn new(config: Config) -> Result<Quota, String> {
+        let ledger = Ledger::open_dir(&config.state_dir)?;
+        let (pid, start) = cuvisor_shm::process::me();
+        let proc_slot = ledger.claim_proc(pid, start).ok_or_else(|| {
+            format!(
+                "ledger {}: all process slots are taken",
+                ledger.path().display()
+            )
+        })?;
+        Ok(Quota {
+            config,
+            ledger,
+            proc_slot,
+            entries: std::array::from_fn(|_| AtomicU32::new(0)),
+            ptrs: Table::new(1 << 20).ok_or("cannot reserve the allocation table")?,
+            handles: Table::new(1 << 16).ok_or("cannot reserve the handle table")?,
+            last_refusal_log: AtomicU64::new(0),
+        })
+    }
+
+    /// The ledger entry of CUDA device `ordinal`; `uuid` asks the driver for its UUID the first
+    /// time (then the answer is cached: one atomic load on the hot path).
+    pub fn entry(&self, ordinal: i32, uuid: impl FnOnce() -> Option<[u8; 16]>) -> Option<usize> {
+        let slot = self.entries.get(usize::try_from(ordinal).ok()?)?;
+        match slot.load(Acquire) {
+            0 => {
+                let u = uuid()?;
+                let limit = self.config.limit_for(ordinal as u32, &u);
+                let e = self.ledger.device_for(u, limit)?;
+                slot.store(e as u32 + 1, Release);
+                Some(e)
+            }
+            n => Some(n as usize - 1),
+        }
+    }
+
+    /// The ledger entry of a GPU known by UUID (NVML's view), created if this process has not
+    /// touched it through CUDA yet. `ordinal` is NVML's index, for limits given by ordinal.
+    pub fn entry_by_uuid(&self, uuid: [u8; 16], ordinal: u32) -> Option<usize> {
+        if let Some((i, _, _)) = self.ledger.devices().find(|(_, u, _)| *u == uuid) {
+            return Some(i);
+        }
+        self.ledger
+            .device_for(uuid, self.config.limit_for(ordinal, &uuid))
+    }
+
+    /// Charges `bytes` on entry `e` before the driver allocates. A full quota first gives back
+    /// what dead processes of the container still hold, then tries once more.
+    pub fn charge(&self, e: usize, bytes: u64) -> Result<(), Refusal> {
+        match self.ledger.try_charge(e, self.proc_slot, bytes) {
+            Ok(()) => Ok(()),
+            Err(_) if self.ledger.reclaim_dead() > 0 => self
+                .ledger
+                .try_charge(e, self.proc_slot, bytes)
+                .map_err(Refusal::Quota),
+            Err(d) => Err(Refusal::Quota(d)),
+        }
+    }
+
+    pub fn uncharge(&self, e: usize, bytes: u64) {
+        self.ledger.uncharge(e, self.proc_slot, bytes);
+    }
+
+    /// Records what `key` was charged. If the table is full the charge stays (counted until the
+    /// process exits) rather than be lost: the quota errs on the safe side.
+    pub fn record(&self, table: &Table, key: u64, e: usize, bytes: u64) {
+        if !table.insert(key, e, bytes) {
+            crate::log::error(
+                "allocation table full: this allocation stays charged until the process exits",
+            );
+        }
+    }
+
+    /// Gives back what `key` was charged; false if it was never charged here (imported memory,
+    /// or allocated before cuvisor was loaded).
+    pub fn release(&self, table: &Table, key: u64) -> bool {
+        match table.remove(key) {
+            Some((e, bytes)) => {
+                self.uncharge(e, bytes);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// What a program is shown for device entry `e`, given the physical (free, total):
+    /// total = min(quota, physical), free = min(total - used, physical free), used.
+    /// Never wraps: usage above the quota (a lowered limit) shows as free 0.
+    pub fn view(&self, e: usize, phys_free: u64, phys_total: u64) -> MemView {
+        let d = self.ledger.device(e);
+        view(
+            d.limit.load(Acquire),
+            d.used.load(Acquire),
+            phys_free,
+            phys_total,
+        )
+    }
+
+    /// Reclaims dead processes' charges at most every 100 ms (for memory-info queries).
+    pub fn reclaim_now_and_then(&self) {
+        static LAST: AtomicU64 = AtomicU64::new(0);
+        let now = now_ms();
+        let last = LAST.load(Relaxed);
+        if now.saturating_sub(last) >= 100
+            && LAST.compare_exchange(last, now, Relaxed, Relaxed).is_ok()
+        {
+            self.ledger.reclaim_dead();
+        }
+    }
+
+    /// One line on stderr for a refused allocation, at most once a second.
+    pub fn log_refusal(&self, call: &str, ordinal: i32, requested: u64, why: Refusal) {
+        if let Refusal::Quota(_) = why {
+            if let Some(e) = self
+                .entries
+                .get(ordinal.max(0) as usize)
+                .map(|s| s.load(Relaxed))
+                .filter(|&n| n > 0)
+            {
+                self.ledger.note_denied(e as usize - 1);
+            }
+        }
+        let now = now_ms();
+        let last = self.last_refusal_log.load(Relaxed);
+        if now.saturating_sub(last) < 1000
+            || self
+                .last_refusal_log
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        crate::log::error(&refusal_message(call, ordinal, requested, why));
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemView {
+    pub free: u64,
+    pub total: u64,
+    pub used: u64,
+}
+
+pub fn view(limit: u64, used: u64, phys_free: u64, phys_total: u64) -> MemView {
+    let total = limit.min(phys_total);
+    let free = total.saturating_sub(used).min(phys_free);
+    MemView {
+        free,
+        total,
+        used: used.min(total),
+    }
+}
+
+/// Bytes of a CUDA array (all mip levels): width x height x depth x channels x element size,
+/// each dimension at least 1 and halved per level, rounded up to 512 bytes as the simulated driver
+/// does. None for formats whose size is not a plain element size (those pass through uncharged).
+pub fn array_bytes(
+    w: usize,
+    h: usize,
+    d: usize,
+    format: i32,
+    channels: u32,
+    levels: u32,
+) -> Option<u64> {
+    let elem = cuvisor_cuda_abi::cuda::array_format_bytes(format)? as u64;
+    if w == 0 || !matches!(channels, 1 | 2 | 4) || levels == 0 {
+        return None;
+    }
+    let shrink = |x: usize, l: u32| if x == 0 { 1 } else { (x >> l).max(1) as u64 };
+    let mut total = 0u64;
+    for l in 0..levels.min(64) {
+        total = total.checked_add(
+            shrink(w, l)
+                .checked_mul(shrink(h, l))?
+                .checked_mul(shrink(d, l))?
+                .checked_mul(elem * channels as u64)?,
+        )?;
+    }
+    Some(total.div_ceil(512) * 512)
+}
+
+pub fn refusal_message(call: &str, ordinal: i32, requested: u64, why: Refusal) -> String {
+    match why {
+        Refusal::Quota(d) => format!(
+            "{call} of {} on GPU {ordinal} refused: {} of the {} quota in use, {} left",
+            human(requested),
+            human(d.used),
+            human(d.limit),
+            human(d.limit.saturating_sub(d.used))
+        ),
+        Refusal::NoEntry => format!(
+            "{call} of {} on GPU {ordinal} refused: the container ledger has no room for this GPU",
+            human(requested)
+        ),
+    }
+}
+
+/// "1.50 GiB", "512.00 MiB", "300 B".
+pub fn human(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    for (unit, size) in UNITS {
+        if bytes >= size {
+            return format!("{:.2} {unit}", bytes as f64 / size as f64);
+        }
+    }
+    format!("{bytes} B")
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+const _: () = assert!(
+    MAX_DEVICES < 256,
+    "entry indices must fit the table's 8-bit field"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Target;
+
+    fn quota(tag: &str, limit: u64) -> Quota {
+        let dir = std::env::temp_dir().join(format!("cuvisor-quota-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Quota::new(Config {
+            limits: vec![(Target::All, limit)],
+            state_dir: dir,
+            context_reserve: 0,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn the_view_never_wraps_or_exceeds_physical() {
+        assert_eq!(
+            view(6 << 30, 1 << 30, 15 << 30, 16 << 30),
+            MemView {
+                free: 5 << 30,
+                total: 6 << 30,
+                used: 1 << 30
+            }
+        );
+        assert_eq!(
+            view(6 << 30, 7 << 30, 15 << 30, 16 << 30).free,
+            0,
+            "over the limit (lowered): free 0, not a wrap"
+        );
+        assert_eq!(
+            view(32 << 30, 0, 10 << 30, 16 << 30),
+            MemView {
+                free: 10 << 30,
+                total: 16 << 30,
+                used: 0
+            },
+            "quota above physical"
+        );
+        assert_eq!(
+            view(6 << 30, 0, 1 << 30, 16 << 30).free,
+            1 << 30,
+            "others hold the card: physical free bounds it"
+        );
+    }
+
+    #[test]
+    fn charge_record_release_round_trip() {
+        let q = quota("rt", 1000);
+        let e = q.entry(0, || Some([7; 16])).unwrap();
+        assert_eq!(q.entry(0, || panic!("cached")), Some(e));
+        q.charge(e, 600).unwrap();
+        q.record(&q.ptrs, 0x1000, e, 600);
+        assert!(matches!(
+            q.charge(e, 401),
+            Err(Refusal::Quota(Denied {
+                requested: 401,
+                used: 600,
+                limit: 1000
+            }))
+        ));
+        assert!(q.release(&q.ptrs, 0x1000));
+        assert!(!q.release(&q.ptrs, 0x1000), "released once");
+        assert_eq!(q.view(e, u64::MAX, u64::MAX).free, 1000);
+        let _ = std::fs::remove_dir_all(&q.config.state_dir);
+    }
+
+    #[test]
+    fn array_sizes() {
+        assert_eq!(array_bytes(1024, 1024, 0, 32, 4, 1), Some(16 << 20)); // float4
+        assert_eq!(
+            array_bytes(1024, 1024, 0, 1, 1, 3),
+            Some(1024 * 1024 + 512 * 512 + 256 * 256)
+        );
+        assert_eq!(
+            array_bytes(10, 0, 0, 1, 1, 1),
+            Some(512),
+            "rounded up to 512"
+        );
+        assert_eq!(
+            array_bytes(10, 1, 1, 0xb0, 1, 1),
+            None,
+            "NV12: not a plain element size"
+        );
+    }
+
+    #[test]
+    fn the_refusal_names_request_quota_and_use() {
+        let m = refusal_message(
+            "cuMemAlloc_v2",
+            0,
+            2 << 30,
+            Refusal::Quota(Denied {
+                requested: 2 << 30,
+                used: 5 << 30,
+                limit: 6 << 30,
+            }),
+        );
+        assert_eq!(m, "cuMemAlloc_v2 of 2.00 GiB on GPU 0 refused: 5.00 GiB of the 6.00 GiB quota in use, 1.00 GiB left");
+        assert_eq!(human(300), "300 B");
+    }
+}
