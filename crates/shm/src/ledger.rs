@@ -252,46 +252,44 @@ impl Ledger {
     /// The entry for a GPU, claimed with `limit` if the ledger has none yet. An existing entry
     /// keeps its limit unless `limit` is lower (a process can tighten, never loosen, its
     /// container's limit). None when all entries are taken.
+    ///
+    /// Finding an entry is lock-free; claiming a new one (once per GPU per container) holds the
+    /// file's flock, so two processes cannot claim the same GPU twice.
     pub fn device_for(&self, uuid: [u8; 16], limit: u64) -> Option<usize> {
-        let devs = &self.layout().devices;
-        loop {
-            let mut retry = false;
-            for (i, e) in devs.iter().enumerate() {
-                match e.state.load(Acquire) {
-                    DEV_READY if e.uuid() == uuid => {
-                        e.limit.fetch_min(limit, AcqRel);
-                        return Some(i);
-                    }
-                    DEV_CLAIMING => retry = true,
-                    _ => {}
-                }
-            }
-            if retry {
-                std::thread::yield_now();
-                continue;
-            }
-            let free = devs.iter().position(|e| {
-                e.state
-                    .compare_exchange(DEV_EMPTY, DEV_CLAIMING, AcqRel, Acquire)
-                    .is_ok()
-            })?;
-            let e = &devs[free];
-            e.set_uuid(uuid); // we own the entry while CLAIMING; readers ignore it until READY
-            e.limit.store(limit, Release);
-            e.state.store(DEV_READY, Release);
-            // Another process may have claimed the same uuid concurrently in another entry: the
-            // lowest index wins, the other entry is given up.
-            if let Some((j, _)) = devs
-                .iter()
-                .enumerate()
-                .find(|(j, x)| *j < free && x.state.load(Acquire) == DEV_READY && x.uuid() == uuid)
-            {
-                devs[j].limit.fetch_min(limit, AcqRel);
-                e.state.store(DEV_EMPTY, Release);
-                return Some(j);
-            }
-            return Some(free);
+        if let Some(i) = self.find_device(uuid) {
+            self.layout().devices[i].limit.fetch_min(limit, AcqRel);
+            return Some(i);
         }
+        let fd = self._file.as_raw_fd();
+        // SAFETY: our own open descriptor; the kernel drops the lock if we die holding it.
+        unsafe { libc::flock(fd, libc::LOCK_EX) };
+        let found = self.find_device(uuid).or_else(|| {
+            let devs = &self.layout().devices;
+            let i = devs
+                .iter()
+                .position(|e| e.state.load(Acquire) == DEV_EMPTY)?;
+            let e = &devs[i];
+            e.state.store(DEV_CLAIMING, Release);
+            e.set_uuid(uuid);
+            e.used.store(0, Relaxed);
+            e.peak.store(0, Relaxed);
+            e.denied.store(0, Relaxed);
+            e.limit.store(limit, Relaxed); // before READY: no reader ever sees it unlimited
+            e.state.store(DEV_READY, Release);
+            Some(i)
+        });
+        // SAFETY: as above.
+        unsafe { libc::flock(fd, libc::LOCK_UN) };
+        let i = found?;
+        self.layout().devices[i].limit.fetch_min(limit, AcqRel);
+        Some(i)
+    }
+
+    fn find_device(&self, uuid: [u8; 16]) -> Option<usize> {
+        self.layout()
+            .devices
+            .iter()
+            .position(|e| e.state.load(Acquire) == DEV_READY && e.uuid() == uuid)
     }
 
     /// Claims a process slot for (pid, start). Reclaims dead processes' slots if all are taken.
