@@ -27,21 +27,22 @@ pub fn parse_quantity(text: &str) -> Result<u64, String> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let mult: u64 =
-        match unit {
-            "" => 1,
-            "Ki" => 1 << 10,
-            "Mi" => 1 << 20,
-            "Gi" => 1 << 30,
-            "Ti" => 1 << 40,
-            "k" => 1_000,
-            "M" => 1_000_000,
-            "G" => 1_000_000_000,
-            "T" => 1_000_000_000_000,
-            _ => return Err(format!(
+    let mult: u64 = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        _ => {
+            return Err(format!(
                 "{text:?}: unknown unit {unit:?} (use Ki, Mi, Gi, Ti, k, M, G, T or plain bytes)"
-            )),
-        };
+            ))
+        }
+    };
     if num.is_empty() {
         return Err(format!("{text:?}: no number"));
     }

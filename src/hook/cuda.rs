@@ -8,7 +8,7 @@
 
 use super::hooks;
 use super::{procaddr, Lib, Real};
-use crate::quota::{Quota, Refusal};
+use crate::quota::{charged_size, Quota, Refusal};
 use crate::Mode;
 use cuvisor_cuda_abi::cuda::*;
 use std::ffi::{c_char, c_int, c_uint, c_void};
@@ -191,7 +191,7 @@ fn alloc_v2(
     charged(
         "cuMemAlloc_v2",
         None,
-        size as u64,
+        charged_size(size as u64),
         || real(dptr, size),
         || read(dptr).unwrap_or(0),
         false,
@@ -206,7 +206,7 @@ fn alloc_v1(real: impl Fn(*mut c_uint, c_uint) -> u32, dptr: *mut c_uint, size: 
     charged(
         "cuMemAlloc",
         None,
-        size as u64,
+        charged_size(size as u64),
         || real(dptr, size),
         || read(dptr).unwrap_or(0) as u64,
         false,
@@ -226,7 +226,7 @@ fn alloc_managed(
     charged(
         "cuMemAllocManaged",
         None,
-        size as u64,
+        charged_size(size as u64),
         || real(dptr, size, flags),
         || read(dptr).unwrap_or(0),
         false,
@@ -246,7 +246,7 @@ fn alloc_async(
     charged(
         "cuMemAllocAsync",
         None,
-        size as u64,
+        charged_size(size as u64),
         || real(dptr, size, s),
         || read(dptr).unwrap_or(0),
         false,
@@ -267,7 +267,7 @@ fn alloc_from_pool(
     charged(
         "cuMemAllocFromPoolAsync",
         None,
-        size as u64,
+        charged_size(size as u64),
         || real(dptr, size, pool, s),
         || read(dptr).unwrap_or(0),
         false,

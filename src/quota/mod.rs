@@ -11,6 +11,15 @@ use cuvisor_shm::ledger::{Denied, Ledger, MAX_DEVICES};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 use table::Table;
 
+/// Every allocation takes at least whole 512-byte units of device memory (cuMemAlloc's
+/// alignment); a request is charged rounded up to that, so many small allocations cannot
+/// together exceed the quota physically.
+pub const GRANULE: u64 = 512;
+
+pub fn charged_size(requested: u64) -> u64 {
+    requested.div_ceil(GRANULE).saturating_mul(GRANULE)
+}
+
 /// CUDA ordinals we keep a resolved entry for (more would be a very large machine).
 const MAX_ORDINALS: usize = 64;
 
