@@ -4,6 +4,7 @@
 
 #[path = "../../crates/sim/tests/common/mod.rs"]
 mod sim;
+#[allow(unused_imports)]
 pub use sim::{is_child, sim_dir, sim_env, state_file, Child, Ran};
 
 use std::path::{Path, PathBuf};
@@ -12,13 +13,29 @@ use std::process::Command;
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
 
-/// target/<profile>/deps/libcuvisor.so (cargo test builds it: it is this package's library).
+/// target/<profile>/deps/libcuvisor.so, built first if needed (`cargo test` builds it as this
+/// package's library; `cargo bench` and `cargo test --test X` may not).
 pub fn libcuvisor() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    let lib = deps.join("libcuvisor.so");
-    assert!(lib.exists(), "{} missing", lib.display());
-    lib
+    static LIB: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    LIB.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        let deps = exe.parent().unwrap();
+        let profile_dir = deps.parent().unwrap();
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "-q", "-p", "cuvisor"])
+            .env("CARGO_TARGET_DIR", profile_dir.parent().unwrap());
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        assert!(
+            cmd.status().expect("cargo build -p cuvisor").success(),
+            "building libcuvisor.so failed"
+        );
+        let lib = deps.join("libcuvisor.so");
+        assert!(lib.exists(), "{} missing", lib.display());
+        lib
+    })
+    .clone()
 }
 
 /// A fresh, empty directory for one test's ledger.
@@ -42,17 +59,51 @@ pub fn cuvisor_env(cmd: &mut Command, ledger: &Path, limit: Option<&str>) {
 
 /// Compiles tests/c/NAME.c (plus extra args, e.g. link flags) into a temp executable.
 pub fn compile_c(name: &str, extra: &[&str]) -> PathBuf {
+    compile_c_variant(name, "", extra)
+}
+
+/// As [`compile_c`], for one of several builds of the same source (`variant` names the output,
+/// so builds with different flags do not overwrite each other).
+pub fn compile_c_variant(name: &str, variant: &str, extra: &[&str]) -> PathBuf {
+    let out = std::env::temp_dir().join(format!(
+        "cuvisor-e2e-{name}{variant}-{}",
+        std::process::id()
+    ));
+    cc(name, &out, extra);
+    out
+}
+
+/// Compiles tests/c/NAME.c into a shared library `lib<NAME>-<pid>.so` in the temp directory.
+pub fn compile_c_shared(name: &str, extra: &[&str]) -> PathBuf {
+    let out = std::env::temp_dir().join(format!("lib{name}-{}.so", std::process::id()));
+    let mut args = vec!["-shared", "-fPIC"];
+    args.extend_from_slice(extra);
+    cc(name, &out, &args);
+    out
+}
+
+fn cc(name: &str, out: &Path, extra: &[&str]) {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/c")
         .join(format!("{name}.c"));
-    let out = std::env::temp_dir().join(format!("cuvisor-e2e-{name}-{}", std::process::id()));
     let status = Command::new("cc")
-        .args(["-O1", "-Wall", "-o"])
-        .arg(&out)
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(out)
         .arg(&src)
         .args(extra)
         .status()
         .expect("cc");
     assert!(status.success(), "compiling {}", src.display());
-    out
+}
+
+/// What `used` the container ledger in `dir` shows, per device entry in use.
+pub fn ledger_used(dir: &Path) -> Vec<u64> {
+    use std::sync::atomic::Ordering::Acquire;
+    let ledger =
+        cuvisor_shm::ledger::Ledger::open(&dir.join(cuvisor_shm::ledger::FILE_NAME), false)
+            .expect("open the ledger");
+    ledger
+        .devices()
+        .map(|(_, _, e)| e.used.load(Acquire))
+        .collect()
 }
