@@ -126,8 +126,12 @@ fn measure_contended() {
             let barrier = barrier.clone();
             std::thread::spawn(move || {
                 // SAFETY: the same function pointers as above, moved across threads as addresses.
-                let (alloc, free): (extern "C" fn(*mut u64, usize) -> R, extern "C" fn(u64) -> R) =
-                    unsafe { (std::mem::transmute(alloc), std::mem::transmute(free)) };
+                let (alloc, free) = unsafe {
+                    (
+                        std::mem::transmute::<usize, extern "C" fn(*mut u64, usize) -> R>(alloc),
+                        std::mem::transmute::<usize, extern "C" fn(u64) -> R>(free),
+                    )
+                };
                 let set: extern "C" fn(*mut c_void) -> R = sym(c"cuCtxSetCurrent");
                 let retain: extern "C" fn(*mut *mut c_void, i32) -> R =
                     sym(c"cuDevicePrimaryCtxRetain");

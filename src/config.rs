@@ -64,7 +64,10 @@ pub enum Target {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
+    /// The rules that grant memory (the file's, or the environment's when there is no file).
     pub limits: Vec<(Target, u64)>,
+    /// Rules that can only lower a granted limit (the environment's, when a file is given).
+    pub caps: Vec<(Target, u64)>,
     pub state_dir: PathBuf,
     pub context_reserve: u64,
 }
@@ -73,12 +76,23 @@ impl Config {
     /// The limit for a device, or None if no rule names it. Several rules: the lowest wins.
     /// When rules name devices one by one, a device none of them names gets 0 (fail closed).
     pub fn limit_for(&self, ordinal: u32, uuid: &[u8; 16]) -> u64 {
-        let matching = self.limits.iter().filter(|(t, _)| match t {
+        let applies = |(t, _): &&(Target, u64)| match t {
             Target::All => true,
             Target::Ordinal(o) => *o == ordinal,
             Target::Uuid(u) => u == uuid,
-        });
-        matching.map(|(_, l)| *l).min().unwrap_or(0)
+        };
+        let granted = self
+            .limits
+            .iter()
+            .filter(applies)
+            .map(|(_, l)| *l)
+            .min()
+            .unwrap_or(0);
+        self.caps
+            .iter()
+            .filter(applies)
+            .map(|(_, l)| *l)
+            .fold(granted, u64::min)
     }
 }
 
@@ -99,14 +113,19 @@ pub fn load(env: impl Fn(&str) -> Option<String>) -> Result<Option<Config>, Stri
         None if env_limit.is_none() => return Ok(None),
         None => Config {
             limits: Vec::new(),
+            caps: Vec::new(),
             state_dir: default_state_dir(),
             context_reserve: 0,
         },
     };
     if let Some(l) = &env_limit {
-        // With a file, these can only add lower bounds (limit_for takes the minimum).
-        cfg.limits
-            .extend(parse_env_limits(l).map_err(|e| format!("CUVISOR_MEMORY_LIMIT={l:?}: {e}"))?);
+        let rules = parse_env_limits(l).map_err(|e| format!("CUVISOR_MEMORY_LIMIT: {e}"))?;
+        // With a file the environment can only lower what the file grants.
+        if file.is_some() {
+            cfg.caps.extend(rules);
+        } else {
+            cfg.limits.extend(rules);
+        }
     }
     if let Some(r) = &env_reserve {
         let v = parse_quantity(r).map_err(|e| format!("CUVISOR_CONTEXT_RESERVE: {e}"))?;
@@ -168,6 +187,7 @@ pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
 fn parse_file(text: &str) -> Result<Config, String> {
     let mut cfg = Config {
         limits: Vec::new(),
+        caps: Vec::new(),
         state_dir: PathBuf::new(),
         context_reserve: 0,
     };

@@ -18,7 +18,7 @@ use std::sync::OnceLock;
 pub enum Mode {
     /// No limits configured: every call goes straight to the driver.
     PassThrough,
-    Enforce(quota::Quota),
+    Enforce(Box<quota::Quota>),
     /// Misconfigured: allocations are refused, with this reason.
     Broken(String),
 }
@@ -48,7 +48,7 @@ fn decide() -> Mode {
                 "enforcing memory limits, ledger {}",
                 q.ledger.path().display()
             ));
-            Mode::Enforce(q)
+            Mode::Enforce(Box::new(q))
         }
         Err(e) => {
             log::error(&format!("{e}: refusing all GPU memory allocations"));
@@ -61,7 +61,14 @@ fn decide() -> Mode {
 /// by whoever looks next).
 extern "C" fn release_at_exit() {
     if let Some(Mode::Enforce(q)) = MODE.get() {
-        q.ledger.release_proc(q.proc_slot);
+        q.release_at_exit();
+    }
+}
+
+/// In the child of a fork: a process slot of its own (see `Quota::after_fork`).
+extern "C" fn after_fork_in_child() {
+    if let Some(Mode::Enforce(q)) = MODE.get() {
+        q.after_fork();
     }
 }
 
@@ -70,8 +77,11 @@ fn load() {
     // Nothing here may unwind into the loader.
     let _ = std::panic::catch_unwind(|| {
         if let Mode::Enforce(_) = mode() {
-            // SAFETY: registering a plain extern "C" function with no captured state.
-            unsafe { libc::atexit(release_at_exit) };
+            // SAFETY: registering plain extern "C" functions with no captured state.
+            unsafe {
+                libc::atexit(release_at_exit);
+                libc::pthread_atfork(None, None, Some(after_fork_in_child));
+            }
         }
     });
 }

@@ -78,7 +78,7 @@ fn eight_processes_of_four_threads_never_exceed_the_quota() {
                                 refused += 1;
                             }
                         }
-                        if rng % 3 == 0 && !held.is_empty() {
+                        if rng.is_multiple_of(3) && !held.is_empty() {
                             free(held.swap_remove((rng as usize / 3) % held.len()));
                         }
                     }

@@ -8,7 +8,7 @@ pub mod table;
 
 use crate::config::Config;
 use cuvisor_shm::ledger::{Denied, Ledger, MAX_DEVICES};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use table::Table;
 
 /// Every allocation takes at least whole 512-byte units of device memory (cuMemAlloc's
@@ -26,8 +26,8 @@ const MAX_ORDINALS: usize = 64;
 pub struct Quota {
     pub config: Config,
     pub ledger: Ledger,
-    /// This process's slot in the ledger.
-    pub proc_slot: usize,
+    /// This process's slot in the ledger (a forked child takes its own: see `after_fork`).
+    proc_slot: AtomicUsize,
     /// CUDA ordinal -> ledger device entry + 1 (0: not resolved yet).
     entries: [AtomicU32; MAX_ORDINALS],
     /// Device pointers -> (entry, bytes).
@@ -59,12 +59,29 @@ impl Quota {
         Ok(Quota {
             config,
             ledger,
-            proc_slot,
+            proc_slot: AtomicUsize::new(proc_slot),
             entries: std::array::from_fn(|_| AtomicU32::new(0)),
             ptrs: Table::new(1 << 20).ok_or("cannot reserve the allocation table")?,
             handles: Table::new(1 << 16).ok_or("cannot reserve the handle table")?,
             last_refusal_log: AtomicU64::new(0),
         })
+    }
+
+    /// In a child made by fork(): the parent's slot is the parent's, so the child claims its own
+    /// (CUDA itself is unusable in a forked child, so it holds no charges to carry over).
+    pub fn after_fork(&self) {
+        let (pid, start) = cuvisor_shm::process::me();
+        if let Some(s) = self.ledger.claim_proc(pid, start) {
+            self.proc_slot.store(s, Relaxed);
+        }
+    }
+
+    /// At a normal exit: give back whatever this process still holds (only its own slot).
+    pub fn release_at_exit(&self) {
+        let slot = self.proc_slot.load(Relaxed);
+        if self.ledger.procs()[slot].pid.load(Relaxed) == std::process::id() {
+            self.ledger.release_proc(slot);
+        }
     }
 
     /// The ledger entry of CUDA device `ordinal`; `uuid` asks the driver for its UUID the first
@@ -96,18 +113,19 @@ impl Quota {
     /// Charges `bytes` on entry `e` before the driver allocates. A full quota first gives back
     /// what dead processes of the container still hold, then tries once more.
     pub fn charge(&self, e: usize, bytes: u64) -> Result<(), Refusal> {
-        match self.ledger.try_charge(e, self.proc_slot, bytes) {
+        let slot = self.proc_slot.load(Relaxed);
+        match self.ledger.try_charge(e, slot, bytes) {
             Ok(()) => Ok(()),
             Err(_) if self.ledger.reclaim_dead() > 0 => self
                 .ledger
-                .try_charge(e, self.proc_slot, bytes)
+                .try_charge(e, slot, bytes)
                 .map_err(Refusal::Quota),
             Err(d) => Err(Refusal::Quota(d)),
         }
     }
 
     pub fn uncharge(&self, e: usize, bytes: u64) {
-        self.ledger.uncharge(e, self.proc_slot, bytes);
+        self.ledger.uncharge(e, self.proc_slot.load(Relaxed), bytes);
     }
 
     /// Records what `key` was charged. If the table is full the charge stays (counted until the
@@ -282,6 +300,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         Quota::new(Config {
             limits: vec![(Target::All, limit)],
+            caps: Vec::new(),
             state_dir: dir,
             context_reserve: 0,
         })
