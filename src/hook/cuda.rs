@@ -46,8 +46,6 @@ hooks! {
     Cuda cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) => mem_get_info_v1;
     Cuda cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) => total_mem_v2;
     Cuda cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) => total_mem_v1;
-    Cuda cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch;
-    Cuda cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch;
     Cuda cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) => procaddr::get_proc_address;
     Cuda cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) => procaddr::get_proc_address_v2;
 }
@@ -670,36 +668,4 @@ fn total_mem_v1(
         }
     }
     r
-}
-
-// ---- launches: forwarded untouched for now (the compute share hooks in here) ---------------------
-
-#[allow(clippy::too_many_arguments)]
-fn launch(
-    real: impl Fn(
-        CUfunction,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        CUstream,
-        *mut *mut c_void,
-        *mut *mut c_void,
-    ) -> u32,
-    f: CUfunction,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    smem: c_uint,
-    s: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> u32 {
-    real(f, gx, gy, gz, bx, by, bz, smem, s, params, extra)
 }

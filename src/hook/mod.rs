@@ -10,6 +10,7 @@
 
 mod cuda;
 mod dlsym;
+mod launch;
 mod nvml;
 mod procaddr;
 
@@ -181,14 +182,17 @@ macro_rules! hooks {
 }
 pub(crate) use hooks;
 
-pub use cuda::table as cuda_table;
-pub use nvml::table as nvml_table;
+/// Every wrapped entry point, all tables.
+pub fn all_hooks() -> impl Iterator<Item = &'static Hook> {
+    cuda::table()
+        .iter()
+        .chain(launch::table())
+        .chain(nvml::table())
+}
 
 /// The wrapper exported for `name` of `lib`, if cuvisor wraps it.
 pub fn wrapper_named(lib: Lib, name: &str) -> Option<usize> {
-    let t = match lib {
-        Lib::Cuda => cuda_table(),
-        Lib::Nvml => nvml_table(),
-    };
-    t.iter().find(|h| h.name == name).map(|h| h.wrapper)
+    all_hooks()
+        .find(|h| h.lib == lib && h.name == name)
+        .map(|h| h.wrapper)
 }

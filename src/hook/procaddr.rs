@@ -7,7 +7,7 @@
 //! result pass through untouched. "cuGetProcAddress" itself resolves to our wrapper like any
 //! other entry, so a program that fetches it this way stays intercepted.
 
-use super::{cuda_table, Lib};
+use super::{all_hooks, Lib};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;
@@ -16,8 +16,7 @@ use std::sync::OnceLock;
 fn by_real_address() -> &'static HashMap<usize, usize> {
     static MAP: OnceLock<HashMap<usize, usize>> = OnceLock::new();
     MAP.get_or_init(|| {
-        cuda_table()
-            .iter()
+        all_hooks()
             .filter(|h| h.lib == Lib::Cuda)
             .filter_map(|h| Some((nonzero(h.real.get())?, h.wrapper)))
             .collect()
