@@ -1,16 +1,19 @@
 //! The command line, as clap derives it.
 
 use clap::{Args, Parser, Subcommand};
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
 #[command(
     name = "cuvisor",
     version,
-    about = "GPU sharing for Kubernetes: inspect the GPUs (real or simulated), inject simulator faults",
+    about = "GPU sharing for Kubernetes: run a program under a GPU-memory quota, inspect the GPUs \
+             (real or simulated), inject simulator faults",
     after_help = "GPUs: `cuvisor smi` asks the system's NVML (libnvidia-ml.so.1) unless --sim or \
                   CUVISOR_SIM selects the simulator, e.g. `cuvisor smi --sim dgx1-v100`.\n\
-                  Exit codes: 0 ok, 1 failure while running, 2 bad usage."
+                  Exit codes: 0 ok, 1 failure while running, 2 bad usage; `cuvisor run` exits \
+                  with its command's status."
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -35,10 +38,78 @@ pub struct Target {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// The demo: examples/tf_stress's driver-level over-allocation test (built with cc) run under
+    /// `cuvisor run --memory SIZE` on the simulated GPU (a --sim preset, default `single`)
+    Demo(DemoArgs),
+    /// Run a command with libcuvisor.so preloaded, under a device-memory quota and a fresh ledger
+    Run(RunArgs),
     /// Show the GPUs, their memory, utilization and processes, as `nvidia-smi` does (through NVML)
     Smi(SmiArgs),
     /// The simulated GPU: list presets, reset its state, inject faults
     Sim(SimArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// The quota to run the test under
+    #[arg(
+        long,
+        value_name = "SIZE",
+        default_value = "6Gi",
+        allow_hyphen_values = true
+    )]
+    pub memory: String,
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    cuvisor run --memory 6Gi -- python3 train.py\n  \
+    cuvisor run --memory 6Gi --sim single -- ./twin      (on the simulated GPU)\n  \
+    cuvisor run --memory-per-device 0=6Gi,1=2Gi -- ./app\n\
+    The command sees LD_PRELOAD=libcuvisor.so, CUVISOR_MEMORY_LIMIT (in bytes) and \
+    CUVISOR_STATE_DIR; with --sim (or CUVISOR_SIM) also LD_LIBRARY_PATH=<simulated libcuda>, \
+    CUVISOR_SIM and CUVISOR_SIM_STATE (a fresh state file unless --state or CUVISOR_SIM_STATE \
+    names one). SIGINT and SIGTERM are passed on to the command. Exit status: the command's, \
+    128+N when signal N ended it, 127 when it cannot be found, 126 when it cannot be run, \
+    2 for bad usage, 1 when cuvisor itself fails.")]
+pub struct RunArgs {
+    /// Device-memory quota for every visible GPU: a Kubernetes quantity (6Gi, 512Mi, 4G = 4e9
+    /// bytes, 6442450944)
+    #[arg(
+        long,
+        value_name = "SIZE",
+        allow_hyphen_values = true,
+        required_unless_present = "memory_per_device"
+    )]
+    pub memory: Option<String>,
+    /// Quotas per CUDA device ordinal instead of --memory: 0=6Gi,1=2Gi (a GPU not listed gets
+    /// no memory)
+    #[arg(
+        long,
+        value_name = "ORDINAL=SIZE,...",
+        allow_hyphen_values = true,
+        conflicts_with = "memory"
+    )]
+    pub memory_per_device: Option<String>,
+    /// Directory for the container's ledger, kept afterwards [default: a fresh temporary
+    /// directory, removed afterwards]
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Keep the temporary directory (ledger, simulator state) and say where it is
+    #[arg(long)]
+    pub keep_state: bool,
+    /// The interception library [default: libcuvisor.so next to this executable, or in its deps/]
+    #[arg(long, value_name = "FILE")]
+    pub library: Option<PathBuf>,
+    /// The library's log level (sets CUVISOR_LOG)
+    #[arg(long, value_name = "LEVEL", value_parser = ["error", "warn", "info", "debug"])]
+    pub log: Option<String>,
+    /// Say on stderr how the command is run, and the ledger's use and refusals after it ends
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// The command and its arguments (after `--`)
+    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
 }
 
 #[derive(Args, Debug)]
@@ -161,6 +232,65 @@ mod tests {
                 command: SimCommand::Fault(f),
             }) => assert_eq!(f, FaultCommand::Xid { gpu: 3, code: 79 }),
             other => panic!("{other:?}"),
+        }
+    }
+
+    fn run_args(argv: &[&str]) -> RunArgs {
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Run(r) => r,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn run_takes_the_command_after_its_options() {
+        let r = run_args(&[
+            "cuvisor", "run", "--memory", "6Gi", "--sim", "single", "--", "python3", "-c", "pass",
+        ]);
+        assert_eq!(r.memory.as_deref(), Some("6Gi"));
+        assert_eq!(r.command, ["python3", "-c", "pass"]);
+        // Without `--` too; the command's own options stay its own.
+        let r = run_args(&[
+            "cuvisor", "run", "--memory", "1Gi", "ls", "-l", "--sim", "x",
+        ]);
+        assert_eq!(r.command, ["ls", "-l", "--sim", "x"]);
+        // A negative size reaches cuvisor's own check (which names it) instead of clap's.
+        let r = run_args(&["cuvisor", "run", "--memory", "-1", "--", "true"]);
+        assert_eq!(r.memory.as_deref(), Some("-1"));
+        let r = run_args(&[
+            "cuvisor",
+            "run",
+            "--memory-per-device",
+            "0=1Gi",
+            "--",
+            "true",
+        ]);
+        assert_eq!(r.memory, None);
+        assert_eq!(r.memory_per_device.as_deref(), Some("0=1Gi"));
+    }
+
+    #[test]
+    fn run_needs_one_quota_form_and_a_command() {
+        for argv in [
+            &["cuvisor", "run", "--", "true"][..],
+            &["cuvisor", "run", "--memory", "1Gi"],
+            &["cuvisor", "run", "--memory", "1Gi", "--"],
+            &[
+                "cuvisor",
+                "run",
+                "--memory",
+                "1Gi",
+                "--memory-per-device",
+                "0=1Gi",
+                "--",
+                "true",
+            ],
+            &[
+                "cuvisor", "run", "--memory", "1Gi", "--log", "loud", "--", "true",
+            ],
+        ] {
+            let e = Cli::try_parse_from(argv).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{argv:?}: {e}");
         }
     }
 

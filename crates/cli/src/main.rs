@@ -1,12 +1,17 @@
-//! `cuvisor`: inspect the GPUs (real or simulated) the way `nvidia-smi` does, and inject faults into
-//! the simulator.
+//! `cuvisor`: run a program under a GPU-memory quota, inspect the GPUs (real or simulated) the way
+//! `nvidia-smi` does, and inject faults into the simulator.
 //!
 //! Exit codes: 0 success, 2 bad usage (clap's own errors and bad values such as an unknown preset
 //! or a GPU that does not exist), 1 a failure while running (NVML, the simulator's state file).
+//! `cuvisor run` exits with its command's status (128+N for signal N), 127/126 when the command
+//! cannot be found/run.
 
 mod args;
+mod child;
+mod demo;
 mod fault;
 mod machine;
+mod run;
 mod sim;
 mod smi;
 mod topo;
@@ -23,6 +28,16 @@ pub enum Failure {
     Usage(String),
     /// The input was fine but running it failed (exit 1).
     Runtime(String),
+    /// `cuvisor run` could not start its command: exit 127 when it does not exist, 126 when it
+    /// cannot be executed, as shells and env(1) answer, so that neither reads as the command's
+    /// own failure.
+    Launch { code: u8, message: String },
+}
+
+/// What a successful command leaves: text for stdout, or `cuvisor run`'s exit status.
+enum Done {
+    Print(String),
+    Exit(u8),
 }
 
 pub type Result<T> = std::result::Result<T, Failure>;
@@ -30,22 +45,27 @@ pub type Result<T> = std::result::Result<T, Failure>;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(r) => run::run(&cli.target, &r).map(Done::Exit),
+        Command::Demo(d) => demo::run(&cli.target, &d).map(Done::Exit),
         Command::Smi(smi) => match smi.command {
             None => smi::run(&cli.target),
             Some(SmiCommand::Topo(t)) => topo::run(&cli.target, &t),
-        },
+        }
+        .map(Done::Print),
         Command::Sim(sim) => match sim.command {
             SimCommand::Presets => sim::presets(),
             SimCommand::Reset => sim::reset(&cli.target),
             SimCommand::Fault(f) => fault::run(&cli.target, &f),
-        },
+        }
+        .map(Done::Print),
     };
     match result {
-        Ok(text) => {
+        Ok(Done::Print(text)) => {
             // Not print!: a closed pipe (`cuvisor smi | head -1`) is not worth a panic.
             let _ = std::io::stdout().write_all(text.as_bytes());
             ExitCode::SUCCESS
         }
+        Ok(Done::Exit(code)) => ExitCode::from(code),
         Err(Failure::Usage(msg)) => {
             eprintln!("error: {msg}");
             ExitCode::from(2)
@@ -53,6 +73,10 @@ fn main() -> ExitCode {
         Err(Failure::Runtime(msg)) => {
             eprintln!("error: {msg}");
             ExitCode::from(1)
+        }
+        Err(Failure::Launch { code, message }) => {
+            eprintln!("error: {message}");
+            ExitCode::from(code)
         }
     }
 }

@@ -1,0 +1,222 @@
+//! Running `cuvisor run`'s command: spawn it, pass SIGINT and SIGTERM on to it, wait, and turn
+//! how it ended into cuvisor's exit status. The only FFI of `run`.
+
+use crate::{Failure, Result};
+use std::ffi::{OsStr, OsString};
+use std::io::ErrorKind;
+use std::os::unix::process::ExitStatusExt as _;
+use std::process::{Command, ExitStatus};
+use std::sync::atomic::{AtomicI32, Ordering::SeqCst};
+
+/// The signals passed on to the command.
+const FORWARDED: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+
+/// `si_code` of a signal the kernel raised itself, as the terminal does for Ctrl-C (linux
+/// `include/uapi/asm-generic/siginfo.h`; the libc crate does not export it).
+const SI_KERNEL: libc::c_int = 0x80;
+
+/// The running command's pid, 0 before it starts and once it has ended.
+static CHILD: AtomicI32 = AtomicI32::new(0);
+/// A signal that arrived while there was no command to pass it to yet.
+static PENDING: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // Async-signal-safe only: atomics, kill(2), errno.
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+    if !info.is_null() && unsafe { (*info).si_code } == SI_KERNEL {
+        // Raised by the terminal (Ctrl-C, Ctrl-\) for the whole foreground process group, which
+        // the command is in: passing it on would deliver it twice.
+        return;
+    }
+    // SAFETY: errno is thread-local; kill may change it and the interrupted code may read it.
+    let errno = unsafe { *libc::__errno_location() };
+    let pid = CHILD.load(SeqCst);
+    if pid > 0 {
+        // SAFETY: plain syscall.
+        unsafe { libc::kill(pid, sig) };
+    } else {
+        PENDING.store(sig, SeqCst);
+        // The command may have started between the load and the store: whoever takes PENDING
+        // first delivers it (see `deliver_pending`), so it arrives exactly once.
+        let pid = CHILD.load(SeqCst);
+        if pid > 0 {
+            let s = PENDING.swap(0, SeqCst);
+            if s != 0 {
+                // SAFETY: plain syscall.
+                unsafe { libc::kill(pid, s) };
+            }
+        }
+    }
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// Installs the forwarding handler for SIGINT and SIGTERM, except where the signal is ignored
+/// (as a shell does for `cmd &`): then it stays ignored, and the command inherits that.
+fn install_forwarding() {
+    for sig in FORWARDED {
+        // SAFETY: sigaction with zeroed (valid) structs; the handler is async-signal-safe.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
+                || old.sa_sigaction == libc::SIG_IGN
+            {
+                continue;
+            }
+            let mut new: libc::sigaction = std::mem::zeroed();
+            new.sa_sigaction = forward as *const () as libc::sighandler_t;
+            new.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            libc::sigemptyset(&mut new.sa_mask);
+            libc::sigaction(sig, &new, std::ptr::null_mut());
+        }
+    }
+}
+
+fn deliver_pending(pid: i32) {
+    let s = PENDING.swap(0, SeqCst);
+    if s != 0 {
+        // SAFETY: plain syscall.
+        unsafe { libc::kill(pid, s) };
+    }
+}
+
+/// Waits until `pid` has ended without reaping it, so that no signal can be forwarded to a
+/// process that reuses its pid between the wait and `CHILD` being cleared.
+fn wait_unreaped(pid: i32) {
+    loop {
+        // SAFETY: waitid into a zeroed siginfo; WNOWAIT leaves the child waitable.
+        let r = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if r == 0 || std::io::Error::last_os_error().kind() != ErrorKind::Interrupted {
+            return;
+        }
+    }
+}
+
+/// Runs `argv` with `env` added to cuvisor's environment, passing SIGINT/SIGTERM on, and
+/// returns how it ended. A command that cannot be started is an error with the shell's status
+/// (127 not found, 126 otherwise).
+pub fn run(argv: &[OsString], env: &[(OsString, OsString)]) -> Result<ExitStatus> {
+    let Some((program, args)) = argv.split_first() else {
+        return Err(Failure::Usage("no command to run".into()));
+    };
+    install_forwarding();
+    let mut cmd = Command::new(program);
+    cmd.args(args).envs(env.iter().map(|(k, v)| (k, v)));
+    let mut child = cmd.spawn().map_err(|e| launch_error(program, &e))?;
+    let pid = child.id() as i32;
+    CHILD.store(pid, SeqCst);
+    deliver_pending(pid);
+    wait_unreaped(pid);
+    CHILD.store(0, SeqCst);
+    child
+        .wait()
+        .map_err(|e| Failure::Runtime(format!("waiting for {}: {e}", program.to_string_lossy())))
+}
+
+fn launch_error(program: &OsStr, e: &std::io::Error) -> Failure {
+    let name = program.to_string_lossy();
+    let code = if e.kind() == ErrorKind::NotFound {
+        127
+    } else {
+        126
+    };
+    let what = if e.kind() == ErrorKind::NotFound && !name.contains('/') {
+        format!("{name}: command not found")
+    } else {
+        format!("cannot run {name}: {e}")
+    };
+    Failure::Launch {
+        code,
+        message: what,
+    }
+}
+
+/// cuvisor's exit status for how the command ended: its own, or 128 + the signal that ended it.
+pub fn exit_code(status: ExitStatus) -> u8 {
+    if let Some(code) = status.code() {
+        // An exit status is 0..=255 on Unix.
+        return u8::try_from(code & 0xff).unwrap_or(1);
+    }
+    match status.signal() {
+        Some(sig) => u8::try_from(128 + (sig & 0x7f)).unwrap_or(255),
+        None => 1,
+    }
+}
+
+/// "exited with status 3", "was killed by signal 9 (SIGKILL)", for --verbose.
+pub fn describe(status: ExitStatus) -> String {
+    if let Some(code) = status.code() {
+        return format!("exited with status {code}");
+    }
+    match status.signal() {
+        Some(sig) => {
+            let name = match sig {
+                libc::SIGHUP => " (SIGHUP)",
+                libc::SIGINT => " (SIGINT)",
+                libc::SIGQUIT => " (SIGQUIT)",
+                libc::SIGABRT => " (SIGABRT)",
+                libc::SIGKILL => " (SIGKILL)",
+                libc::SIGSEGV => " (SIGSEGV)",
+                libc::SIGPIPE => " (SIGPIPE)",
+                libc::SIGTERM => " (SIGTERM)",
+                _ => "",
+            };
+            let core = if status.core_dumped() {
+                ", core dumped"
+            } else {
+                ""
+            };
+            format!("was killed by signal {sig}{name}{core}")
+        }
+        None => format!("ended: {status}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_map_as_a_shell_maps_them() {
+        assert_eq!(exit_code(ExitStatus::from_raw(0)), 0);
+        assert_eq!(exit_code(ExitStatus::from_raw(7 << 8)), 7);
+        assert_eq!(exit_code(ExitStatus::from_raw(255 << 8)), 255);
+        assert_eq!(exit_code(ExitStatus::from_raw(libc::SIGTERM)), 143);
+        assert_eq!(exit_code(ExitStatus::from_raw(libc::SIGKILL)), 137);
+        // Core dumped (0x80) keeps the signal's number.
+        assert_eq!(exit_code(ExitStatus::from_raw(libc::SIGSEGV | 0x80)), 139);
+        assert_eq!(
+            describe(ExitStatus::from_raw(libc::SIGSEGV | 0x80)),
+            "was killed by signal 11 (SIGSEGV), core dumped"
+        );
+        assert_eq!(
+            describe(ExitStatus::from_raw(3 << 8)),
+            "exited with status 3"
+        );
+    }
+
+    #[test]
+    fn launch_failures_use_the_shells_statuses() {
+        let e = std::io::Error::from(ErrorKind::NotFound);
+        let Failure::Launch { code, message } = launch_error(OsStr::new("nosuchcmd"), &e) else {
+            panic!()
+        };
+        assert_eq!(
+            (code, message.as_str()),
+            (127, "nosuchcmd: command not found")
+        );
+        let e = std::io::Error::from(ErrorKind::PermissionDenied);
+        let Failure::Launch { code, .. } = launch_error(OsStr::new("/etc/passwd"), &e) else {
+            panic!()
+        };
+        assert_eq!(code, 126);
+    }
+}

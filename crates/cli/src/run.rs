@@ -1,0 +1,633 @@
+//! `cuvisor run`: a command under a device-memory quota, with libcuvisor.so preloaded and a fresh
+//! ledger; with `--sim` (or `CUVISOR_SIM`), on the simulated GPU.
+//!
+//! Everything the input can get wrong is checked before anything runs: the quota, the simulator
+//! model, per-device ordinals against it, the library and the simulated driver being built. The
+//! command then gets, on top of cuvisor's own environment:
+//!
+//! ```text
+//! LD_PRELOAD=<libcuvisor.so>[:<what was there>]
+//! CUVISOR_MEMORY_LIMIT=<bytes> | 0=<bytes>,1=<bytes>     (canonical: plain bytes)
+//! CUVISOR_STATE_DIR=<--state-dir, or a fresh temporary directory>
+//! CUVISOR_LOG=<--log>                                     (only when given)
+//! with the simulator also:
+//! LD_LIBRARY_PATH=<exe dir>/sim[:<what was there>]
+//! CUVISOR_SIM=<preset or file>
+//! CUVISOR_SIM_STATE=<--state, else $CUVISOR_SIM_STATE, else a fresh file in the temporary dir>
+//! ```
+
+use crate::args::{RunArgs, Target};
+use crate::child;
+use crate::machine::{self, Source};
+use crate::{Failure, Result};
+use cuvisor_shm::ledger::{self, Ledger};
+use cuvisor_shm::quantity::{LimitError, MemoryLimit};
+use cuvisor_sim::model::Model;
+use std::ffi::{CString, OsString};
+use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
+use std::path::{Path, PathBuf};
+
+/// The library's file name, as Cargo writes the root package's cdylib.
+pub const LIBRARY: &str = "libcuvisor.so";
+
+pub fn run(target: &Target, args: &RunArgs) -> Result<u8> {
+    let limit = memory_limit(args)?;
+    let sim = match machine::source(target) {
+        Source::Sim { spec, from_flag } => {
+            let model = machine::load_model(&spec, from_flag)?;
+            Some((spec, model))
+        }
+        Source::System => None,
+    };
+    if let (Some((_, model)), MemoryLimit::PerDevice(per)) = (&sim, &limit) {
+        check_ordinals(model, per)?;
+    }
+    let exe_dir = exe_dir()?;
+    let library = match &args.library {
+        Some(given) => given_library(given)?,
+        None => find_library(&exe_dir)?,
+    };
+    let sim_dir = match sim {
+        Some(_) => Some(sim_libraries(&exe_dir)?),
+        None => None,
+    };
+    let state_dir = match &args.state_dir {
+        Some(d) => Some(absolute(d)?),
+        None => None,
+    };
+    let sim_state_given = target.state.is_some()
+        || std::env::var_os("CUVISOR_SIM_STATE").is_some_and(|v| !v.is_empty());
+    // A private temporary directory, for whichever of the ledger and the simulator's state was
+    // not given.
+    let scratch = if state_dir.is_none() || (sim.is_some() && !sim_state_given) {
+        Some(Scratch::create(args.keep_state)?)
+    } else {
+        None
+    };
+    let state_dir = match (state_dir, &scratch) {
+        (Some(d), _) => {
+            std::fs::create_dir_all(&d).map_err(|e| {
+                Failure::Runtime(format!("--state-dir {}: cannot create: {e}", d.display()))
+            })?;
+            d
+        }
+        (None, Some(s)) => s.path.clone(),
+        // Unreachable: a scratch directory exists whenever no state directory was given.
+        (None, None) => return Err(Failure::Runtime("no state directory".into())),
+    };
+    let sim_setup = match (sim, sim_dir) {
+        (Some((spec, _)), Some(dir)) => Some(SimSetup {
+            spec,
+            dir,
+            state: match (&target.state, &scratch) {
+                (Some(s), _) => Some(absolute(s)?),
+                (None, Some(scratch)) if !sim_state_given => Some(scratch.path.join("sim.state")),
+                _ => None,
+            },
+        }),
+        _ => None,
+    };
+    let setup = Setup {
+        library,
+        limit,
+        state_dir,
+        log: args.log.clone(),
+        sim: sim_setup,
+    };
+    let env = setup.environment(|k| std::env::var_os(k));
+
+    let program = args
+        .command
+        .first()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if let Some(config) = std::env::var_os("CUVISOR_CONFIG").filter(|c| !c.is_empty()) {
+        eprintln!(
+            "cuvisor: warning: CUVISOR_CONFIG={} is set: the library takes its limits from that \
+             file, and --memory cannot raise them",
+            config.to_string_lossy()
+        );
+    }
+    if args.verbose {
+        for line in setup.describe(&program, scratch.is_some() && !args.keep_state) {
+            eprintln!("cuvisor: {line}");
+        }
+    }
+
+    let status = child::run(&args.command, &env)?;
+
+    if args.verbose {
+        eprintln!("cuvisor: {program} {}", child::describe(status));
+        for line in ledger_summary(&setup.state_dir) {
+            eprintln!("cuvisor: {line}");
+        }
+    }
+    if let Some(s) = &scratch {
+        if args.keep_state {
+            eprintln!("cuvisor: kept {}", s.path.display());
+        }
+    }
+    drop(scratch);
+    Ok(child::exit_code(status))
+}
+
+/// The quota from `--memory` or `--memory-per-device`, or the usage error naming the flag.
+fn memory_limit(args: &RunArgs) -> Result<MemoryLimit> {
+    let (flag, text, parsed) = match (&args.memory, &args.memory_per_device) {
+        (Some(t), _) => ("--memory", t, MemoryLimit::parse(t)),
+        (None, Some(t)) => ("--memory-per-device", t, MemoryLimit::parse_per_device(t)),
+        (None, None) => {
+            return Err(Failure::Usage(
+                "give a quota: --memory SIZE or --memory-per-device ORDINAL=SIZE,...".into(),
+            ))
+        }
+    };
+    parsed.map_err(|e| {
+        let shown = if text.is_empty() || text.contains(char::is_whitespace) {
+            format!("{text:?}")
+        } else {
+            text.clone()
+        };
+        let hint = match (&e, flag) {
+            (LimitError::Size { ordinal: None, .. }, "--memory") if text.contains(',') => {
+                " (for one quota per GPU use --memory-per-device 0=6Gi,1=2Gi)"
+            }
+            _ => "",
+        };
+        Failure::Usage(format!("{flag} {shown}: {e}{hint}"))
+    })
+}
+
+fn check_ordinals(model: &Model, per: &[(u32, u64)]) -> Result<()> {
+    for &(ordinal, _) in per {
+        machine::check_gpu(model, ordinal as usize).map_err(|e| match e {
+            Failure::Usage(m) => Failure::Usage(format!("--memory-per-device: {m}")),
+            other => other,
+        })?;
+    }
+    Ok(())
+}
+
+fn exe_dir() -> Result<PathBuf> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Failure::Runtime(format!("cannot find this executable's path: {e}")))?;
+    exe.parent()
+        .map(Path::to_path_buf)
+        .ok_or_else(|| Failure::Runtime(format!("{} has no directory", exe.display())))
+}
+
+/// libcuvisor.so next to the executable. `deps/` first: Cargo always writes the cdylib there,
+/// and copies it up next to the binaries only when the library package itself was asked for
+/// (not when built as the CLI's dependency), so the copy beside the binary can be stale.
+/// An installed cuvisor has the library beside it.
+pub fn find_library(exe_dir: &Path) -> Result<PathBuf> {
+    let candidates = [exe_dir.join("deps").join(LIBRARY), exe_dir.join(LIBRARY)];
+    match candidates.iter().find(|p| p.is_file()) {
+        Some(p) => Ok(p.clone()),
+        None => Err(Failure::Runtime(format!(
+            "the interception library is not built: neither {} nor {} exists (`cargo build` \
+             builds it next to the cuvisor binary; or give --library FILE)",
+            candidates[1].display(),
+            candidates[0].display()
+        ))),
+    }
+}
+
+fn given_library(given: &Path) -> Result<PathBuf> {
+    if !given.is_file() {
+        return Err(Failure::Usage(format!(
+            "--library {}: no such file",
+            given.display()
+        )));
+    }
+    let abs = absolute(given)?;
+    // ld.so splits LD_PRELOAD at spaces and colons.
+    if abs
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .any(|b| matches!(b, b' ' | b':' | b'\t' | b'\n'))
+    {
+        return Err(Failure::Usage(format!(
+            "--library {}: LD_PRELOAD cannot carry a path with spaces or colons",
+            abs.display()
+        )));
+    }
+    Ok(abs)
+}
+
+/// `sim/` next to the executable, with the simulated libcuda.so.1 in it.
+fn sim_libraries(exe_dir: &Path) -> Result<PathBuf> {
+    let dir = exe_dir.join("sim");
+    if dir.join("libcuda.so.1").exists() {
+        Ok(dir)
+    } else {
+        Err(Failure::Runtime(format!(
+            "the simulated GPU is not built: {} does not exist (a `cargo build` of the workspace \
+             builds it into target/<profile>/sim/)",
+            dir.join("libcuda.so.1").display()
+        )))
+    }
+}
+
+fn absolute(p: &Path) -> Result<PathBuf> {
+    std::path::absolute(p).map_err(|e| Failure::Runtime(format!("{}: {e}", p.display())))
+}
+
+/// A private directory under $TMPDIR, removed when dropped unless kept.
+struct Scratch {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl Scratch {
+    fn create(keep: bool) -> Result<Scratch> {
+        let template = std::env::temp_dir().join("cuvisor-run-XXXXXX");
+        let fail = |e: String| {
+            Failure::Runtime(format!(
+                "cannot create a temporary directory {}: {e}",
+                template.display()
+            ))
+        };
+        let c = CString::new(template.as_os_str().as_bytes())
+            .map_err(|_| fail("the path holds a NUL byte".into()))?;
+        let mut bytes = c.into_bytes_with_nul();
+        // SAFETY: a NUL-terminated, writable template ending in XXXXXX; mkdtemp fills it in.
+        let made = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
+        if made.is_null() {
+            return Err(fail(std::io::Error::last_os_error().to_string()));
+        }
+        bytes.pop();
+        Ok(Scratch {
+            path: PathBuf::from(OsString::from_vec(bytes)),
+            keep,
+        })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+struct SimSetup {
+    spec: String,
+    /// The directory holding the simulated libcuda.so.1 and libnvidia-ml.so.1.
+    dir: PathBuf,
+    /// The state file to set; None: keep the CUVISOR_SIM_STATE already in the environment.
+    state: Option<PathBuf>,
+}
+
+/// Everything that decides the command's environment.
+struct Setup {
+    library: PathBuf,
+    limit: MemoryLimit,
+    state_dir: PathBuf,
+    log: Option<String>,
+    sim: Option<SimSetup>,
+}
+
+/// `first` ahead of a colon-separated list that may be unset or empty.
+fn prepend(first: &Path, existing: Option<OsString>) -> OsString {
+    let mut v = first.as_os_str().to_os_string();
+    if let Some(rest) = existing.filter(|r| !r.is_empty()) {
+        v.push(":");
+        v.push(rest);
+    }
+    v
+}
+
+impl Setup {
+    /// The variables to set for the command; `get` reads cuvisor's own environment.
+    fn environment(&self, get: impl Fn(&str) -> Option<OsString>) -> Vec<(OsString, OsString)> {
+        let mut env: Vec<(OsString, OsString)> = vec![
+            (
+                "LD_PRELOAD".into(),
+                prepend(&self.library, get("LD_PRELOAD")),
+            ),
+            ("CUVISOR_MEMORY_LIMIT".into(), self.limit.to_string().into()),
+            (
+                "CUVISOR_STATE_DIR".into(),
+                self.state_dir.as_os_str().into(),
+            ),
+        ];
+        if let Some(level) = &self.log {
+            env.push(("CUVISOR_LOG".into(), level.into()));
+        }
+        if let Some(sim) = &self.sim {
+            env.push((
+                "LD_LIBRARY_PATH".into(),
+                prepend(&sim.dir, get("LD_LIBRARY_PATH")),
+            ));
+            env.push(("CUVISOR_SIM".into(), sim.spec.clone().into()));
+            if let Some(state) = &sim.state {
+                env.push(("CUVISOR_SIM_STATE".into(), state.as_os_str().into()));
+            }
+        }
+        env
+    }
+
+    /// What --verbose says before the command runs.
+    fn describe(&self, program: &str, state_removed: bool) -> Vec<String> {
+        let quota = match &self.limit {
+            MemoryLimit::All(b) => format!("{} per GPU", bytes(*b)),
+            MemoryLimit::PerDevice(v) => v
+                .iter()
+                .map(|(o, b)| format!("{} on GPU {o}", bytes(*b)))
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        let mut lines = vec![
+            format!(
+                "running {program} with a quota of {quota} (CUVISOR_MEMORY_LIMIT={})",
+                self.limit
+            ),
+            format!("LD_PRELOAD={}", self.library.display()),
+            format!(
+                "ledger in {}{}",
+                self.state_dir.display(),
+                if state_removed {
+                    " (removed afterwards)"
+                } else {
+                    ""
+                }
+            ),
+        ];
+        if let Some(sim) = &self.sim {
+            let state = match &sim.state {
+                Some(s) => s.display().to_string(),
+                None => std::env::var_os("CUVISOR_SIM_STATE")
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            };
+            lines.push(format!(
+                "simulated GPU {} (libraries in {}, state {state})",
+                sim.spec,
+                sim.dir.display()
+            ));
+        }
+        lines
+    }
+}
+
+/// "6 GiB", "1.50 GiB", "512 MiB", "100 B".
+fn bytes(b: u64) -> String {
+    const UNITS: [(u64, &str); 4] = [
+        (1 << 40, "TiB"),
+        (1 << 30, "GiB"),
+        (1 << 20, "MiB"),
+        (1 << 10, "KiB"),
+    ];
+    for (size, unit) in UNITS {
+        if b >= size {
+            return if b.is_multiple_of(size) {
+                format!("{} {unit}", b / size)
+            } else {
+                format!("{:.2} {unit}", b as f64 / size as f64)
+            };
+        }
+    }
+    format!("{b} B")
+}
+
+/// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+fn uuid_text(u: [u8; 16]) -> String {
+    let hex: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
+/// What --verbose says after the command: the ledger's use, peak and refusals per GPU.
+fn ledger_summary(state_dir: &Path) -> Vec<String> {
+    let path = state_dir.join(ledger::FILE_NAME);
+    if !path.exists() {
+        return vec![format!(
+            "no ledger in {} (the command did not use the GPU through cuvisor)",
+            state_dir.display()
+        )];
+    }
+    let ledger = match Ledger::open(&path, false) {
+        Ok(l) => l,
+        Err(e) => return vec![e],
+    };
+    // Charges of processes that died without giving them back (a SIGKILLed command).
+    ledger.reclaim_dead();
+    let mut lines: Vec<String> = ledger
+        .devices()
+        .map(|(_, uuid, e)| {
+            use std::sync::atomic::Ordering::Acquire;
+            let denied = e.denied.load(Acquire);
+            format!(
+                "{}: quota {}, peak {}, in use {}, {denied} allocation{} refused",
+                uuid_text(uuid),
+                bytes(e.limit.load(Acquire)),
+                bytes(e.peak.load(Acquire)),
+                bytes(e.used.load(Acquire)),
+                if denied == 1 { "" } else { "s" }
+            )
+        })
+        .collect();
+    if lines.is_empty() {
+        lines.push(format!("{}: no GPU was used", path.display()));
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(memory: Option<&str>, per_device: Option<&str>) -> RunArgs {
+        RunArgs {
+            memory: memory.map(String::from),
+            memory_per_device: per_device.map(String::from),
+            state_dir: None,
+            keep_state: false,
+            library: None,
+            log: None,
+            verbose: false,
+            command: vec!["true".into()],
+        }
+    }
+
+    fn usage(r: Result<MemoryLimit>) -> String {
+        match r {
+            Err(Failure::Usage(m)) => m,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn quotas_are_checked_and_named_by_their_flag() {
+        assert_eq!(
+            memory_limit(&args(Some("4G"), None)).ok(),
+            Some(MemoryLimit::All(4_000_000_000))
+        );
+        for (value, want) in [
+            (
+                "4GB",
+                "--memory 4GB: unknown unit \"GB\" (use Ki, Mi, Gi, Ti, k, M, G, T or plain bytes)",
+            ),
+            ("-1", "--memory -1: a size cannot be negative"),
+            ("", "--memory \"\": empty (give a size such as 6Gi, 512Mi or 4G)"),
+            ("0", "--memory 0: a memory limit must be more than 0 bytes"),
+            (
+                "lots",
+                "--memory lots: not a size (a number with an optional unit, such as 6Gi, 512Mi or 4G)",
+            ),
+            (
+                "6Gi,2Gi",
+                "--memory 6Gi,2Gi: unknown unit \"Gi,2Gi\" (use Ki, Mi, Gi, Ti, k, M, G, T or plain \
+                 bytes) (for one quota per GPU use --memory-per-device 0=6Gi,1=2Gi)",
+            ),
+        ] {
+            assert_eq!(usage(memory_limit(&args(Some(value), None))), want);
+        }
+        assert_eq!(
+            usage(memory_limit(&args(None, Some("0=1Gi,0=2Gi")))),
+            "--memory-per-device 0=1Gi,0=2Gi: device 0 is given twice"
+        );
+        assert_eq!(
+            usage(memory_limit(&args(None, Some("6Gi")))),
+            "--memory-per-device 6Gi: \"6Gi\" is not ORDINAL=SIZE (the form is ORDINAL=SIZE,..., \
+             such as 0=6Gi,1=2Gi)"
+        );
+        // The per-device form is accepted through --memory as well, as CUVISOR_MEMORY_LIMIT
+        // accepts it.
+        assert_eq!(
+            memory_limit(&args(Some("0=1Gi"), None)).ok(),
+            Some(MemoryLimit::PerDevice(vec![(0, 1 << 30)]))
+        );
+    }
+
+    #[test]
+    fn per_device_ordinals_must_exist_on_the_simulator() {
+        let m = cuvisor_sim::model::preset("single").unwrap();
+        assert!(check_ordinals(&m, &[(0, 1)]).is_ok());
+        let Err(Failure::Usage(msg)) = check_ordinals(&m, &[(0, 1), (1, 1)]) else {
+            panic!()
+        };
+        assert_eq!(
+            msg,
+            "--memory-per-device: GPU 1 does not exist (the single simulator has only GPU 0)"
+        );
+    }
+
+    fn setup(sim: Option<SimSetup>) -> Setup {
+        Setup {
+            library: "/opt/cuvisor/libcuvisor.so".into(),
+            limit: MemoryLimit::All(6 << 30),
+            state_dir: "/tmp/cuvisor-run-abc".into(),
+            log: Some("debug".into()),
+            sim,
+        }
+    }
+
+    fn lookup(env: &[(OsString, OsString)], k: &str) -> Option<String> {
+        env.iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.to_string_lossy().into_owned())
+    }
+
+    #[test]
+    fn the_environment_preloads_the_library_ahead_of_what_was_there() {
+        let env = setup(None).environment(|k| match k {
+            "LD_PRELOAD" => Some("/usr/lib/libjemalloc.so".into()),
+            "LD_LIBRARY_PATH" => Some("/usr/local/cuda/lib64".into()),
+            _ => None,
+        });
+        assert_eq!(
+            lookup(&env, "LD_PRELOAD").as_deref(),
+            Some("/opt/cuvisor/libcuvisor.so:/usr/lib/libjemalloc.so")
+        );
+        assert_eq!(
+            lookup(&env, "CUVISOR_MEMORY_LIMIT").as_deref(),
+            Some("6442450944")
+        );
+        assert_eq!(
+            lookup(&env, "CUVISOR_STATE_DIR").as_deref(),
+            Some("/tmp/cuvisor-run-abc")
+        );
+        assert_eq!(lookup(&env, "CUVISOR_LOG").as_deref(), Some("debug"));
+        // Without the simulator, the library path and the simulator's variables are left alone.
+        for k in ["LD_LIBRARY_PATH", "CUVISOR_SIM", "CUVISOR_SIM_STATE"] {
+            assert_eq!(lookup(&env, k), None, "{k}");
+        }
+        let env = setup(None).environment(|k| (k == "LD_PRELOAD").then(OsString::new));
+        assert_eq!(
+            lookup(&env, "LD_PRELOAD").as_deref(),
+            Some("/opt/cuvisor/libcuvisor.so")
+        );
+    }
+
+    #[test]
+    fn the_simulator_comes_first_on_the_library_path() {
+        let sim = |state: Option<&str>| SimSetup {
+            spec: "dgx1-v100".into(),
+            dir: "/w/target/debug/sim".into(),
+            state: state.map(PathBuf::from),
+        };
+        let env = setup(Some(sim(Some("/tmp/cuvisor-run-abc/sim.state"))))
+            .environment(|k| (k == "LD_LIBRARY_PATH").then(|| "/usr/lib64".into()));
+        assert_eq!(
+            lookup(&env, "LD_LIBRARY_PATH").as_deref(),
+            Some("/w/target/debug/sim:/usr/lib64")
+        );
+        assert_eq!(lookup(&env, "CUVISOR_SIM").as_deref(), Some("dgx1-v100"));
+        assert_eq!(
+            lookup(&env, "CUVISOR_SIM_STATE").as_deref(),
+            Some("/tmp/cuvisor-run-abc/sim.state")
+        );
+        // A state file already in the environment is kept (not overridden).
+        let env = setup(Some(sim(None))).environment(|_| None);
+        assert_eq!(
+            lookup(&env, "LD_LIBRARY_PATH").as_deref(),
+            Some("/w/target/debug/sim")
+        );
+        assert_eq!(lookup(&env, "CUVISOR_SIM_STATE"), None);
+    }
+
+    #[test]
+    fn the_library_is_looked_for_in_deps_first() {
+        let dir = std::env::temp_dir().join(format!("cuvisor-find-lib-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("deps")).unwrap();
+        let Err(Failure::Runtime(msg)) = find_library(&dir) else {
+            panic!("found a library in an empty directory")
+        };
+        assert!(msg.contains("`cargo build`"), "{msg}");
+        assert!(
+            msg.contains(&dir.join(LIBRARY).display().to_string()),
+            "{msg}"
+        );
+        std::fs::write(dir.join(LIBRARY), b"").unwrap();
+        assert_eq!(find_library(&dir).ok(), Some(dir.join(LIBRARY)));
+        std::fs::write(dir.join("deps").join(LIBRARY), b"").unwrap();
+        assert_eq!(
+            find_library(&dir).ok(),
+            Some(dir.join("deps").join(LIBRARY))
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn sizes_and_uuids_read_as_people_write_them() {
+        assert_eq!(bytes(6 << 30), "6 GiB");
+        assert_eq!(bytes(3 << 29), "1.50 GiB");
+        assert_eq!(bytes(512 << 20), "512 MiB");
+        assert_eq!(bytes(0), "0 B");
+        let mut u = [0u8; 16];
+        u[0] = 0xab;
+        u[15] = 0x01;
+        assert_eq!(uuid_text(u), "GPU-ab000000-0000-0000-0000-000000000001");
+    }
+}
