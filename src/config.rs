@@ -20,38 +20,10 @@
 
 use std::path::PathBuf;
 
-/// Sizes: "6Gi", "512Mi", "1.5Gi", "4G" (10^9), "6442450944".
+/// Sizes: "6Gi", "512Mi", "1.5Gi", "4G" (10^9), "6442450944" (one parser for every part of
+/// cuvisor: crates/shm's `quantity`).
 pub fn parse_quantity(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let mult: u64 = match unit {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "k" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        _ => {
-            return Err(format!(
-                "{text:?}: unknown unit {unit:?} (use Ki, Mi, Gi, Ti, k, M, G, T or plain bytes)"
-            ))
-        }
-    };
-    if num.is_empty() {
-        return Err(format!("{text:?}: no number"));
-    }
-    let value: f64 = num.parse().map_err(|_| format!("{text:?}: not a number"))?;
-    let bytes = value * mult as f64;
-    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
-        return Err(format!("{text:?}: too large"));
-    }
-    Ok(bytes as u64)
+    cuvisor_shm::quantity::parse_quantity(text).map_err(|e| format!("{text:?}: {e}"))
 }
 
 /// Which devices a memory limit applies to.
@@ -150,21 +122,16 @@ fn default_state_dir() -> PathBuf {
 }
 
 fn parse_env_limits(text: &str) -> Result<Vec<(Target, u64)>, String> {
-    if !text.contains('=') {
-        return Ok(vec![(Target::All, parse_quantity(text)?)]);
-    }
-    text.split(',')
-        .map(|part| {
-            let (dev, q) = part
-                .split_once('=')
-                .ok_or_else(|| format!("{part:?} is not DEVICE=SIZE"))?;
-            let ordinal = dev
-                .trim()
-                .parse::<u32>()
-                .map_err(|_| format!("{dev:?} is not a device ordinal"))?;
-            Ok((Target::Ordinal(ordinal), parse_quantity(q)?))
-        })
-        .collect()
+    use cuvisor_shm::quantity::MemoryLimit;
+    Ok(
+        match MemoryLimit::parse(text).map_err(|e| format!("{text:?}: {e}"))? {
+            MemoryLimit::All(bytes) => vec![(Target::All, bytes)],
+            MemoryLimit::PerDevice(list) => list
+                .into_iter()
+                .map(|(o, b)| (Target::Ordinal(o), b))
+                .collect(),
+        },
+    )
 }
 
 pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
@@ -261,7 +228,7 @@ mod tests {
         assert!(parse_quantity("4GB")
             .unwrap_err()
             .contains("unknown unit \"GB\""));
-        assert!(parse_quantity("").unwrap_err().contains("no number"));
+        assert!(parse_quantity("").unwrap_err().contains("empty"));
         assert!(parse_quantity("-1Gi").is_err());
         assert!(parse_quantity("1e30").is_err());
     }
@@ -297,7 +264,7 @@ mod tests {
             .contains("unknown unit"));
         assert!(load(env(&[("CUVISOR_MEMORY_LIMIT", "x=1Gi")]))
             .unwrap_err()
-            .contains("not a device ordinal"));
+            .contains("is not ORDINAL=SIZE"));
     }
 
     #[test]

@@ -529,35 +529,9 @@ impl Quantity {
     }
 }
 
-/// Parses "16Gi", "512Mi", "1.5Gi", "4G", "123" into bytes.
+/// Parses "16Gi", "512Mi", "1.5Gi", "4G", "123" into bytes (cuvisor's one size parser).
 pub fn parse_quantity(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let mult: u64 = match unit {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "k" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        _ => {
-            return Err(format!(
-                "{text:?}: unknown unit {unit:?} (use Ki, Mi, Gi, Ti, k, M, G, T or plain bytes)"
-            ))
-        }
-    };
-    let value: f64 = num.parse().map_err(|_| format!("{text:?}: not a number"))?;
-    let bytes = value * mult as f64;
-    if num.is_empty() || !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
-        return Err(format!("{text:?}: not a valid size"));
-    }
-    Ok(bytes as u64)
+    cuvisor_shm::quantity::parse_quantity(text).map_err(|e| format!("{text:?}: {e}"))
 }
 
 impl ModelFile {
