@@ -30,6 +30,8 @@ hooks! {
     Cuda cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => free_async;
     Cuda cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) => mem_create;
     Cuda cuMemRelease(handle: CUmemGenericAllocationHandle) => mem_release;
+    Cuda cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) => mem_map;
+    Cuda cuMemUnmap(ptr: CUdeviceptr, size: usize) => mem_unmap;
     Cuda cuArrayCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) => array_create;
     Cuda cuArray3DCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) => array3d_create;
     Cuda cuMipmappedArrayCreate(array: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) => mipmapped_create;
@@ -38,10 +40,12 @@ hooks! {
     Cuda cuCtxCreate_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => ctx_create_v2;
     Cuda cuCtxCreate_v3(ctx: *mut CUcontext, params: *mut c_void, nparams: c_int, flags: c_uint, dev: CUdevice) => ctx_create_v3;
     Cuda cuCtxCreate_v4(ctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) => ctx_create_v4;
-    Cuda cuCtxDestroy_v2(ctx: CUcontext) => handle_destroy;
+    Cuda cuCtxDestroy_v2(ctx: CUcontext) => ctx_destroy;
     Cuda cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) => primary_retain;
     Cuda cuDevicePrimaryCtxRelease(dev: CUdevice) => primary_release;
     Cuda cuDevicePrimaryCtxRelease_v2(dev: CUdevice) => primary_release;
+    Cuda cuDevicePrimaryCtxReset(dev: CUdevice) => primary_reset;
+    Cuda cuDevicePrimaryCtxReset_v2(dev: CUdevice) => primary_reset;
     Cuda cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => mem_get_info_v2;
     Cuda cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) => mem_get_info_v1;
     Cuda cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) => total_mem_v2;
@@ -59,6 +63,8 @@ static REAL_CTX_GET_DEVICE: Real = Real::new(Lib::Cuda, c"cuCtxGetDevice");
 static REAL_DEVICE_GET_COUNT: Real = Real::new(Lib::Cuda, c"cuDeviceGetCount");
 static REAL_DEVICE_GET_UUID: Real = Real::new(Lib::Cuda, c"cuDeviceGetUuid");
 static REAL_MEM_FREE: Real = Real::new(Lib::Cuda, c"cuMemFree_v2");
+static REAL_GET_ADDRESS_RANGE: Real = Real::new(Lib::Cuda, c"cuMemGetAddressRange_v2");
+static REAL_PRIMARY_GET_STATE: Real = Real::new(Lib::Cuda, c"cuDevicePrimaryCtxGetState");
 
 fn call_real<F: Copy>(r: &Real) -> Option<F> {
     let a = r.get();
@@ -377,7 +383,7 @@ fn free_async(real: impl Fn(CUdeviceptr, CUstream) -> u32, dptr: CUdeviceptr, s:
 }
 
 /// VMM: physical memory on a device is charged at cuMemCreate (host-located memory is not
-/// device memory and passes through); cuMemRelease gives it back.
+/// device memory and passes through); given back when it is released and no longer mapped.
 fn mem_create(
     real: impl Fn(*mut CUmemGenericAllocationHandle, usize, *const CUmemAllocationProp, u64) -> u32,
     h: *mut CUmemGenericAllocationHandle,
@@ -400,11 +406,68 @@ fn mem_create(
     }
 }
 
+/// A mapped handle's memory lives until its last mapping goes, whenever the program releases
+/// it: so does its charge (see `quota::vmm`).
 fn mem_release(
     real: impl Fn(CUmemGenericAllocationHandle) -> u32,
     h: CUmemGenericAllocationHandle,
 ) -> u32 {
+    if let Mode::Enforce(q) = crate::mode() {
+        let mut m = q.mappings.lock();
+        if m.is_mapped(h) {
+            let r = real(h);
+            if r == SUCCESS {
+                m.set_released(h);
+            }
+            return r;
+        }
+    }
     released(h, || real(h), true)
+}
+
+fn mem_map(
+    real: impl Fn(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, u64) -> u32,
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    h: CUmemGenericAllocationHandle,
+    flags: u64,
+) -> u32 {
+    let r = real(ptr, size, offset, h, flags);
+    if let (SUCCESS, Mode::Enforce(q)) = (r, crate::mode()) {
+        // Only handles this process charged (not imports, not host memory).
+        if q.handles.get(h).is_some() {
+            q.mappings.lock().map(ptr, size as u64, h);
+        }
+    }
+    r
+}
+
+/// Unmapping the last mapping of a released handle frees its memory: its charge goes back. The
+/// record is taken out before the driver call (as in `released`), so a handle value the driver
+/// hands out again right after cannot be confused with it.
+fn mem_unmap(real: impl Fn(CUdeviceptr, usize) -> u32, ptr: CUdeviceptr, size: usize) -> u32 {
+    let Mode::Enforce(q) = crate::mode() else {
+        return real(ptr, size);
+    };
+    let mut m = q.mappings.lock();
+    let freed: Vec<(u64, Option<(usize, u64)>)> = m
+        .freed_by_unmap(ptr, size as u64)
+        .into_iter()
+        .map(|h| (h, q.handles.remove(h)))
+        .collect();
+    let r = real(ptr, size);
+    if r == SUCCESS {
+        m.unmap(ptr, size as u64);
+        for (e, bytes) in freed.into_iter().filter_map(|(_, c)| c) {
+            q.uncharge(e, bytes);
+        }
+    } else {
+        for (h, (e, bytes)) in freed.into_iter().filter_map(|(h, c)| Some((h, c?))) {
+            q.record(&q.handles, h, e, bytes);
+        }
+    }
+    r
 }
 
 fn array_create(
@@ -476,6 +539,49 @@ fn mipmapped_create(
 /// Arrays, mipmapped arrays and contexts are opaque handles recorded in the handle table.
 fn handle_destroy(real: impl Fn(*mut c_void) -> u32, h: *mut c_void) -> u32 {
     released(h as u64, || real(h), true)
+}
+
+// ---- context teardown: the driver frees what was allocated in the context ----------------------
+
+/// Whether the driver no longer has an allocation starting at `ptr`: CUDA_ERROR_NOT_FOUND, or the
+/// address now lies inside another allocation. Any other answer (no context, an old driver)
+/// keeps the charge.
+fn allocation_gone(ptr: u64) -> bool {
+    type GetRange = unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, CUdeviceptr) -> u32;
+    let Some(f) = call_real::<GetRange>(&REAL_GET_ADDRESS_RANGE) else {
+        return false;
+    };
+    let (mut base, mut size) = (0, 0);
+    // SAFETY: cuMemGetAddressRange_v2(CUdeviceptr*, size_t*, CUdeviceptr) with valid out-pointers.
+    match unsafe { f(&mut base, &mut size, ptr) } {
+        err::NOT_FOUND => true,
+        SUCCESS => base != ptr,
+        _ => false,
+    }
+}
+
+/// After a context went away with allocations still in it: give back what they were charged.
+fn after_teardown() {
+    if let Mode::Enforce(q) = crate::mode() {
+        q.sweep(&q.ptrs, allocation_gone);
+    }
+}
+
+fn ctx_destroy(real: impl Fn(CUcontext) -> u32, ctx: CUcontext) -> u32 {
+    let r = handle_destroy(&real, ctx);
+    if r == SUCCESS {
+        after_teardown();
+    }
+    r
+}
+
+/// Whether device `dev`'s primary context is active (None: the driver did not say).
+fn primary_active(dev: CUdevice) -> Option<bool> {
+    type GetState = unsafe extern "C" fn(CUdevice, *mut c_uint, *mut c_int) -> u32;
+    let f = call_real::<GetState>(&REAL_PRIMARY_GET_STATE)?;
+    let (mut flags, mut active) = (0, 0);
+    // SAFETY: cuDevicePrimaryCtxGetState(CUdevice, unsigned*, int*) with valid out-pointers.
+    (unsafe { f(dev, &mut flags, &mut active) } == SUCCESS).then_some(active != 0)
 }
 
 // ---- context memory: `context_reserve` per context, which no allocation call shows -------------
@@ -559,7 +665,7 @@ fn primary_retain(
         return res;
     }
     // First reference: charged like a context, recorded under a key no pointer can have.
-    let key = u64::MAX - 2 - dev as u64;
+    let key = primary_key(dev);
     let res = charged(
         "cuDevicePrimaryCtxRetain",
         Some(dev),
@@ -575,15 +681,43 @@ fn primary_retain(
     res
 }
 
+/// The key the primary context's reserve is recorded under (no pointer or handle has it).
+fn primary_key(dev: CUdevice) -> u64 {
+    u64::MAX - 2 - dev as u64
+}
+
 fn primary_release(real: impl Fn(CUdevice) -> u32, dev: CUdevice) -> u32 {
     let Some(refs) = usize::try_from(dev).ok().and_then(|d| PRIMARY_REFS.get(d)) else {
         return real(dev);
     };
     let res = real(dev);
-    if res == SUCCESS && refs.fetch_update(AcqRel, Acquire, |n| n.checked_sub(1)) == Ok(1) {
+    if res != SUCCESS {
+        return res;
+    }
+    if refs.fetch_update(AcqRel, Acquire, |n| n.checked_sub(1)) == Ok(1) {
         if let Mode::Enforce(q) = crate::mode() {
-            q.release(&q.handles, u64::MAX - 2 - dev as u64);
+            q.release(&q.handles, primary_key(dev));
         }
+    }
+    // The last reference destroyed the context, and with it what was allocated in it.
+    if matches!(crate::mode(), Mode::Enforce(_)) && primary_active(dev) == Some(false) {
+        after_teardown();
+    }
+    res
+}
+
+/// cuDevicePrimaryCtxReset (what cudaDeviceReset calls): the primary context and everything
+/// allocated in it are gone, whatever its reference count was.
+fn primary_reset(real: impl Fn(CUdevice) -> u32, dev: CUdevice) -> u32 {
+    let res = real(dev);
+    if res == SUCCESS {
+        if let Some(refs) = usize::try_from(dev).ok().and_then(|d| PRIMARY_REFS.get(d)) {
+            refs.store(0, Release);
+        }
+        if let Mode::Enforce(q) = crate::mode() {
+            q.release(&q.handles, primary_key(dev));
+        }
+        after_teardown();
     }
     res
 }

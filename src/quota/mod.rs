@@ -5,6 +5,7 @@
 //! answers in, so everything below is unit-tested without a GPU.
 
 pub mod table;
+pub mod vmm;
 
 use crate::config::Config;
 use cuvisor_shm::ledger::{Denied, Ledger, MAX_DEVICES};
@@ -34,6 +35,8 @@ pub struct Quota {
     pub ptrs: Table,
     /// VMM physical handles, arrays and contexts -> (entry, bytes).
     pub handles: Table,
+    /// Where charged VMM handles are mapped (a released handle stays charged while mapped).
+    pub mappings: vmm::Mappings,
     last_refusal_log: AtomicU64,
 }
 
@@ -63,6 +66,7 @@ impl Quota {
             entries: std::array::from_fn(|_| AtomicU32::new(0)),
             ptrs: Table::new(1 << 20).ok_or("cannot reserve the allocation table")?,
             handles: Table::new(1 << 16).ok_or("cannot reserve the handle table")?,
+            mappings: vmm::Mappings::default(),
             last_refusal_log: AtomicU64::new(0),
         })
     }
@@ -148,6 +152,17 @@ impl Quota {
             }
             None => false,
         }
+    }
+
+    /// After a context was torn down, which frees what was allocated in it: gives back the
+    /// charges of the keys `gone` says the driver no longer has. Only a definite answer counts;
+    /// anything else keeps the charge (the quota errs on the safe side). Scans the whole table:
+    /// for context teardown only, never an allocation path.
+    pub fn sweep(&self, table: &Table, gone: impl Fn(u64) -> bool) -> usize {
+        table
+            .keys()
+            .filter(|&k| gone(k) && self.release(table, k))
+            .count()
     }
 
     /// What a program is shown for device entry `e`, given the physical (free, total):
@@ -355,6 +370,18 @@ mod tests {
         ));
         assert!(q.release(&q.ptrs, 0x1000));
         assert!(!q.release(&q.ptrs, 0x1000), "released once");
+        for k in 1..=3u64 {
+            q.charge(e, 100).unwrap();
+            q.record(&q.ptrs, k << 12, e, 100);
+        }
+        assert_eq!(
+            q.sweep(&q.ptrs, |k| k == 2 << 12),
+            1,
+            "only what the driver lost"
+        );
+        assert_eq!(q.view(e, u64::MAX, u64::MAX).free, 800);
+        assert_eq!(q.sweep(&q.ptrs, |_| false), 0);
+        assert_eq!(q.sweep(&q.ptrs, |_| true), 2);
         assert_eq!(q.view(e, u64::MAX, u64::MAX).free, 1000);
         let _ = std::fs::remove_dir_all(&q.config.state_dir);
     }

@@ -104,6 +104,14 @@ impl Table {
         None
     }
 
+    /// The keys recorded now: a snapshot, for the rare sweeps (entries may come and go meanwhile).
+    pub fn keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.keys
+            .iter()
+            .map(|k| k.load(Acquire))
+            .filter(|&k| k != EMPTY && k != TOMBSTONE && k != BUSY)
+    }
+
     pub fn get(&self, key: u64) -> Option<(usize, u64)> {
         let mut i = hash(key) & self.mask;
         for _ in 0..=self.mask {
@@ -148,6 +156,9 @@ mod tests {
         }
         assert!(!t.insert(9 * 512, 0, 1));
         t.remove(3 * 512).unwrap();
+        let mut keys: Vec<u64> = t.keys().collect();
+        keys.sort();
+        assert_eq!(keys, [1, 2, 4, 5, 6, 7, 8].map(|k| k * 512));
         assert!(t.insert(9 * 512, 0, 1), "tombstones are reused");
         assert_eq!(t.get(9 * 512), Some((0, 1)));
     }

@@ -1,0 +1,1381 @@
+//! End to end: real processes run under LD_PRELOAD=libcuvisor.so on the simulated GPU, and what
+//! they see (quota, memory info, which function a lookup returns, what is printed) is checked from
+//! outside — from the process's own output, the simulator, or the container ledger.
+//!
+//! C clients live in tests/c/; Rust clients are tests of this binary re-run in a child process
+//! (the `child` pattern of tests/common), using cudarc's raw driver bindings.
+mod common;
+
+use common::*;
+use cu::CUresult::{self as R, *};
+use cudarc::driver::sys as cu;
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::ptr::null_mut;
+
+// ---- running things -----------------------------------------------------------------------------
+
+/// A command for `exe` on preset `single` with its own simulator state, under cuvisor.
+fn under_cuvisor(exe: &Path, tag: &str, ledger: &Path, limit: Option<&str>) -> Command {
+    let mut cmd = Command::new(exe);
+    sim_env(&mut cmd, "single", &state_file(tag));
+    cuvisor_env(&mut cmd, ledger, limit);
+    cmd
+}
+
+/// Test `name` of this binary, re-run in a child on the simulator under cuvisor.
+fn child(name: &str, ledger: &Path, limit: Option<&str>) -> Command {
+    let mut cmd = Child::new(name).command();
+    cuvisor_env(&mut cmd, ledger, limit);
+    cmd
+}
+
+struct Out {
+    stdout: String,
+    stderr: String,
+    ok: bool,
+    status: std::process::ExitStatus,
+}
+
+fn run(cmd: &mut Command) -> Out {
+    let o: Output = cmd.output().expect("spawn");
+    Out {
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        ok: o.status.success(),
+        status: o.status,
+    }
+}
+
+impl Out {
+    /// Asserts a clean exit, showing everything the process printed if not.
+    fn success(self) -> Out {
+        assert!(self.ok, "{self}");
+        self
+    }
+    /// Asserts a child test passed (its own assertions ran and held).
+    fn passed(self) -> Out {
+        assert!(self.ok && self.stdout.contains("1 passed"), "{self}");
+        self
+    }
+    /// The lines cuvisor printed (everything on stderr starting "cuvisor: ").
+    fn cuvisor_lines(&self) -> Vec<&str> {
+        self.stderr
+            .lines()
+            .filter(|l| l.starts_with("cuvisor: "))
+            .collect()
+    }
+    /// The number after `key ` on the first line starting with `prefix` (in a child test,
+    /// after libtest's "test NAME ... ").
+    fn number(&self, prefix: &str, key: &str) -> u64 {
+        let line = self
+            .stdout
+            .lines()
+            .map(|l| l.split_once(" ... ").map_or(l, |(_, rest)| rest))
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no line {prefix:?}\n{self}"));
+        field(line, key).unwrap_or_else(|| panic!("no {key:?} in {line:?}"))
+    }
+}
+
+impl std::fmt::Display for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+/// The number after the word `key` in `line` ("total 1073741824 stopped 2" -> total = 1073741824).
+fn field(line: &str, key: &str) -> Option<u64> {
+    let mut words = line.split_whitespace();
+    words.find(|w| *w == key)?;
+    words.next()?.parse().ok()
+}
+
+const MIB64: u64 = 64 * MIB;
+
+// ---- 1. four client styles, one quota ------------------------------------------------------------
+
+#[test]
+fn four_client_styles_hit_the_quota_at_the_same_point() {
+    let sim = sim_dir();
+    let linked = compile_c_variant(
+        "quota_clients",
+        "-linked",
+        &["-DLINKED", "-L", sim.to_str().unwrap(), "-lcuda"],
+    );
+    let loaded = compile_c_variant("quota_clients", "-dl", &["-ldl"]);
+    let quota = GIB;
+    let expected = quota / MIB64 * MIB64;
+    let mut totals = Vec::new();
+    for (exe, mode) in [
+        (&linked, "link"),
+        (&loaded, "dlsym"),
+        (&loaded, "gpa"),
+        (&loaded, "gpa_pt"),
+    ] {
+        let ledger = ledger_dir(&format!("styles-{mode}"));
+        let out = run(
+            under_cuvisor(exe, &format!("styles-{mode}"), &ledger, Some("1Gi")).args([mode, "64"]),
+        )
+        .success();
+        assert!(out.stdout.contains("sync after-free OK"), "{mode}: {out}");
+        // Whichever way it was reached, the allocation entry point was cuvisor's wrapper.
+        let how = match mode {
+            "link" => "linked cuMemAlloc_v2",
+            "dlsym" => "dlsym cuMemAlloc_v2",
+            "gpa" => "cuMemAlloc@12000/0",
+            _ => "cuMemAlloc@12000/2",
+        };
+        let want = format!("resolved {how} -> cuMemAlloc_v2 in libcuvisor");
+        assert!(out.stdout.contains(&want), "{mode}: {want:?}\n{out}");
+        let total = out.number("sync total", "total");
+        assert_eq!(
+            total, expected,
+            "{mode}: the quota binds at floor(quota / 64 MiB) chunks\n{out}"
+        );
+        assert_eq!(
+            out.number("start free", "total"),
+            quota,
+            "{mode}: cuMemGetInfo shows the quota"
+        );
+        if mode.starts_with("gpa") {
+            // cuMemAllocAsync (and its _ptsz form with the per-thread flag) stop at the same point.
+            assert_eq!(
+                out.number("async total", "total"),
+                expected,
+                "{mode}: stream-ordered\n{out}"
+            );
+            assert!(out.stdout.contains("async after-free OK"), "{mode}: {out}");
+        }
+        assert!(
+            out.cuvisor_lines().iter().all(|l| l.contains("refused")),
+            "{mode}: only refusals on stderr\n{out}"
+        );
+        assert_eq!(
+            ledger_used(&ledger),
+            vec![0],
+            "{mode}: everything given back"
+        );
+        totals.push((mode, total));
+    }
+    assert!(totals.iter().all(|(_, t)| *t == expected), "{totals:?}");
+}
+
+#[test]
+fn cu_get_proc_address_returns_our_export_of_exactly_the_versioned_symbol() {
+    // The pointers' identities (dladdr: library and exported name) are checked inside the
+    // client; here: every expectation was reached, for both flag values.
+    let loaded = compile_c_variant("quota_clients", "-dl2", &["-ldl"]);
+    for mode in ["gpa", "gpa_pt"] {
+        let ledger = ledger_dir(&format!("gpa-ids-{mode}"));
+        let out = run(
+            under_cuvisor(&loaded, &format!("gpa-ids-{mode}"), &ledger, Some("1Gi"))
+                .args([mode, "256"]),
+        )
+        .success();
+        let flags = if mode == "gpa" { 0 } else { 2 };
+        for want in [
+            format!("cuMemAlloc@12000/{flags} -> cuMemAlloc_v2 in libcuvisor"),
+            "cuMemAlloc@2000/0 -> cuMemAlloc in libcuvisor".to_string(),
+            format!("cuGetProcAddress@12000/{flags} -> cuGetProcAddress_v2 in libcuvisor"),
+            format!("cuInit@12000/{flags} -> cuInit in libcuda.so"),
+            format!(
+                "cuMemAllocAsync@12000/{flags} -> {} in libcuvisor",
+                if flags == 2 {
+                    "cuMemAllocAsync_ptsz"
+                } else {
+                    "cuMemAllocAsync"
+                }
+            ),
+        ] {
+            assert!(
+                out.stdout.contains(&format!("resolved {want}")),
+                "{mode}: missing {want:?}\n{out}"
+            );
+        }
+    }
+}
+
+// ---- 2. memory info agrees everywhere ------------------------------------------------------------
+
+/// Runs tests/c/meminfo.c with `ops` under `limit`; returns the parsed reports.
+fn meminfo_reports(tag: &str, limit: &str, ops: &[&str]) -> Vec<Report> {
+    let exe = compile_c_variant("meminfo", tag, &["-ldl"]);
+    let ledger = ledger_dir(tag);
+    let out = run(under_cuvisor(&exe, tag, &ledger, Some(limit)).args(ops)).success();
+    let reports: Vec<Report> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("report"))
+        .map(Report::parse)
+        .collect();
+    assert_eq!(reports.len(), ops.len() + 1, "{out}");
+    reports
+}
+
+#[derive(Debug)]
+struct Report {
+    mine: u64,
+    cu_free: u64,
+    cu_total: u64,
+    dev_total: u64,
+    nvml_total: u64,
+    nvml_free: u64,
+    nvml_used: u64,
+    nvml2_total: u64,
+    nvml2_free: u64,
+    nvml2_used: u64,
+}
+
+impl Report {
+    fn parse(l: &str) -> Report {
+        let f = |k: &str| field(l, k).unwrap_or_else(|| panic!("no {k} in {l:?}"));
+        Report {
+            mine: f("mine"),
+            cu_free: f("cu_free"),
+            cu_total: f("cu_total"),
+            dev_total: f("dev_total"),
+            nvml_total: f("nvml_total"),
+            nvml_free: f("nvml_free"),
+            nvml_used: f("nvml_used"),
+            nvml2_total: f("nvml2_total"),
+            nvml2_free: f("nvml2_free"),
+            nvml2_used: f("nvml2_used"),
+        }
+    }
+    fn check(&self, total: u64) {
+        let r = self;
+        assert_eq!(
+            [r.cu_total, r.dev_total, r.nvml_total, r.nvml2_total],
+            [total; 4],
+            "totals: {r:?}"
+        );
+        let free = total - r.mine;
+        assert_eq!(
+            [r.cu_free, r.nvml_free, r.nvml2_free],
+            [free; 3],
+            "free = total - used: {r:?}"
+        );
+        assert_eq!([r.nvml_used, r.nvml2_used], [r.mine; 2], "used: {r:?}");
+    }
+}
+
+#[test]
+fn mem_get_info_total_mem_and_nvml_agree_at_every_step() {
+    let ops = ["+1024", "+2048", "+512", "-1", "+1536", "-0", "-2", "-3"];
+    let reports = meminfo_reports("meminfo-6g", "6Gi", &ops);
+    for r in &reports {
+        r.check(6 * GIB);
+    }
+    let mine: Vec<u64> = reports.iter().map(|r| r.mine / MIB).collect();
+    assert_eq!(
+        mine,
+        [0, 1024, 3072, 3584, 1536, 3072, 2048, 1536, 0],
+        "the steps happened"
+    );
+}
+
+#[test]
+fn a_quota_above_the_device_shows_the_physical_memory() {
+    let reports = meminfo_reports("meminfo-32g", "32Gi", &["+4096", "+8192", "-0"]);
+    for r in &reports {
+        r.check(16 * GIB);
+    }
+    assert_eq!(reports[2].mine, 12 * GIB);
+}
+
+// ---- 3. dlsym bound to either glibc version ------------------------------------------------------
+
+/// The version of `dlsym` an executable's dynamic symbol table binds.
+fn dlsym_binding(exe: &Path) -> String {
+    let o = Command::new("readelf")
+        .args(["--dyn-syms", "-W"])
+        .arg(exe)
+        .output()
+        .expect("readelf");
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    text.lines()
+        .flat_map(|l| l.split_whitespace())
+        .find(|w| w.starts_with("dlsym@"))
+        .unwrap_or_else(|| panic!("{} imports no versioned dlsym:\n{text}", exe.display()))
+        .to_string()
+}
+
+#[test]
+fn the_dlsym_override_catches_callers_of_both_glibc_versions() {
+    let new = compile_c_variant("dlsym_versions", "-new", &["-ldl"]);
+    let old = compile_c_variant("dlsym_versions", "-old", &["-DCOMPAT", "-ldl"]);
+    assert_eq!(dlsym_binding(&new), "dlsym@GLIBC_2.34");
+    // The first version of dlsym glibc has on the architecture (what old binaries bind).
+    let first = if cfg!(target_arch = "aarch64") {
+        "dlsym@GLIBC_2.17"
+    } else {
+        "dlsym@GLIBC_2.2.5"
+    };
+    assert_eq!(dlsym_binding(&old), first);
+    for (exe, which) in [(&new, "new"), (&old, "old")] {
+        let ledger = ledger_dir(&format!("dlsym-{which}"));
+        let out = run(&mut under_cuvisor(
+            exe,
+            &format!("dlsym-{which}"),
+            &ledger,
+            Some("1Gi"),
+        ))
+        .success();
+        assert!(
+            out.stdout.contains("cuMemAlloc_v2 is libcuvisor's"),
+            "{which}: {out}"
+        );
+        assert_eq!(
+            out.number("total", "total"),
+            GIB,
+            "{which}: the quota holds through it\n{out}"
+        );
+    }
+}
+
+// ---- 4. RTLD_NEXT ------------------------------------------------------------------------------
+
+#[test]
+fn rtld_next_keeps_meaning_after_the_caller() {
+    let sim = sim_dir();
+    let shim = compile_c_shared("shim", &["-ldl"]);
+    let exe = compile_c(
+        "rtld_next",
+        &["-L", sim.to_str().unwrap(), "-lcuda", "-ldl"],
+    );
+    let lib = libcuvisor();
+    let (lib, shim_s) = (lib.to_str().unwrap(), shim.to_str().unwrap());
+    let shim_name = shim.file_name().unwrap().to_str().unwrap();
+    for (order, preload, shim_next, main_next) in [
+        // The shim after cuvisor: its RTLD_NEXT is the driver; the program's first is cuvisor.
+        (
+            "after",
+            format!("{lib} {shim_s}"),
+            "libcuda.so.1",
+            "libcuvisor.so",
+        ),
+        // The shim first: its RTLD_NEXT is cuvisor's wrapper; the program's first is the shim.
+        (
+            "before",
+            format!("{shim_s} {lib}"),
+            "libcuvisor.so",
+            shim_name,
+        ),
+    ] {
+        let ledger = ledger_dir(&format!("next-{order}"));
+        let mut cmd = under_cuvisor(&exe, &format!("next-{order}"), &ledger, Some("1Gi"));
+        cmd.env("LD_PRELOAD", &preload).env("SHIM", &shim);
+        let out = run(&mut cmd).success();
+        let line = |prefix: &str| -> String {
+            out.stdout
+                .lines()
+                .find(|l| l.starts_with(prefix))
+                .unwrap_or_else(|| panic!("{order}: no {prefix:?}\n{out}"))
+                .to_string()
+        };
+        let l = line("shim-next ");
+        assert!(
+            l.ends_with(&format!("{shim_next} cuMemAlloc_v2")),
+            "{order}: {l}\n{out}"
+        );
+        let l = line("main-next-alloc ");
+        assert!(
+            l.ends_with(&format!("{main_next} cuMemAlloc_v2")),
+            "{order}: {l}\n{out}"
+        );
+        let l = line("main-next-puts ");
+        assert!(
+            l.contains("libc.so") && l.ends_with(" puts"),
+            "{order}: {l}\n{out}"
+        );
+        // Through the shim's forward: charged only when it reaches cuvisor's wrapper.
+        let charged = out.number("shim-alloc", "charged");
+        assert_eq!(
+            charged,
+            if order == "before" { MIB } else { 0 },
+            "{order}\n{out}"
+        );
+    }
+}
+
+// ---- 5. a library with cu* names of its own ---------------------------------------------------------
+
+#[test]
+fn a_library_defining_cu_names_is_not_hijacked() {
+    let fake = compile_c_shared("cudnn_fake", &[]);
+    let exe = compile_c("fake_lib", &["-ldl"]);
+    let ledger = ledger_dir("fake");
+    let mut cmd = under_cuvisor(&exe, "fake", &ledger, Some("1Gi"));
+    cmd.env("FAKE", &fake);
+    let out = run(&mut cmd).success();
+    assert!(
+        out.stdout.contains("fake cuMemAlloc_v2 returned 12345"),
+        "{out}"
+    );
+    assert!(out.stdout.contains("cudnnCreate returned 0"), "{out}");
+    assert!(
+        out.stdout.contains("libcuda cuMemAlloc_v2 is libcuvisor's"),
+        "{out}"
+    );
+    assert!(out.stderr.is_empty(), "{out}");
+}
+
+// ---- 6. programs that never touch CUDA ----------------------------------------------------------
+
+#[test]
+fn programs_that_never_touch_cuda_run_unchanged() {
+    let ledger = ledger_dir("inert");
+    let plain = |prog: &str, args: &[&str]| {
+        let mut cmd = Command::new(prog);
+        cmd.args(args);
+        cuvisor_env(&mut cmd, &ledger, Some("1Gi"));
+        run(&mut cmd)
+    };
+    let out = plain("/bin/true", &[]);
+    assert!(out.ok && out.stderr.is_empty(), "/bin/true: {out}");
+    let out = plain("sh", &["-c", "echo hi"]);
+    assert!(
+        out.ok && out.stdout == "hi\n" && out.stderr.is_empty(),
+        "sh: {out}"
+    );
+    let out = plain("sh", &["-c", "exit 3"]);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "exit statuses pass through: {out}"
+    );
+    if Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        let out = plain("python3", &["-c", "pass"]);
+        assert!(out.ok && out.stderr.is_empty(), "python3: {out}");
+        let out = plain(
+            "python3",
+            &["-c", "import ctypes, sys; print(sys.version_info[0])"],
+        );
+        assert!(
+            out.ok && out.stdout == "3\n" && out.stderr.is_empty(),
+            "python3: {out}"
+        );
+    } else {
+        println!("skipped python3 -c pass: no working python3 on PATH");
+    }
+}
+
+// ---- 7. fail closed; inert when unconfigured -----------------------------------------------------
+
+/// Child body: every allocation path is refused; memory info shows nothing free.
+fn everything_refused() {
+    setup();
+    let start = std::time::Instant::now();
+    // SAFETY (all calls in this body): the driver API's contract, with valid out-pointers.
+    unsafe {
+        for size in [1usize, 512, 1 << 20, 1 << 30] {
+            for _ in 0..50 {
+                let mut p = 0;
+                assert_eq!(cu::cuMemAlloc_v2(&mut p, size), CUDA_ERROR_OUT_OF_MEMORY);
+                assert_eq!(p, 0);
+            }
+        }
+        let mut p = 0;
+        assert_eq!(
+            cu::cuMemAllocManaged(&mut p, 1 << 20, 1),
+            CUDA_ERROR_OUT_OF_MEMORY
+        );
+        assert_eq!(
+            cu::cuMemAllocAsync(&mut p, 1 << 20, null_mut()),
+            CUDA_ERROR_OUT_OF_MEMORY
+        );
+        let mut pitch = 0;
+        assert_eq!(
+            cu::cuMemAllocPitch_v2(&mut p, &mut pitch, 1024, 16, 4),
+            CUDA_ERROR_OUT_OF_MEMORY
+        );
+        let mut prop: cu::CUmemAllocationProp = std::mem::zeroed();
+        prop.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        let mut h = 0;
+        assert_eq!(
+            cu::cuMemCreate(&mut h, 2 << 20, &prop, 0),
+            CUDA_ERROR_OUT_OF_MEMORY
+        );
+        let desc = cu::CUDA_ARRAY_DESCRIPTOR {
+            Width: 64,
+            Height: 64,
+            Format: cu::CUarray_format::CU_AD_FORMAT_FLOAT,
+            NumChannels: 1,
+        };
+        let mut a = null_mut();
+        assert_eq!(
+            cu::cuArrayCreate_v2(&mut a, &desc),
+            CUDA_ERROR_OUT_OF_MEMORY
+        );
+        let (mut free, mut total) = (0, 0);
+        ok(cu::cuMemGetInfo_v2(&mut free, &mut total));
+        assert_eq!(free, 0, "nothing is free when misconfigured");
+    }
+    println!(
+        "child refused everything in {} ms",
+        start.elapsed().as_millis()
+    );
+}
+
+fn assert_fails_closed(out: &Out, bad: &str) {
+    let lines = out.cuvisor_lines();
+    let config: Vec<&&str> = lines
+        .iter()
+        .filter(|l| l.contains("refusing all GPU memory allocations"))
+        .collect();
+    assert_eq!(config.len(), 1, "one configuration error line\n{out}");
+    assert!(
+        config[0].contains(bad),
+        "the error names {bad:?}: {}",
+        config[0]
+    );
+    let refusals = lines
+        .iter()
+        .filter(|l| l.starts_with("cuvisor: cuMemAlloc") && l.contains(" refused"))
+        .count();
+    assert!(refusals >= 1, "refusals are said\n{out}");
+    let ms = out.number("child refused everything", "in");
+    // Said at most once per wall-clock second: the calls span at most ms / 1000 + 1 boundaries.
+    assert!(
+        refusals as u64 <= 2 + ms / 1000,
+        "refusals are rate-limited\n{out}"
+    );
+    assert_eq!(lines.len(), 1 + refusals, "nothing else\n{out}");
+    assert!(
+        !out.stderr.lines().any(|l| !l.starts_with("cuvisor: ")),
+        "stderr is cuvisor's only\n{out}"
+    );
+}
+
+#[test]
+fn a_malformed_limit_refuses_every_allocation() {
+    if is_child() {
+        return everything_refused();
+    }
+    let ledger = ledger_dir("bad-env");
+    let out = run(&mut child(
+        "a_malformed_limit_refuses_every_allocation",
+        &ledger,
+        Some("4GB"),
+    ))
+    .passed();
+    assert!(out.stdout.contains("child refused everything"), "{out}");
+    assert_fails_closed(&out, "4GB");
+}
+
+#[test]
+fn a_limits_file_with_an_unknown_key_refuses_every_allocation() {
+    if is_child() {
+        return everything_refused();
+    }
+    let ledger = ledger_dir("bad-file");
+    let file = ledger.join("limits");
+    std::fs::write(
+        &file,
+        format!(
+            "version = 1\nstate_dir = {}\nmemroy = 6Gi\n",
+            ledger.display()
+        ),
+    )
+    .unwrap();
+    let mut cmd = child(
+        "a_limits_file_with_an_unknown_key_refuses_every_allocation",
+        &ledger,
+        None,
+    );
+    cmd.env("CUVISOR_CONFIG", &file);
+    let out = run(&mut cmd).passed();
+    assert!(out.stdout.contains("child refused everything"), "{out}");
+    assert_fails_closed(&out, "memroy");
+}
+
+fn whole_device() {
+    setup();
+    let (free0, total) = mem_info();
+    assert_eq!(
+        (free0, total),
+        (16 * GIB as usize, 16 * GIB as usize),
+        "physical numbers"
+    );
+    let mut ptrs = Vec::new();
+    // SAFETY: the driver API's contract, with valid out-pointers.
+    unsafe {
+        loop {
+            let mut p = 0;
+            match cu::cuMemAlloc_v2(&mut p, GIB as usize) {
+                CUDA_SUCCESS => ptrs.push(p),
+                r => {
+                    assert_eq!(r, CUDA_ERROR_OUT_OF_MEMORY);
+                    break;
+                }
+            }
+        }
+        assert_eq!(ptrs.len(), 16, "the whole 16 GiB device");
+        assert_eq!(mem_info(), (0, 16 * GIB as usize));
+        for p in ptrs {
+            ok(cu::cuMemFree_v2(p));
+        }
+    }
+    assert_eq!(mem_info(), (free0, total));
+    println!("child filled the device");
+}
+
+#[test]
+fn no_limit_configured_is_pure_pass_through() {
+    if is_child() {
+        return whole_device();
+    }
+    let ledger = ledger_dir("passthrough");
+    let out = run(&mut child(
+        "no_limit_configured_is_pure_pass_through",
+        &ledger,
+        None,
+    ))
+    .passed();
+    assert!(out.stdout.contains("child filled the device"), "{out}");
+    assert!(out.stderr.is_empty(), "{out}");
+    assert!(
+        std::fs::read_dir(&ledger).unwrap().next().is_none(),
+        "no ledger is even made"
+    );
+}
+
+// ---- 8. the refusal message ----------------------------------------------------------------------
+
+fn refusals_in_a_loop() {
+    setup();
+    // SAFETY: the driver API's contract, with valid out-pointers.
+    unsafe {
+        let mut held = 0;
+        ok(cu::cuMemAlloc_v2(&mut held, 5 * GIB as usize));
+        let start = std::time::Instant::now();
+        for _ in 0..1000 {
+            let mut p = 0;
+            assert_eq!(
+                cu::cuMemAlloc_v2(&mut p, 2 * GIB as usize),
+                CUDA_ERROR_OUT_OF_MEMORY
+            );
+        }
+        eprintln!("burst of 1000 took {} ms", start.elapsed().as_millis());
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let mut p = 0;
+        assert_eq!(
+            cu::cuMemAlloc_v2(&mut p, 2 * GIB as usize),
+            CUDA_ERROR_OUT_OF_MEMORY
+        );
+        ok(cu::cuMemFree_v2(held));
+    }
+}
+
+#[test]
+fn a_refusal_is_one_line_naming_request_quota_and_use_at_most_once_a_second() {
+    if is_child() {
+        return refusals_in_a_loop();
+    }
+    let ledger = ledger_dir("refusal");
+    let out = run(&mut child(
+        "a_refusal_is_one_line_naming_request_quota_and_use_at_most_once_a_second",
+        &ledger,
+        Some("6Gi"),
+    ))
+    .passed();
+    let (burst, after) = out
+        .stderr
+        .split_once("burst of 1000 took ")
+        .unwrap_or_else(|| panic!("{out}"));
+    let burst_ms: u64 = after.split_whitespace().next().unwrap().parse().unwrap();
+    let refusals = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with("cuvisor: "))
+            .map(str::to_string)
+            .collect()
+    };
+    let first = refusals(burst);
+    assert!(!first.is_empty(), "a refusal is said\n{out}");
+    assert!(
+        first.len() as u64 <= 1 + burst_ms / 1000,
+        "at most one line a second\n{out}"
+    );
+    assert_eq!(
+        first[0],
+        "cuvisor: cuMemAlloc_v2 of 2.00 GiB on GPU 0 refused: 5.00 GiB of the 6.00 GiB quota in use, 1.00 GiB left"
+    );
+    let later = refusals(after.split_once('\n').map_or("", |x| x.1));
+    assert_eq!(
+        later.len(),
+        1,
+        "a second later the next refusal is said again\n{out}"
+    );
+    assert!(
+        later[0].contains("2.00 GiB") && later[0].contains("6.00 GiB quota"),
+        "{}",
+        later[0]
+    );
+}
+
+// ---- 9. every allocation path, charged and given back exactly ---------------------------------
+
+fn ok(r: R) {
+    assert_eq!(r, CUDA_SUCCESS);
+}
+
+fn setup() -> cu::CUcontext {
+    let mut ctx = null_mut();
+    // SAFETY: the driver API's contract, with valid out-pointers.
+    unsafe {
+        ok(cu::cuInit(0));
+        ok(cu::cuDevicePrimaryCtxRetain(&mut ctx, 0));
+        ok(cu::cuCtxSetCurrent(ctx));
+    }
+    ctx
+}
+
+fn mem_info() -> (usize, usize) {
+    let (mut free, mut total) = (0, 0);
+    // SAFETY: valid out-pointers.
+    unsafe { ok(cu::cuMemGetInfo_v2(&mut free, &mut total)) };
+    (free, total)
+}
+
+fn free_mem() -> u64 {
+    mem_info().0 as u64
+}
+
+/// An export of libcuda.so.1 (through dlsym on its handle: cuvisor's wrapper where it has one)
+/// that cudarc's bindings do not declare (the `_ptsz` forms).
+fn raw<T: Copy>(name: &std::ffi::CStr) -> T {
+    export(c"libcuda.so.1", name)
+}
+
+/// `name` of library `lib` (loaded if need be), as the function-pointer type `T` the caller
+/// names for it.
+fn export<T: Copy>(lib: &std::ffi::CStr, name: &std::ffi::CStr) -> T {
+    assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: dlopen/dlsym with NUL-terminated names; the symbol is reinterpreted as the
+    // pointer-sized function-pointer type T whose C signature the caller states.
+    unsafe {
+        let h = libc::dlopen(lib.as_ptr(), libc::RTLD_NOW);
+        assert!(!h.is_null(), "{lib:?} not found");
+        let p = libc::dlsym(h, name.as_ptr());
+        assert!(!p.is_null(), "{name:?} not exported");
+        std::mem::transmute_copy(&p)
+    }
+}
+
+/// Runs `alloc` (which returns a release closure), checks free went down by exactly `bytes`,
+/// releases, checks free is back.
+fn charged_exactly(what: &str, bytes: u64, alloc: impl FnOnce() -> Box<dyn FnOnce()>) {
+    let before = free_mem();
+    let release = alloc();
+    assert_eq!(before - free_mem(), bytes, "{what}: charged");
+    release();
+    assert_eq!(free_mem(), before, "{what}: given back");
+}
+
+fn allocation_paths() {
+    setup();
+    let base = free_mem();
+    assert_eq!(base, GIB, "the 1 GiB quota");
+    // SAFETY (all calls in this body): the driver API's contract: valid out-pointers and
+    // descriptors, handles the driver returned.
+    unsafe {
+        charged_exactly("cuMemAlloc_v2", 64 * MIB, || {
+            let mut p = 0;
+            ok(cu::cuMemAlloc_v2(&mut p, 64 << 20));
+            Box::new(move || ok(cu::cuMemFree_v2(p)))
+        });
+        charged_exactly("cuMemAllocManaged", 64 * MIB, || {
+            let mut p = 0;
+            ok(cu::cuMemAllocManaged(&mut p, 64 << 20, 1));
+            Box::new(move || ok(cu::cuMemFree_v2(p)))
+        });
+        // Pitched: the real pitch (1000 bytes padded to 1024) x height.
+        let mut pitch = 0;
+        charged_exactly("cuMemAllocPitch_v2", 1024 * 100, || {
+            let mut p = 0;
+            ok(cu::cuMemAllocPitch_v2(&mut p, &mut pitch, 1000, 100, 4));
+            Box::new(move || ok(cu::cuMemFree_v2(p)))
+        });
+        assert_eq!(pitch, 1024);
+        charged_exactly("cuArrayCreate_v2", 16 * MIB, || {
+            let desc = cu::CUDA_ARRAY_DESCRIPTOR {
+                Width: 1024,
+                Height: 1024,
+                Format: cu::CUarray_format::CU_AD_FORMAT_FLOAT,
+                NumChannels: 4,
+            };
+            let mut a = null_mut();
+            ok(cu::cuArrayCreate_v2(&mut a, &desc));
+            Box::new(move || ok(cu::cuArrayDestroy(a)))
+        });
+        charged_exactly("cuArray3DCreate_v2", 2 * MIB, || {
+            let desc = cu::CUDA_ARRAY3D_DESCRIPTOR {
+                Width: 256,
+                Height: 256,
+                Depth: 16,
+                Format: cu::CUarray_format::CU_AD_FORMAT_UNSIGNED_INT8,
+                NumChannels: 2,
+                Flags: 0,
+            };
+            let mut a = null_mut();
+            ok(cu::cuArray3DCreate_v2(&mut a, &desc));
+            Box::new(move || ok(cu::cuArrayDestroy(a)))
+        });
+        charged_exactly(
+            "cuMipmappedArrayCreate",
+            1024 * 1024 + 512 * 512 + 256 * 256,
+            || {
+                let desc = cu::CUDA_ARRAY3D_DESCRIPTOR {
+                    Width: 1024,
+                    Height: 1024,
+                    Depth: 0,
+                    Format: cu::CUarray_format::CU_AD_FORMAT_UNSIGNED_INT8,
+                    NumChannels: 1,
+                    Flags: 0,
+                };
+                let mut m = null_mut();
+                ok(cu::cuMipmappedArrayCreate(&mut m, &desc, 3));
+                Box::new(move || ok(cu::cuMipmappedArrayDestroy(m)))
+            },
+        );
+
+        // VMM: physical memory on the device is charged at cuMemCreate, mapping adds nothing,
+        // cuMemRelease (after the unmap) gives it back; host-located memory is not device memory.
+        let mut prop: cu::CUmemAllocationProp = std::mem::zeroed();
+        prop.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = 0;
+        charged_exactly("cuMemCreate (device)", 64 * MIB, || {
+            let mut h = 0;
+            ok(cu::cuMemCreate(&mut h, 64 << 20, &prop, 0));
+            let charged = base - free_mem();
+            let mut va = 0;
+            ok(cu::cuMemAddressReserve(&mut va, 64 << 20, 0, 0, 0));
+            ok(cu::cuMemMap(va, 64 << 20, 0, h, 0));
+            let access = cu::CUmemAccessDesc {
+                location: prop.location,
+                flags: cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            ok(cu::cuMemSetAccess(va, 64 << 20, &access, 1));
+            assert_eq!(base - free_mem(), charged, "mapping is not new memory");
+            Box::new(move || {
+                ok(cu::cuMemUnmap(va, 64 << 20));
+                ok(cu::cuMemAddressFree(va, 64 << 20));
+                ok(cu::cuMemRelease(h));
+            })
+        });
+        // Released while mapped: the driver keeps the memory until the last unmap, and so does
+        // the quota (else create + map + release would go past it).
+        charged_exactly("cuMemCreate, map twice, release, unmap", 64 * MIB, || {
+            let mut h = 0;
+            ok(cu::cuMemCreate(&mut h, 64 << 20, &prop, 0));
+            let mut va = 0;
+            ok(cu::cuMemAddressReserve(&mut va, 128 << 20, 0, 0, 0));
+            ok(cu::cuMemMap(va, 64 << 20, 0, h, 0));
+            ok(cu::cuMemMap(va + (64 << 20), 64 << 20, 0, h, 0));
+            ok(cu::cuMemRelease(h));
+            assert_eq!(
+                base - free_mem(),
+                64 * MIB,
+                "released but mapped: still charged"
+            );
+            Box::new(move || {
+                ok(cu::cuMemUnmap(va, 64 << 20));
+                assert_eq!(
+                    base - free_mem(),
+                    64 * MIB,
+                    "one mapping left: still charged"
+                );
+                ok(cu::cuMemUnmap(va + (64 << 20), 64 << 20));
+                ok(cu::cuMemAddressFree(va, 128 << 20));
+            })
+        });
+        let mut va = 0;
+        ok(cu::cuMemAddressReserve(&mut va, 32 << 26, 0, 0, 0));
+        let mut mapped = 0u64;
+        loop {
+            let mut h = 0;
+            match cu::cuMemCreate(&mut h, 64 << 20, &prop, 0) {
+                CUDA_SUCCESS => {}
+                r => {
+                    assert_eq!(r, CUDA_ERROR_OUT_OF_MEMORY);
+                    break;
+                }
+            }
+            ok(cu::cuMemMap(va + mapped * (64 << 20), 64 << 20, 0, h, 0));
+            ok(cu::cuMemRelease(h));
+            mapped += 1;
+            assert!(mapped <= 16, "create + map + release went past the quota");
+        }
+        assert_eq!(mapped, 16, "1 GiB of 64 MiB handles, mapped and released");
+        // One unmap of all those adjacent mappings gives every handle back.
+        ok(cu::cuMemUnmap(va, (mapped << 26) as usize));
+        ok(cu::cuMemAddressFree(va, 32 << 26));
+        assert_eq!(free_mem(), base, "the unmap gave every handle back");
+        let mut host = prop;
+        host.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST;
+        charged_exactly("cuMemCreate (host)", 0, || {
+            let mut h = 0;
+            ok(cu::cuMemCreate(&mut h, 64 << 20, &host, 0));
+            Box::new(move || ok(cu::cuMemRelease(h)))
+        });
+        let mut h = 0;
+        assert_eq!(
+            cu::cuMemCreate(&mut h, 2 << 30, &prop, 0),
+            CUDA_ERROR_OUT_OF_MEMORY,
+            "over the quota"
+        );
+        assert_eq!(free_mem(), base, "a refused cuMemCreate holds nothing");
+        // A shareable-handle import is the exporter's memory, not new memory.
+        let mut shared = prop;
+        shared.requestedHandleTypes =
+            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        charged_exactly("cuMemCreate + export + import", 32 * MIB, || {
+            let mut h = 0;
+            ok(cu::cuMemCreate(&mut h, 32 << 20, &shared, 0));
+            let mut fd: i32 = -1;
+            ok(cu::cuMemExportToShareableHandle(
+                &mut fd as *mut i32 as *mut c_void,
+                h,
+                cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            ));
+            let mut imported = 0;
+            ok(cu::cuMemImportFromShareableHandle(
+                &mut imported,
+                fd as usize as *mut c_void,
+                cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            ));
+            Box::new(move || {
+                ok(cu::cuMemRelease(imported));
+                ok(cu::cuMemRelease(h));
+            })
+        });
+
+        // Stream-ordered: charged at the allocation, given back at the free (the pool may keep
+        // the memory reserved until a sync point, but the container no longer holds it).
+        charged_exactly("cuMemAllocAsync", 64 * MIB, || {
+            let mut p = 0;
+            ok(cu::cuMemAllocAsync(&mut p, 64 << 20, null_mut()));
+            Box::new(move || ok(cu::cuMemFreeAsync(p, null_mut())))
+        });
+        charged_exactly("cuMemAllocAsync (3 MiB)", 3 * MIB, || {
+            let mut p = 0;
+            ok(cu::cuMemAllocAsync(&mut p, 3 << 20, null_mut()));
+            Box::new(move || ok(cu::cuMemFreeAsync(p, null_mut())))
+        });
+        type AllocAsync = unsafe extern "C" fn(*mut u64, usize, cu::CUstream) -> R;
+        type FreeAsync = unsafe extern "C" fn(u64, cu::CUstream) -> R;
+        let alloc_ptsz: AllocAsync = raw(c"cuMemAllocAsync_ptsz");
+        let free_ptsz: FreeAsync = raw(c"cuMemFreeAsync_ptsz");
+        charged_exactly("cuMemAllocAsync_ptsz", 64 * MIB, || {
+            let mut p = 0;
+            ok(alloc_ptsz(&mut p, 64 << 20, null_mut()));
+            Box::new(move || ok(free_ptsz(p, null_mut())))
+        });
+        let mut props: cu::CUmemPoolProps = std::mem::zeroed();
+        props.allocType = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        let mut pool = null_mut();
+        ok(cu::cuMemPoolCreate(&mut pool, &props));
+        charged_exactly("cuMemAllocFromPoolAsync", 64 * MIB, || {
+            let mut p = 0;
+            ok(cu::cuMemAllocFromPoolAsync(
+                &mut p,
+                64 << 20,
+                pool,
+                null_mut(),
+            ));
+            Box::new(move || ok(cu::cuMemFreeAsync(p, null_mut())))
+        });
+        type FromPool = unsafe extern "C" fn(*mut u64, usize, cu::CUmemoryPool, cu::CUstream) -> R;
+        let from_pool_ptsz: FromPool = raw(c"cuMemAllocFromPoolAsync_ptsz");
+        charged_exactly("cuMemAllocFromPoolAsync_ptsz", 64 * MIB, || {
+            let mut p = 0;
+            ok(from_pool_ptsz(&mut p, 64 << 20, pool, null_mut()));
+            Box::new(move || ok(free_ptsz(p, null_mut())))
+        });
+        let mut p = 0;
+        assert_eq!(
+            cu::cuMemAllocFromPoolAsync(&mut p, 2 << 30, pool, null_mut()),
+            CUDA_ERROR_OUT_OF_MEMORY
+        );
+        assert_eq!(
+            cu::cuMemAllocAsync(&mut p, 2 << 30, null_mut()),
+            CUDA_ERROR_OUT_OF_MEMORY
+        );
+        ok(cu::cuStreamSynchronize(null_mut()));
+        ok(cu::cuMemPoolDestroy(pool));
+    }
+    assert_eq!(free_mem(), base);
+    let dir = PathBuf::from(std::env::var_os("CUVISOR_STATE_DIR").unwrap());
+    assert_eq!(ledger_used(&dir), vec![0], "the ledger agrees");
+    println!("child checked every path");
+}
+
+#[test]
+fn every_allocation_path_is_charged_and_given_back_exactly() {
+    if is_child() {
+        return allocation_paths();
+    }
+    let ledger = ledger_dir("paths");
+    let out = run(&mut child(
+        "every_allocation_path_is_charged_and_given_back_exactly",
+        &ledger,
+        Some("1Gi"),
+    ))
+    .passed();
+    assert!(out.stdout.contains("child checked every path"), "{out}");
+}
+
+/// Child body for the IPC test: the exporter allocates and prints its handle, then waits on
+/// stdin; the importer opens it and checks its container's free memory did not change.
+fn ipc_side() {
+    use std::io::BufRead;
+    setup();
+    // SAFETY (all calls in this body): the driver API's contract, with valid out-pointers.
+    unsafe {
+        if std::env::var("ROLE").as_deref() == Ok("exporter") {
+            let mut p = 0;
+            ok(cu::cuMemAlloc_v2(&mut p, 256 << 20));
+            assert_eq!(free_mem(), GIB - 256 * MIB);
+            let mut handle: cu::CUipcMemHandle = std::mem::zeroed();
+            ok(cu::cuIpcGetMemHandle(&mut handle, p));
+            let hex: String = handle
+                .reserved
+                .iter()
+                .map(|b| format!("{:02x}", *b as u8))
+                .collect();
+            println!("handle {hex}");
+            let mut line = String::new();
+            std::io::stdin().lock().read_line(&mut line).unwrap();
+            ok(cu::cuMemFree_v2(p));
+        } else {
+            let hex = std::env::var("HANDLE").unwrap();
+            let mut handle: cu::CUipcMemHandle = std::mem::zeroed();
+            for (i, b) in handle.reserved.iter_mut().enumerate() {
+                *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap() as _;
+            }
+            let before = free_mem();
+            assert_eq!(before, GIB);
+            let mut opened = 0;
+            ok(cu::cuIpcOpenMemHandle_v2(&mut opened, handle, 1));
+            assert_eq!(
+                free_mem(),
+                before,
+                "opening another process's memory takes none of the quota"
+            );
+            let dir = PathBuf::from(std::env::var_os("CUVISOR_STATE_DIR").unwrap());
+            assert_eq!(
+                ledger_used(&dir),
+                vec![0],
+                "the importer's ledger holds nothing"
+            );
+            ok(cu::cuIpcCloseMemHandle(opened));
+            assert_eq!(free_mem(), before);
+            // Nor does closing it give back anything, or free the exporter's memory.
+            let mut p = 0;
+            ok(cu::cuMemAlloc_v2(&mut p, GIB as usize));
+            ok(cu::cuMemFree_v2(p));
+        }
+    }
+}
+
+#[test]
+fn ipc_imported_memory_is_not_charged_to_the_importer() {
+    if is_child() {
+        return ipc_side();
+    }
+    use std::io::{BufRead, BufReader, Write};
+    let state = state_file("ipc");
+    let (exp_ledger, imp_ledger) = (ledger_dir("ipc-exporter"), ledger_dir("ipc-importer"));
+    let mut cmd = Child::new("ipc_imported_memory_is_not_charged_to_the_importer")
+        .state(&state)
+        .env("ROLE", "exporter")
+        .command();
+    cuvisor_env(&mut cmd, &exp_ledger, Some("1Gi"));
+    let mut exporter = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(exporter.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("handle ") {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the exporter ended early"
+        );
+    }
+    let hex = line.trim().rsplit("handle ").next().unwrap().to_string();
+    let mut cmd = Child::new("ipc_imported_memory_is_not_charged_to_the_importer")
+        .state(&state)
+        .env("ROLE", "importer")
+        .env("HANDLE", &hex)
+        .command();
+    cuvisor_env(&mut cmd, &imp_ledger, Some("1Gi"));
+    let imported = run(&mut cmd);
+    writeln!(exporter.stdin.as_mut().unwrap()).unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(exporter.wait().unwrap().success(), "exporter: {rest}");
+    assert!(rest.contains("1 passed"), "exporter: {rest}");
+    imported.passed();
+    assert_eq!(ledger_used(&exp_ledger), vec![0]);
+}
+
+// ---- 10. context reserve -------------------------------------------------------------------------
+
+fn context_reserve() {
+    let dir = PathBuf::from(std::env::var_os("CUVISOR_STATE_DIR").unwrap());
+    // SAFETY (all calls in this body): the driver API's contract, with valid out-pointers and
+    // contexts the driver returned.
+    unsafe {
+        ok(cu::cuInit(0));
+        let mut c1 = null_mut();
+        ok(cu::cuCtxCreate_v2(&mut c1, 0, 0));
+        assert_eq!(free_mem(), 768 * MIB, "a context takes its reserve");
+        let mut c2 = null_mut();
+        ok(cu::cuCtxCreate_v2(&mut c2, 0, 0));
+        assert_eq!(free_mem(), 512 * MIB, "each context");
+        ok(cu::cuCtxDestroy_v2(c2));
+        ok(cu::cuCtxSetCurrent(c1));
+        assert_eq!(free_mem(), 768 * MIB, "cuCtxDestroy_v2 gives it back");
+
+        let mut p1 = null_mut();
+        ok(cu::cuDevicePrimaryCtxRetain(&mut p1, 0));
+        assert_eq!(
+            free_mem(),
+            512 * MIB,
+            "the primary context takes one reserve"
+        );
+        let mut p2 = null_mut();
+        ok(cu::cuDevicePrimaryCtxRetain(&mut p2, 0));
+        assert_eq!(p1, p2);
+        assert_eq!(
+            free_mem(),
+            512 * MIB,
+            "once per process, however often it is retained"
+        );
+        ok(cu::cuDevicePrimaryCtxRelease_v2(0));
+        assert_eq!(free_mem(), 512 * MIB, "still retained once");
+        ok(cu::cuDevicePrimaryCtxRelease_v2(0));
+        assert_eq!(free_mem(), 768 * MIB, "the last release gives it back");
+        // The reserve is quota like any other: 768 MiB left, a 1 GiB allocation does not fit.
+        let mut p = 0;
+        assert_eq!(
+            cu::cuMemAlloc_v2(&mut p, GIB as usize),
+            CUDA_ERROR_OUT_OF_MEMORY
+        );
+        assert_eq!(ledger_used(&dir), vec![256 * MIB]);
+        ok(cu::cuCtxDestroy_v2(c1));
+        assert_eq!(ledger_used(&dir), vec![0], "every reserve given back");
+    }
+    println!("child checked the reserve");
+}
+
+#[test]
+fn each_context_is_charged_its_reserve_and_gives_it_back() {
+    if is_child() {
+        return context_reserve();
+    }
+    let ledger = ledger_dir("reserve");
+    let mut cmd = child(
+        "each_context_is_charged_its_reserve_and_gives_it_back",
+        &ledger,
+        Some("1Gi"),
+    );
+    cmd.env("CUVISOR_CONTEXT_RESERVE", "256Mi");
+    let out = run(&mut cmd).passed();
+    assert!(out.stdout.contains("child checked the reserve"), "{out}");
+}
+
+// ---- per-device limits on a multi-GPU machine ----------------------------------------------------
+
+fn per_device() {
+    // SAFETY (all calls in this body): the driver API's contract, with valid out-pointers and
+    // handles the driver returned.
+    unsafe {
+        ok(cu::cuInit(0));
+        let nvml = NvmlMemory::open();
+        for (dev, quota) in [(0, 6 * GIB), (1, 2 * GIB), (2, 0)] {
+            let mut ctx = null_mut();
+            ok(cu::cuDevicePrimaryCtxRetain(&mut ctx, dev));
+            ok(cu::cuCtxSetCurrent(ctx));
+            let mut total = 0;
+            ok(cu::cuDeviceTotalMem_v2(&mut total, dev));
+            assert_eq!(total as u64, quota, "GPU {dev}: cuDeviceTotalMem_v2");
+            assert_eq!(
+                mem_info(),
+                (quota as usize, quota as usize),
+                "GPU {dev}: cuMemGetInfo_v2"
+            );
+            assert_eq!(
+                nvml.info(dev as u32),
+                (quota, quota),
+                "GPU {dev}: NVML (total, free)"
+            );
+            let mut p = 0;
+            if quota > 0 {
+                ok(cu::cuMemAlloc_v2(&mut p, quota as usize));
+                assert_eq!(mem_info().0, 0, "GPU {dev}: full");
+                assert_eq!(nvml.info(dev as u32), (quota, 0), "GPU {dev}: NVML agrees");
+            }
+            assert_eq!(
+                cu::cuMemAlloc_v2(&mut p, 1 << 20),
+                CUDA_ERROR_OUT_OF_MEMORY,
+                "GPU {dev}: over its own quota"
+            );
+        }
+        // Physical memory created for another device than the current one is charged to that one.
+        let mut prop: cu::CUmemAllocationProp = std::mem::zeroed();
+        prop.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = 0;
+        let mut h = 0;
+        assert_eq!(
+            cu::cuMemCreate(&mut h, 2 << 20, &prop, 0),
+            CUDA_ERROR_OUT_OF_MEMORY,
+            "GPU 0 is full, whatever is current"
+        );
+    }
+    println!("child checked the devices");
+}
+
+/// NVML's memory info through dlsym on libnvidia-ml's handle (cuvisor's wrapper).
+struct NvmlMemory {
+    by_index: unsafe extern "C" fn(u32, *mut *mut c_void) -> u32,
+    info: unsafe extern "C" fn(*mut c_void, *mut [u64; 3]) -> u32,
+}
+
+impl NvmlMemory {
+    fn open() -> NvmlMemory {
+        let lib = c"libnvidia-ml.so.1";
+        let init: unsafe extern "C" fn() -> u32 = export(lib, c"nvmlInit_v2");
+        // SAFETY: nvmlInit_v2 takes no arguments.
+        assert_eq!(unsafe { init() }, 0);
+        NvmlMemory {
+            by_index: export(lib, c"nvmlDeviceGetHandleByIndex_v2"),
+            info: export(lib, c"nvmlDeviceGetMemoryInfo"),
+        }
+    }
+    /// (total, free) of NVML device `i`.
+    fn info(&self, i: u32) -> (u64, u64) {
+        let mut dev = null_mut();
+        let mut m = [0u64; 3];
+        // SAFETY: valid out-pointers for the functions' documented signatures.
+        unsafe {
+            assert_eq!((self.by_index)(i, &mut dev), 0);
+            assert_eq!((self.info)(dev, &mut m), 0);
+        }
+        (m[0], m[1])
+    }
+}
+
+#[test]
+fn per_device_limits_hold_on_a_multi_gpu_machine() {
+    if is_child() {
+        return per_device();
+    }
+    let ledger = ledger_dir("per-device");
+    let mut cmd = Child::new("per_device_limits_hold_on_a_multi_gpu_machine")
+        .preset("dgx1-v100")
+        .command();
+    cuvisor_env(&mut cmd, &ledger, Some("0=6Gi,1=2Gi"));
+    let out = run(&mut cmd).passed();
+    assert!(out.stdout.contains("child checked the devices"), "{out}");
+}
+
+// ---- context teardown frees what was allocated in the context ------------------------------------
+
+fn teardown() {
+    let dir = PathBuf::from(std::env::var_os("CUVISOR_STATE_DIR").unwrap());
+    let used = || ledger_used(&dir)[0];
+    // SAFETY (all calls in this body): the driver API's contract, with valid out-pointers and
+    // contexts the driver returned.
+    unsafe {
+        ok(cu::cuInit(0));
+        let mut keep = null_mut();
+        ok(cu::cuCtxCreate_v2(&mut keep, 0, 0));
+        let mut kept = 0;
+        ok(cu::cuMemAlloc_v2(&mut kept, 64 << 20));
+
+        let mut c = null_mut();
+        ok(cu::cuCtxCreate_v2(&mut c, 0, 0));
+        let mut p = 0;
+        ok(cu::cuMemAlloc_v2(&mut p, 256 << 20));
+        ok(cu::cuMemAllocManaged(&mut p, 32 << 20, 1));
+        ok(cu::cuMemAllocAsync(&mut p, 16 << 20, null_mut()));
+        assert_eq!(used(), (64 + 256 + 32 + 16) * MIB);
+        ok(cu::cuCtxDestroy_v2(c));
+        assert_eq!(
+            used(),
+            64 * MIB,
+            "cuCtxDestroy_v2 freed what was allocated in it; the other context's stays"
+        );
+
+        let mut primary = null_mut();
+        ok(cu::cuDevicePrimaryCtxRetain(&mut primary, 0));
+        ok(cu::cuCtxSetCurrent(primary));
+        ok(cu::cuMemAlloc_v2(&mut p, 128 << 20));
+        assert_eq!(used(), 192 * MIB);
+        ok(cu::cuDevicePrimaryCtxRelease_v2(0));
+        assert_eq!(
+            used(),
+            64 * MIB,
+            "the last primary release destroyed it, and what was in it"
+        );
+
+        ok(cu::cuDevicePrimaryCtxRetain(&mut primary, 0));
+        ok(cu::cuDevicePrimaryCtxRetain(&mut primary, 0));
+        ok(cu::cuCtxSetCurrent(primary));
+        ok(cu::cuMemAlloc_v2(&mut p, 128 << 20));
+        ok(cu::cuDevicePrimaryCtxRelease_v2(0));
+        assert_eq!(used(), 192 * MIB, "still retained: nothing freed");
+        type Reset = unsafe extern "C" fn(cu::CUdevice) -> R;
+        let reset: Reset = raw(c"cuDevicePrimaryCtxReset_v2");
+        ok(reset(0));
+        assert_eq!(
+            used(),
+            64 * MIB,
+            "cuDevicePrimaryCtxReset (cudaDeviceReset) freed it all"
+        );
+
+        // The quota is whole again: all of it but the kept 64 MiB can be allocated.
+        ok(cu::cuCtxSetCurrent(keep));
+        ok(cu::cuMemAlloc_v2(&mut p, (GIB - 64 * MIB) as usize));
+        ok(cu::cuMemFree_v2(p));
+        ok(cu::cuMemFree_v2(kept));
+        assert_eq!(used(), 0);
+        ok(cu::cuCtxDestroy_v2(keep));
+    }
+    println!("child checked the teardowns");
+}
+
+#[test]
+fn tearing_down_a_context_gives_back_what_was_allocated_in_it() {
+    if is_child() {
+        return teardown();
+    }
+    let ledger = ledger_dir("teardown");
+    let out = run(&mut child(
+        "tearing_down_a_context_gives_back_what_was_allocated_in_it",
+        &ledger,
+        Some("1Gi"),
+    ))
+    .passed();
+    assert!(out.stdout.contains("child checked the teardowns"), "{out}");
+}
