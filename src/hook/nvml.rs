@@ -50,45 +50,45 @@ fn entry(dev: nvmlDevice_t) -> Option<usize> {
     q.entry_by_uuid(uuid, index)
 }
 
+/// Both memory-info versions: the real answer first, then (free, total, used) replaced by the
+/// container's view. `fields` maps a filled struct to its (total, free, used) slots.
+fn with_view<T>(
+    r: u32,
+    dev: nvmlDevice_t,
+    mem: *mut T,
+    fields: impl FnOnce(&mut T) -> (&mut u64, &mut u64, &mut u64),
+) -> u32 {
+    if r != 0 || mem.is_null() {
+        return r;
+    }
+    if let (Some(e), Mode::Enforce(q)) = (entry(dev), crate::mode()) {
+        // SAFETY: non-null and just filled (its version checked) by the real NVML.
+        let (total, free, used) = fields(unsafe { &mut *mem });
+        let v = q.view(e, *free, *total);
+        (*total, *free, *used) = (v.total, v.free, v.used);
+    }
+    r
+}
+
 fn memory_info(
     real: impl Fn(nvmlDevice_t, *mut nvmlMemory_t) -> u32,
     dev: nvmlDevice_t,
     mem: *mut nvmlMemory_t,
 ) -> u32 {
-    let r = real(dev, mem);
-    if r != 0 || mem.is_null() {
-        return r;
-    }
-    if let (Some(e), Mode::Enforce(q)) = (entry(dev), crate::mode()) {
-        // SAFETY: non-null and just filled by the real NVML.
-        let m = unsafe { &mut *mem };
-        let v = q.view(e, m.free, m.total);
-        *m = nvmlMemory_t {
-            total: v.total,
-            free: v.free,
-            used: v.used,
-        };
-    }
-    r
+    with_view(real(dev, mem), dev, mem, |m| {
+        (&mut m.total, &mut m.free, &mut m.used)
+    })
 }
 
+/// v2 also reports memory the driver reserves for itself; inside the container that is part of
+/// nobody's quota, so it shows as 0 (total = free + used).
 fn memory_info_v2(
     real: impl Fn(nvmlDevice_t, *mut nvmlMemory_v2_t) -> u32,
     dev: nvmlDevice_t,
     mem: *mut nvmlMemory_v2_t,
 ) -> u32 {
-    let r = real(dev, mem);
-    if r != 0 || mem.is_null() {
-        return r;
-    }
-    if let (Some(e), Mode::Enforce(q)) = (entry(dev), crate::mode()) {
-        // SAFETY: non-null and just filled (version checked) by the real NVML.
-        let m = unsafe { &mut *mem };
-        let v = q.view(e, m.free, m.total);
-        m.total = v.total;
-        m.free = v.free;
-        m.used = v.used;
+    with_view(real(dev, mem), dev, mem, |m| {
         m.reserved = 0;
-    }
-    r
+        (&mut m.total, &mut m.free, &mut m.used)
+    })
 }
