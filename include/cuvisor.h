@@ -87,7 +87,7 @@ extern "C" {
 
 /* "CUVLEDG1" in a little-endian word. */
 #define CUVISOR_LEDGER_MAGIC UINT64_C(0x314744454C565543)
-#define CUVISOR_LEDGER_VERSION 1
+#define CUVISOR_LEDGER_VERSION 2
 /* The ledger's file name inside the state directory. */
 #define CUVISOR_LEDGER_FILE "ledger"
 #define CUVISOR_MAX_DEVICES 16
@@ -107,6 +107,7 @@ typedef struct cuvisor_ledger_header {
     uint32_t size; /* sizeof(cuvisor_ledger) */
     uint32_t max_devices; /* CUVISOR_MAX_DEVICES */
     uint32_t max_procs; /* CUVISOR_MAX_PROCS */
+    uint64_t container_id; /* random, non-zero: names the container in GPU coordinators */
 } cuvisor_ledger_header;
 
 typedef struct cuvisor_device_entry {
@@ -117,6 +118,9 @@ typedef struct cuvisor_device_entry {
     uint64_t used; /* atomic; bytes it holds now (all its processes) */
     uint64_t peak; /* atomic; highest `used` seen */
     uint64_t denied; /* atomic; allocations refused for the quota */
+    uint64_t gpu_ns; /* atomic; GPU time the container's launches used (ns) */
+    uint64_t throttled_ns; /* atomic; time its launching threads waited for compute tokens (ns) */
+    uint64_t launches; /* atomic; kernel, cooperative and graph launches */
 } cuvisor_device_entry;
 
 typedef struct cuvisor_proc_entry {
@@ -132,6 +136,62 @@ typedef struct cuvisor_ledger {
     cuvisor_device_entry devices[CUVISOR_MAX_DEVICES];
     cuvisor_proc_entry procs[CUVISOR_MAX_PROCS];
 } cuvisor_ledger;
+
+/*
+ * The GPU coordinator: one file per physical GPU, <coord dir>/gpu-<UUID as 32 hex digits>,
+ * shared by every container on the GPU (crates/shm/src/coordinator.rs). A slot per container:
+ * its compute policy, its token bucket (GPU-time ns) and its use. Same conventions as above:
+ * check magic (acquire), version and size; fields marked atomic are read atomically; only
+ * slots whose state is CUVISOR_SLOT_READY are in use.
+ */
+#define CUVISOR_COORD_MAGIC UINT64_C(0x3144524F43565543) /* "CUVCORD1" */
+#define CUVISOR_COORD_VERSION 1
+#define CUVISOR_MAX_SLOTS 64
+#define CUVISOR_SLOT_PROCS 8
+#define CUVISOR_SLOT_FREE 0
+#define CUVISOR_SLOT_CLAIMING 1
+#define CUVISOR_SLOT_READY 2
+#define CUVISOR_POLICY_LIMIT 1 /* param: cap in ppm of GPU time */
+#define CUVISOR_POLICY_SHARE 2 /* param: weight in thousandths */
+#define CUVISOR_STALE_NS UINT64_C(2000000000)
+
+typedef struct cuvisor_coord_header {
+    uint64_t magic; /* atomic; CUVISOR_COORD_MAGIC once initialised */
+    uint32_t version; /* CUVISOR_COORD_VERSION */
+    uint32_t size; /* sizeof(cuvisor_coord) */
+    uint32_t max_slots; /* CUVISOR_MAX_SLOTS */
+    uint32_t slot_procs; /* CUVISOR_SLOT_PROCS */
+    uint64_t uuid_words[2]; /* the GPU UUID as two big-endian words */
+    uint64_t timeline; /* atomic; modelled end of all launched work (CLOCK_MONOTONIC ns) */
+} cuvisor_coord_header;
+
+typedef struct cuvisor_slot_proc {
+    uint32_t pid; /* atomic; 0 = free */
+    uint32_t _pad;
+    uint64_t start_time; /* atomic */
+} cuvisor_slot_proc;
+
+typedef struct cuvisor_slot {
+    uint32_t state; /* atomic; CUVISOR_SLOT_FREE, _CLAIMING or _READY */
+    uint32_t policy; /* atomic; CUVISOR_POLICY_LIMIT or _SHARE */
+    uint64_t container_id; /* atomic; the ledger's container_id */
+    uint64_t param; /* atomic; see the policy */
+    uint64_t grant_ppm; /* atomic; refill rate last computed, ppm of GPU time */
+    int64_t tokens; /* atomic; the bucket, GPU-time ns (negative: in debt) */
+    uint64_t refill_at; /* atomic; CLOCK_MONOTONIC ns */
+    uint64_t last_active; /* atomic; last launch, CLOCK_MONOTONIC ns */
+    uint64_t throttled_at; /* atomic; last wait for tokens, CLOCK_MONOTONIC ns */
+    uint64_t consumed_ns; /* atomic; GPU time used (ns) */
+    uint64_t throttled_ns; /* atomic; time waited for tokens (ns) */
+    cuvisor_slot_proc procs[CUVISOR_SLOT_PROCS];
+    uint64_t queued_until; /* atomic; modelled end of its last launched work */
+    uint64_t _reserved[5];
+} cuvisor_slot;
+
+typedef struct cuvisor_coord {
+    cuvisor_coord_header header;
+    cuvisor_slot slots[CUVISOR_MAX_SLOTS];
+} cuvisor_coord;
 
 #ifdef __cplusplus
 }

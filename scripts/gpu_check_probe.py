@@ -23,14 +23,15 @@ import sys
 MIB = 1 << 20
 GIB = 1 << 30
 
-# The ledger file, as crates/shm/src/ledger.rs lays it out (version 1), read-only here:
-# Header { magic u64, version u32, size u32, max_devices u32, max_procs u32 } = 24 bytes, then
-# DeviceEntry[max_devices] { state u32, pad u32, uuid 2*u64, limit, used, peak, denied: u64 }.
+# The ledger file, as crates/shm/src/ledger.rs lays it out (version 2), read-only here:
+# Header { magic u64, version u32, size u32, max_devices u32, max_procs u32, container_id u64 }
+# = 32 bytes, then DeviceEntry[max_devices] { state u32, pad u32, uuid 2*u64, limit, used, peak,
+# denied, gpu_ns, throttled_ns, launches: u64 } = 80 bytes each.
 # crates/cli/tests/run.rs checks this reader against the Rust definition.
 LEDGER_MAGIC = 0x3147_4445_4C56_5543  # "CUVLEDG1"
-LEDGER_VERSION = 1
-HEADER_SIZE = 24
-DEVICE_SIZE = 56
+LEDGER_VERSION = 2
+HEADER_SIZE = 32
+DEVICE_SIZE = 80
 DEV_READY = 2
 
 

@@ -10,7 +10,17 @@
 //! memory.0 = 6Gi                                      # by CUDA device ordinal
 //! memory.GPU-5f2ac1de-0000-4000-8000-000000000001 = 6Gi   # by GPU UUID
 //! context_reserve = 300Mi                             # charged per CUDA context
+//! compute = limit=30                                  # or share=2, or none (see below)
 //! ```
+//!
+//! Compute (`compute` in the file, `CUVISOR_COMPUTE` in the environment): `limit=P` caps the
+//! container at P % of each GPU's time, even when the GPU is idle; `share=W` gives it weight W
+//! among the containers busy on the GPU, idle time lent (work-conserving); `none` leaves
+//! launches alone. Not given: a share whose weight is the container's memory fraction on that GPU
+//! (quota / physical memory). With a file, the environment can only lower a file's `limit`.
+//! `CUVISOR_COMPUTE` alone (no memory limit) limits compute and leaves memory unlimited. A
+//! malformed compute value does not refuse memory: it is read as the smallest share
+//! ([`MIN_SHARE`]: the container gets only time nobody else wants) with one line on stderr.
 //!
 //! Environment: `CUVISOR_MEMORY_LIMIT` ("6Gi" for every device, or "0=6Gi,1=2Gi"),
 //! `CUVISOR_STATE_DIR`, `CUVISOR_CONTEXT_RESERVE`. When a file is given the environment can only
@@ -34,6 +44,62 @@ pub enum Target {
     Uuid([u8; 16]),
 }
 
+/// The compute policy of a container.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Compute {
+    /// Launches are not throttled.
+    None,
+    /// At most this fraction of GPU time (0 < f <= 1).
+    Limit(f64),
+    /// This weight among the busy containers of a GPU.
+    Share(f64),
+    /// A share weighted by the memory fraction (quota / physical), per GPU.
+    FromMemory,
+}
+
+/// The weight a malformed compute value is read as.
+pub const MIN_SHARE: f64 = 0.001;
+
+/// "limit=30", "share=2", "share=memory" (weighted by the memory quota's fraction), "none".
+pub fn parse_compute(text: &str) -> Result<Compute, String> {
+    let t = text.trim();
+    if t == "none" {
+        return Ok(Compute::None);
+    }
+    if t.replace(' ', "") == "share=memory" {
+        return Ok(Compute::FromMemory);
+    }
+    let (k, v) = t
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: expected limit=PERCENT, share=WEIGHT or none"))?;
+    let n: f64 = v
+        .trim()
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("{text:?}: {v:?} is not a number"))?;
+    match k.trim() {
+        "limit" if n > 0.0 && n <= 100.0 => Ok(Compute::Limit(n / 100.0)),
+        "limit" => Err(format!("{text:?}: the limit must be in (0, 100] percent")),
+        "share" if n > 0.0 && n <= 1e6 => Ok(Compute::Share(n)),
+        "share" => Err(format!(
+            "{text:?}: the share weight must be in (0, 1000000]"
+        )),
+        other => Err(format!(
+            "{text:?}: unknown policy {other:?} (limit=PERCENT, share=WEIGHT or none)"
+        )),
+    }
+}
+
+/// A compute value as read, or the smallest share (with the reason) when malformed.
+fn compute_or_min(text: &str, what: &str, errors: &mut Vec<String>) -> Compute {
+    parse_compute(text).unwrap_or_else(|e| {
+        errors.push(format!(
+            "{what}: {e}: using the smallest compute share ({MIN_SHARE})"
+        ));
+        Compute::Share(MIN_SHARE)
+    })
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     /// The rules that grant memory (the file's, or the environment's when there is no file).
@@ -42,6 +108,54 @@ pub struct Config {
     pub caps: Vec<(Target, u64)>,
     pub state_dir: PathBuf,
     pub context_reserve: u64,
+}
+
+/// The compute settings (read next to [`Config`], from the same file and environment).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ComputeConfig {
+    pub compute: Compute,
+    /// Where the GPU coordinators live (`CUVISOR_COORD_DIR`, `coord_dir` in the file).
+    pub coord_dir: PathBuf,
+    /// Malformed compute values, read as the smallest share (to log once at load).
+    pub errors: Vec<String>,
+}
+
+/// The compute settings, once [`load`] has accepted the configuration.
+pub fn load_compute(env: impl Fn(&str) -> Option<String>) -> ComputeConfig {
+    // No compute control unless configured. (The share weighted by the memory fraction,
+    // `share=memory`, is meant to become the default once share mode holds its weights reliably
+    // under saturation: see the README's "Compute time slices".)
+    let mut cc = ComputeConfig {
+        compute: Compute::None,
+        coord_dir: default_coord_dir(),
+        errors: Vec::new(),
+    };
+    let file = env("CUVISOR_CONFIG").filter(|s| !s.is_empty());
+    if let Some(text) = file.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+        for (n, raw) in text.lines().enumerate() {
+            let line = raw.split('#').next().unwrap_or("").trim();
+            match line.split_once('=').map(|(k, v)| (k.trim(), v.trim())) {
+                Some(("compute", v)) => {
+                    cc.compute = compute_or_min(v, &format!("line {}", n + 1), &mut cc.errors)
+                }
+                Some(("coord_dir", v)) => cc.coord_dir = PathBuf::from(v),
+                _ => {}
+            }
+        }
+    }
+    if let Some(c) = env("CUVISOR_COMPUTE").filter(|s| !s.trim().is_empty()) {
+        let v = compute_or_min(&c, "CUVISOR_COMPUTE", &mut cc.errors);
+        cc.compute = match (file.is_some(), cc.compute, v) {
+            (false, _, v) => v,
+            // With a file the environment can only tighten a limit.
+            (true, Compute::Limit(a), Compute::Limit(b)) => Compute::Limit(a.min(b)),
+            (true, c, _) => c,
+        };
+    }
+    if let (None, Some(d)) = (&file, env("CUVISOR_COORD_DIR").filter(|s| !s.is_empty())) {
+        cc.coord_dir = PathBuf::from(d);
+    }
+    cc
 }
 
 impl Config {
@@ -76,15 +190,21 @@ pub fn load(env: impl Fn(&str) -> Option<String>) -> Result<Option<Config>, Stri
     let env_dir = env("CUVISOR_STATE_DIR")
         .filter(|s| !s.is_empty())
         .map(PathBuf::from);
+    let env_compute = env("CUVISOR_COMPUTE").filter(|s| !s.trim().is_empty());
     let mut cfg = match &file {
         Some(path) => {
             let text =
                 std::fs::read_to_string(path).map_err(|e| format!("CUVISOR_CONFIG={path}: {e}"))?;
             parse_file(&text).map_err(|e| format!("CUVISOR_CONFIG={path}: {e}"))?
         }
-        None if env_limit.is_none() => return Ok(None),
+        None if env_limit.is_none() && env_compute.is_none() => return Ok(None),
         None => Config {
-            limits: Vec::new(),
+            // Compute alone: memory is not limited.
+            limits: if env_limit.is_none() {
+                vec![(Target::All, u64::MAX)]
+            } else {
+                Vec::new()
+            },
             caps: Vec::new(),
             state_dir: default_state_dir(),
             context_reserve: 0,
@@ -119,6 +239,14 @@ fn default_state_dir() -> PathBuf {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
     std::env::temp_dir().join(format!("cuvisor-{uid}"))
+}
+
+/// Where GPU coordinators live when nothing says: one directory per user, so that every
+/// `cuvisor run` of a user on one machine shares each GPU's coordinator.
+fn default_coord_dir() -> PathBuf {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    std::env::temp_dir().join(format!("cuvisor-coord-{uid}"))
 }
 
 fn parse_env_limits(text: &str) -> Result<Vec<(Target, u64)>, String> {
@@ -173,6 +301,7 @@ fn parse_file(text: &str) -> Result<Config, String> {
             "version" => version = Some(value.to_string()),
             "state_dir" => cfg.state_dir = PathBuf::from(value),
             "context_reserve" => cfg.context_reserve = parse_quantity(value).map_err(at)?,
+            "compute" | "coord_dir" => {} // read by load_compute
             "memory" => cfg
                 .limits
                 .push((Target::All, parse_quantity(value).map_err(at)?)),
@@ -231,6 +360,74 @@ mod tests {
         assert!(parse_quantity("").unwrap_err().contains("empty"));
         assert!(parse_quantity("-1Gi").is_err());
         assert!(parse_quantity("1e30").is_err());
+    }
+
+    #[test]
+    fn compute_policies_and_their_safe_reading() {
+        assert_eq!(parse_compute("limit=30"), Ok(Compute::Limit(0.3)));
+        assert_eq!(parse_compute(" share = 2 "), Ok(Compute::Share(2.0)));
+        assert_eq!(parse_compute("none"), Ok(Compute::None));
+        for bad in [
+            "limit=0",
+            "limit=130",
+            "share=-1",
+            "share=x",
+            "fair=2",
+            "30",
+        ] {
+            assert!(parse_compute(bad).is_err(), "{bad}");
+        }
+        let e = env(&[("CUVISOR_MEMORY_LIMIT", "1Gi")]);
+        assert_eq!(
+            load_compute(e).compute,
+            Compute::None,
+            "memory only: no compute control (yet)"
+        );
+        assert_eq!(parse_compute("share=memory").unwrap(), Compute::FromMemory);
+        let e = env(&[("CUVISOR_COMPUTE", "limit=30")]);
+        let c = load(&e).unwrap().unwrap();
+        assert_eq!(
+            c.limit_for(0, &[0; 16]),
+            u64::MAX,
+            "compute alone: memory unlimited"
+        );
+        assert_eq!(load_compute(&e).compute, Compute::Limit(0.3));
+        let e = env(&[
+            ("CUVISOR_MEMORY_LIMIT", "1Gi"),
+            ("CUVISOR_COMPUTE", "limit=300"),
+            ("CUVISOR_COORD_DIR", "/c"),
+        ]);
+        let c = load_compute(&e);
+        assert_eq!(
+            c.compute,
+            Compute::Share(MIN_SHARE),
+            "malformed: the smallest share"
+        );
+        assert!(c.errors[0].contains("CUVISOR_COMPUTE"));
+        assert_eq!(c.coord_dir, PathBuf::from("/c"));
+        assert_eq!(load(&e).unwrap().unwrap().limit_for(0, &[0; 16]), 1 << 30);
+
+        let dir = std::env::temp_dir().join(format!("cuvisor-config-c-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("limits");
+        std::fs::write(
+            &f,
+            "version = 1\nstate_dir = /s\nmemory = 1Gi\ncompute = limit=30\ncoord_dir = /k\n",
+        )
+        .unwrap();
+        let path = f.to_str().unwrap();
+        let e = env(&[("CUVISOR_CONFIG", path), ("CUVISOR_COMPUTE", "limit=20")]);
+        assert!(load(&e).is_ok());
+        let c = load_compute(&e);
+        assert_eq!(
+            c.compute,
+            Compute::Limit(0.2),
+            "the environment may tighten"
+        );
+        assert_eq!(c.coord_dir, PathBuf::from("/k"));
+        let e = env(&[("CUVISOR_CONFIG", path), ("CUVISOR_COMPUTE", "share=9")]);
+        assert_eq!(load_compute(&e).compute, Compute::Limit(0.3), "not loosen");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //!
 //! - `config`: the limits file and environment, read once at load.
 //! - `quota`: the memory ledger's rules, plain Rust.
+//! - `timeslice`: compute time slices (token buckets in GPU time over a per-GPU coordinator).
 //! - `hook`: symbol interposition only (exported wrappers, dlsym, cuGetProcAddress).
 //!
 //! Modes: nothing configured = pure pass-through; a configuration that cannot be read or makes no
@@ -12,6 +13,7 @@ mod config;
 mod hook;
 mod log;
 mod quota;
+mod timeslice;
 
 use std::sync::OnceLock;
 
@@ -24,6 +26,27 @@ pub enum Mode {
 }
 
 static MODE: OnceLock<Mode> = OnceLock::new();
+static COMPUTE: OnceLock<Option<timeslice::Compute>> = OnceLock::new();
+
+/// The compute policy, when launches are to be throttled (decided with the mode).
+#[inline]
+pub fn compute() -> Option<&'static timeslice::Compute> {
+    if let Some(c) = COMPUTE.get() {
+        return c.as_ref();
+    }
+    COMPUTE
+        .get_or_init(|| match mode() {
+            Mode::Enforce(q) => {
+                let cc = config::load_compute(|k| std::env::var(k).ok());
+                for e in &cc.errors {
+                    log::error(e);
+                }
+                timeslice::Compute::new(cc, q.config.clone(), &q.ledger)
+            }
+            _ => None,
+        })
+        .as_ref()
+}
 
 /// The mode, decided at load time (or on first use, if a program calls in before our
 /// constructor ran, e.g. from another library's constructor).
@@ -60,6 +83,9 @@ fn decide() -> Mode {
 /// Gives this process's charges back when it exits normally (a killed process's are reclaimed
 /// by whoever looks next).
 extern "C" fn release_at_exit() {
+    if let Some(Some(c)) = COMPUTE.get() {
+        c.at_exit();
+    }
     if let Some(Mode::Enforce(q)) = MODE.get() {
         q.release_at_exit();
     }
@@ -70,6 +96,9 @@ extern "C" fn after_fork_in_child() {
     if let Some(Mode::Enforce(q)) = MODE.get() {
         q.after_fork();
     }
+    if let Some(Some(c)) = COMPUTE.get() {
+        c.after_fork();
+    }
 }
 
 #[ctor::ctor(unsafe)]
@@ -77,7 +106,8 @@ fn load() {
     // Nothing here may unwind into the loader.
     let _ = std::panic::catch_unwind(|| {
         if let Mode::Enforce(_) = mode() {
-            // SAFETY: registering plain extern "C" functions with no captured state.
+            compute(); // read the compute settings at load, not on the first launch
+                       // SAFETY: registering plain extern "C" functions with no captured state.
             unsafe {
                 libc::atexit(release_at_exit);
                 libc::pthread_atfork(None, None, Some(after_fork_in_child));

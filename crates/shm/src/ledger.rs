@@ -2,7 +2,7 @@
 //! process of the container, the device plugin and the CLI.
 //!
 //! Per device (keyed by GPU UUID): the limit, the bytes in use, the peak, the number of refused
-//! allocations. Per process: a slot (pid + start time) with the bytes it holds on each device, so
+//! allocations, and the compute metrics (GPU time used, time throttled, launches). Per process: a slot (pid + start time) with the bytes it holds on each device, so
 //! that when a process dies (SIGKILL included) whoever looks next gives its charges back.
 //!
 //! Concurrency: charging is one compare-and-swap loop on the device's `used` (never above the
@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 /// "CUVLEDG1"
 pub const MAGIC: u64 = 0x3147_4445_4c56_5543;
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 pub const MAX_DEVICES: usize = 16;
 pub const MAX_PROCS: usize = 1024;
 pub const FILE_NAME: &str = "ledger";
@@ -41,6 +41,8 @@ pub struct Header {
     pub size: u32,
     pub max_devices: u32,
     pub max_procs: u32,
+    /// A random id naming the container on every GPU coordinator (see `coordinator`).
+    pub container_id: u64,
 }
 
 #[repr(C)]
@@ -57,6 +59,12 @@ pub struct DeviceEntry {
     pub peak: AtomicU64,
     /// Allocations refused for the quota.
     pub denied: AtomicU64,
+    /// GPU time the container's launches used (ns; estimates corrected by measurement).
+    pub gpu_ns: AtomicU64,
+    /// Time its launching threads slept, held back by the compute share (ns, all threads).
+    pub throttled_ns: AtomicU64,
+    /// Work submissions counted (kernel, cooperative and graph launches).
+    pub launches: AtomicU64,
 }
 
 impl DeviceEntry {
@@ -192,6 +200,7 @@ impl Ledger {
                         (*layout).header.size = size as u32;
                         (*layout).header.max_devices = MAX_DEVICES as u32;
                         (*layout).header.max_procs = MAX_PROCS as u32;
+                        (*layout).header.container_id = random_id();
                     }
                     header.magic.store(MAGIC, Release);
                 }
@@ -224,6 +233,11 @@ impl Ledger {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The container's id (random, made with the file; never 0).
+    pub fn container_id(&self) -> u64 {
+        self.layout().header.container_id
     }
 
     fn layout(&self) -> &Layout {
@@ -274,6 +288,9 @@ impl Ledger {
             e.used.store(0, Relaxed);
             e.peak.store(0, Relaxed);
             e.denied.store(0, Relaxed);
+            e.gpu_ns.store(0, Relaxed);
+            e.throttled_ns.store(0, Relaxed);
+            e.launches.store(0, Relaxed);
             e.limit.store(limit, Relaxed); // before READY: no reader ever sees it unlimited
             e.state.store(DEV_READY, Release);
             Some(i)
@@ -390,6 +407,25 @@ impl Ledger {
             (pid != 0 && pid != PID_RECLAIMING).then_some((pid, s))
         })
     }
+}
+
+/// A random, non-zero 64-bit id (getrandom; the clock and pid if that fails).
+pub fn random_id() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: getrandom writes at most 8 bytes into `v`, which we own.
+    let n = unsafe { libc::getrandom(&mut v as *mut u64 as *mut libc::c_void, 8, 0) };
+    if n != 8 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes into the timespec we own.
+        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+        v = (ts.tv_sec as u64).wrapping_mul(1_000_000_007)
+            ^ ts.tv_nsec as u64
+            ^ ((std::process::id() as u64) << 40);
+    }
+    v.max(1)
 }
 
 fn saturating_sub(a: &AtomicU64, v: u64) {

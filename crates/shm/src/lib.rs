@@ -6,6 +6,7 @@
 //! `include/cuvisor.h` (a test keeps the two in step). This crate holds no hooks: the plugin and
 //! the CLI link it without interposing anything.
 
+pub mod coordinator;
 pub mod ledger;
 pub mod process;
 pub mod quantity;

@@ -9,12 +9,13 @@
 //! ledger.rs. Then a ledger written by Rust is read back by C programs (the probe, and the example
 //! in the header's comment) using nothing but the header.
 
+use cuvisor_shm::coordinator::{self, CoordHeader, CoordLayout, Slot, SlotProc};
 use cuvisor_shm::ledger::{self, DeviceEntry, Header, Layout, Ledger, ProcEntry};
 use std::collections::{BTreeMap, BTreeSet};
 use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering::Relaxed};
 
 fn header_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../include")
@@ -79,6 +80,7 @@ fn rust_structs() -> Vec<Struct> {
             size: u32 => "uint32_t",
             max_devices: u32 => "uint32_t",
             max_procs: u32 => "uint32_t",
+            container_id: u64 => "uint64_t",
         }),
         rust_struct!(DeviceEntry => "cuvisor_device_entry" {
             state: AtomicU32 => "uint32_t",
@@ -88,6 +90,9 @@ fn rust_structs() -> Vec<Struct> {
             used: AtomicU64 => "uint64_t",
             peak: AtomicU64 => "uint64_t",
             denied: AtomicU64 => "uint64_t",
+            gpu_ns: AtomicU64 => "uint64_t",
+            throttled_ns: AtomicU64 => "uint64_t",
+            launches: AtomicU64 => "uint64_t",
         }),
         rust_struct!(ProcEntry => "cuvisor_proc_entry" {
             pid: AtomicU32 => "uint32_t",
@@ -99,6 +104,40 @@ fn rust_structs() -> Vec<Struct> {
             header: Header => "cuvisor_ledger_header",
             devices: [DeviceEntry; D] => "cuvisor_device_entry[CUVISOR_MAX_DEVICES]",
             procs: [ProcEntry; P] => "cuvisor_proc_entry[CUVISOR_MAX_PROCS]",
+        }),
+        rust_struct!(CoordHeader => "cuvisor_coord_header" {
+            magic: AtomicU64 => "uint64_t",
+            version: u32 => "uint32_t",
+            size: u32 => "uint32_t",
+            max_slots: u32 => "uint32_t",
+            slot_procs: u32 => "uint32_t",
+            uuid_words: [u64; 2] => "uint64_t[2]",
+            timeline: AtomicU64 => "uint64_t",
+        }),
+        rust_struct!(SlotProc => "cuvisor_slot_proc" {
+            pid: AtomicU32 => "uint32_t",
+            _pad: u32 => "uint32_t",
+            start_time: AtomicU64 => "uint64_t",
+        }),
+        rust_struct!(Slot => "cuvisor_slot" {
+            state: AtomicU32 => "uint32_t",
+            policy: AtomicU32 => "uint32_t",
+            container_id: AtomicU64 => "uint64_t",
+            param: AtomicU64 => "uint64_t",
+            grant_ppm: AtomicU64 => "uint64_t",
+            tokens: AtomicI64 => "int64_t",
+            refill_at: AtomicU64 => "uint64_t",
+            last_active: AtomicU64 => "uint64_t",
+            throttled_at: AtomicU64 => "uint64_t",
+            consumed_ns: AtomicU64 => "uint64_t",
+            throttled_ns: AtomicU64 => "uint64_t",
+            procs: [SlotProc; coordinator::SLOT_PROCS] => "cuvisor_slot_proc[CUVISOR_SLOT_PROCS]",
+            queued_until: AtomicU64 => "uint64_t",
+            _reserved: [u64; 5] => "uint64_t[5]",
+        }),
+        rust_struct!(CoordLayout => "cuvisor_coord" {
+            header: CoordHeader => "cuvisor_coord_header",
+            slots: [Slot; coordinator::MAX_SLOTS] => "cuvisor_slot[CUVISOR_MAX_SLOTS]",
         }),
     ]
 }
@@ -139,13 +178,66 @@ fn rust_defines() -> BTreeMap<&'static str, (&'static str, String)> {
             "PID_RECLAIMING",
             ("CUVISOR_PID_RECLAIMING", ledger::PID_RECLAIMING.to_string()),
         ),
+        (
+            "COORD_MAGIC",
+            ("CUVISOR_COORD_MAGIC", coordinator::COORD_MAGIC.to_string()),
+        ),
+        (
+            "COORD_VERSION",
+            (
+                "CUVISOR_COORD_VERSION",
+                coordinator::COORD_VERSION.to_string(),
+            ),
+        ),
+        (
+            "MAX_SLOTS",
+            ("CUVISOR_MAX_SLOTS", coordinator::MAX_SLOTS.to_string()),
+        ),
+        (
+            "SLOT_PROCS",
+            ("CUVISOR_SLOT_PROCS", coordinator::SLOT_PROCS.to_string()),
+        ),
+        (
+            "SLOT_FREE",
+            ("CUVISOR_SLOT_FREE", coordinator::SLOT_FREE.to_string()),
+        ),
+        (
+            "SLOT_CLAIMING",
+            (
+                "CUVISOR_SLOT_CLAIMING",
+                coordinator::SLOT_CLAIMING.to_string(),
+            ),
+        ),
+        (
+            "SLOT_READY",
+            ("CUVISOR_SLOT_READY", coordinator::SLOT_READY.to_string()),
+        ),
+        (
+            "POLICY_LIMIT",
+            (
+                "CUVISOR_POLICY_LIMIT",
+                coordinator::POLICY_LIMIT.to_string(),
+            ),
+        ),
+        (
+            "POLICY_SHARE",
+            (
+                "CUVISOR_POLICY_SHARE",
+                coordinator::POLICY_SHARE.to_string(),
+            ),
+        ),
+        (
+            "STALE_NS",
+            ("CUVISOR_STALE_NS", coordinator::STALE_NS.to_string()),
+        ),
     ])
 }
 
-/// The names of the `pub const`s declared in ledger.rs, read from its source.
+/// The names of the `pub const`s declared in ledger.rs and coordinator.rs, read from their source.
 fn rust_const_names() -> BTreeSet<String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/ledger.rs");
-    let src = std::fs::read_to_string(&path).unwrap();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let src = std::fs::read_to_string(dir.join("ledger.rs")).unwrap()
+        + &std::fs::read_to_string(dir.join("coordinator.rs")).unwrap();
     src.lines()
         .filter_map(|l| l.trim_start().strip_prefix("pub const "))
         .map(|rest| {

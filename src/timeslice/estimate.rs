@@ -1,0 +1,287 @@
+//! What a launch costs, learned per CUfunction / per graph exec from measurements.
+//!
+//! A measurement is the time between two events recorded around a launch. On a shared GPU that
+//! time includes queueing behind other containers' work, so a raw sample is an upper bound on
+//! the run time, never a lower one. `timeslice` predicts the wait from the coordinator's model
+//! of the GPU queue (other containers' launches at their estimates). A sample whose predicted
+//! wait is zero is *clean*: the launch followed our own work or an idle GPU, and its raw time is
+//! the run time (or more, when the model missed a wait). A key with clean samples is estimated
+//! from them alone; only a key without any (a tenant whose every launch lands behind another
+//! container's, e.g. a small cap next to a large one) uses raw minus the predicted wait — and
+//! never more than its least raw sample. So estimates only lean on other containers' estimates
+//! where they have to, which is what keeps two tenants that together saturate the GPU from
+//! feeding each other's errors (one estimate too high, the other's predicted waits too large,
+//! its estimate too low, and so on). The estimate is the 25th percentile of the samples used,
+//! robust against a few inflated ones. Limitation: a function whose run time varies with its
+//! arguments is charged that quantile.
+//!
+//! Until the first measurement of a key returns, its launches are charged [`DEFAULT_NS`] and
+//! counted; the first measurement settles the difference for all of them (see [`Entry::record`]).
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+/// Samples kept per key.
+pub const RING: usize = 16;
+/// What an unknown kernel is charged until it has been measured.
+pub const DEFAULT_NS: u64 = 100_000;
+/// One launch in this many is measured, once a key has an estimate.
+pub const SAMPLE_EVERY: u32 = 16;
+
+pub struct Entry {
+    key: AtomicU64,
+    /// The estimate (ns); 0 = not measured yet.
+    est: AtomicU64,
+    /// Launches charged DEFAULT_NS before the first measurement came back.
+    unmeasured: AtomicU64,
+    next: AtomicU32,
+    /// Samples: run time (raw minus the predicted wait), [`CLEAN`] when nothing was predicted.
+    ring: [AtomicU64; RING],
+    /// The raw (event-measured) time of each sample.
+    raw: [AtomicU64; RING],
+}
+
+impl Entry {
+    fn new() -> Entry {
+        Entry {
+            key: AtomicU64::new(0),
+            est: AtomicU64::new(0),
+            unmeasured: AtomicU64::new(0),
+            next: AtomicU32::new(0),
+            ring: std::array::from_fn(|_| AtomicU64::new(0)),
+            raw: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    /// (what a launch is charged, whether it is still unmeasured).
+    #[inline]
+    pub fn charge(&self) -> (u64, bool) {
+        match self.est.load(Relaxed) {
+            0 => {
+                self.unmeasured.fetch_add(1, Relaxed);
+                (DEFAULT_NS, true)
+            }
+            e => (e, false),
+        }
+    }
+
+    /// Takes back a charge made by `charge` for a launch that failed.
+    pub fn uncharge(&self, unmeasured: bool) {
+        if unmeasured {
+            let _ = self
+                .unmeasured
+                .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
+        }
+    }
+
+    pub fn estimate(&self) -> u64 {
+        self.est.load(Relaxed)
+    }
+
+    /// A measurement of one launch that was charged `charged` (of which `was_unmeasured` says
+    /// whether it was a default charge): `raw` ns between its events, of which the coordinator's
+    /// queue model predicted `ahead` to be waiting behind other containers' work. Returns the
+    /// debt: what the launches charged so far still owe (positive) or were overcharged
+    /// (negative), in ns.
+    ///
+    /// Why this is stable (see the module docs): a raw sample only errs upward (queueing adds,
+    /// nothing subtracts), so the least raw sample in the ring caps the estimate; a clean sample
+    /// (`ahead == 0`: by the model nothing of another container's sits between this launch and
+    /// our own previous work) is raw, and a key that has clean samples is estimated from them
+    /// alone, so its estimate never depends on other containers' estimates. Only a key with no
+    /// clean sample uses raw minus the predicted wait, and a prediction that leaves nothing of
+    /// the sample (`ahead >= raw`) is rejected as implausible.
+    pub fn record(&self, raw: u64, ahead: u64, charged: u64, was_unmeasured: bool) -> i64 {
+        let raw = raw.max(1);
+        if ahead < raw {
+            let i = self.next.fetch_add(1, Relaxed) as usize % RING;
+            let v = (raw - ahead) | if ahead == 0 { CLEAN } else { 0 };
+            self.raw[i].store(raw, Relaxed);
+            self.ring[i].store(v, Relaxed);
+        }
+        let est = match self.filtered() {
+            0 => self.est.load(Relaxed), // every sample so far implausible: keep what we have
+            e => e,
+        };
+        if est == 0 {
+            // Not measured yet and this sample was implausible: settle nothing (the launches
+            // stay charged the default until a usable sample comes back).
+            return 0;
+        }
+        let first = self.est.swap(est, AcqRel) == 0;
+        if !was_unmeasured {
+            // What this launch used (filtered) minus what it was charged.
+            return est as i64 - charged as i64;
+        }
+        if !first {
+            return 0; // a default charge, already settled by the first measurement
+        }
+        // The first measurement: this launch, and every other launch charged the default
+        // before it came back.
+        self.uncharge(true);
+        let n = self.unmeasured.swap(0, AcqRel);
+        est as i64 - charged as i64 + n as i64 * (est as i64 - DEFAULT_NS as i64)
+    }
+
+    /// The estimate from the ring (0: no sample): the 25th percentile of the clean samples if
+    /// there are any, else of all; never above the least raw sample.
+    fn filtered(&self) -> u64 {
+        let (mut clean, mut all) = ([0u64; RING], [0u64; RING]);
+        let (mut nc, mut na) = (0, 0);
+        let mut least_raw = u64::MAX;
+        for (s, r) in self.ring.iter().zip(&self.raw) {
+            let x = s.load(Relaxed);
+            if x == 0 {
+                continue;
+            }
+            least_raw = least_raw.min(r.load(Relaxed).max(1));
+            let v = (x & !CLEAN).max(1);
+            all[na] = v;
+            na += 1;
+            if x & CLEAN != 0 {
+                clean[nc] = v;
+                nc += 1;
+            }
+        }
+        let v = if nc > 0 {
+            &mut clean[..nc]
+        } else {
+            &mut all[..na]
+        };
+        if v.is_empty() {
+            return 0;
+        }
+        v.sort_unstable();
+        v[(v.len() - 1) / 4].min(least_raw)
+    }
+}
+
+/// Marks a clean sample in the ring (see [`Entry::record`]).
+const CLEAN: u64 = 1 << 63;
+
+/// An open-addressing table, fixed size, lock-free: key -> entry. Keys are never removed (a
+/// process has a bounded number of kernels; when full, launches are charged by a shared
+/// overflow entry).
+pub struct Estimates {
+    entries: Box<[Entry]>,
+    overflow: Entry,
+}
+
+impl Estimates {
+    pub fn new(capacity: usize) -> Estimates {
+        let n = capacity.next_power_of_two();
+        Estimates {
+            entries: (0..n).map(|_| Entry::new()).collect(),
+            overflow: Entry::new(),
+        }
+    }
+
+    /// The entry of `key` (non-zero), made on first use.
+    #[inline]
+    pub fn entry(&self, key: u64) -> &Entry {
+        let key = key.max(1);
+        let mask = self.entries.len() - 1;
+        let mut i = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) as usize & mask;
+        for _ in 0..64 {
+            let e = &self.entries[i];
+            match e.key.load(Acquire) {
+                k if k == key => return e,
+                0 => match e.key.compare_exchange(0, key, AcqRel, Acquire) {
+                    Ok(_) => return e,
+                    Err(k) if k == key => return e,
+                    Err(_) => {}
+                },
+                _ => {}
+            }
+            i = (i + 1) & mask;
+        }
+        &self.overflow
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_measurement_settles_every_default_charge() {
+        let t = Estimates::new(64);
+        let e = t.entry(42);
+        let charges: Vec<_> = (0..5).map(|_| e.charge()).collect();
+        assert!(charges.iter().all(|&(c, u)| c == DEFAULT_NS && u));
+        // One of the five is measured: 1 ms.
+        let debt = e.record(1_000_000, 0, DEFAULT_NS, true);
+        assert_eq!(debt, 5 * (1_000_000 - DEFAULT_NS as i64));
+        assert_eq!(e.charge(), (1_000_000, false));
+        assert_eq!(e.record(1_000_000, 0, 1_000_000, false), 0);
+    }
+
+    #[test]
+    fn clean_samples_decide_and_others_estimates_cannot_move_them() {
+        let t = Estimates::new(64);
+        let e = t.entry(7);
+        e.charge();
+        e.record(50_000, 0, DEFAULT_NS, true);
+        for _ in 0..7 {
+            e.record(50_000, 0, 50_000, false);
+        }
+        // Samples that queued behind other containers, with the predicted wait too large (their
+        // estimates too high) or too small: ignored while the ring holds clean samples.
+        for (raw, ahead) in [
+            (950_000u64, 930_000u64),
+            (300_000, 100_000),
+            (700_000, 690_000),
+        ] {
+            assert_eq!(e.record(raw, ahead, 50_000, false), 0, "{raw} - {ahead}");
+        }
+        // A clean sample inflated by a race (another container's kernel slipped in).
+        e.record(1_050_000, 0, 50_000, false);
+        assert_eq!(e.estimate(), 50_000);
+        // A function that got faster: the quantile follows.
+        for _ in 0..RING - 1 {
+            e.record(40_000, 0, 50_000, false);
+        }
+        assert_eq!(e.record(40_000, 0, 50_000, false), -10_000);
+        assert_eq!(e.estimate(), 40_000);
+    }
+
+    #[test]
+    fn without_clean_samples_the_least_raw_sample_caps_the_estimate() {
+        let t = Estimates::new(64);
+        let e = t.entry(9);
+        e.charge();
+        // Predicted waits too small (others' estimates too low): 250 us left of each.
+        e.record(300_000, 50_000, DEFAULT_NS, true);
+        for _ in 0..3 {
+            e.record(300_000, 50_000, 250_000, false);
+        }
+        assert_eq!(e.estimate(), 250_000);
+        // One launch that barely queued: its raw time bounds the run time.
+        e.record(180_000, 100, 250_000, false);
+        assert_eq!(e.estimate(), 180_000);
+        // A prediction that leaves nothing of the sample is rejected.
+        assert_eq!(e.record(100_000, 200_000, 180_000, false), 0);
+        assert_eq!(e.estimate(), 180_000);
+    }
+
+    #[test]
+    fn an_implausible_first_sample_settles_nothing() {
+        let t = Estimates::new(64);
+        let e = t.entry(11);
+        e.charge();
+        e.charge();
+        assert_eq!(e.record(100_000, 150_000, DEFAULT_NS, true), 0);
+        assert_eq!(e.estimate(), 0);
+        assert_eq!(e.record(400_000, 0, DEFAULT_NS, true), 2 * 300_000);
+        assert_eq!(e.estimate(), 400_000);
+    }
+
+    #[test]
+    fn keys_get_their_own_entries_until_full() {
+        let t = Estimates::new(4);
+        let a = t.entry(1) as *const Entry;
+        assert_eq!(a, t.entry(1) as *const Entry);
+        let others: Vec<_> = (2..=4).map(|k| t.entry(k) as *const Entry).collect();
+        assert!(!others.contains(&a));
+        assert_eq!(t.entry(99) as *const Entry, &t.overflow as *const Entry);
+    }
+}

@@ -1,0 +1,680 @@
+//! Compute time slices, as plain Rust: a token bucket per container per GPU whose unit is GPU
+//! time (ns), refilled at a rate that follows from the GPU coordinator's slots.
+//!
+//! - A launch draws its estimated run time ([`estimate`]) from the container's bucket (one atomic
+//!   in the coordinator slot, shared by all the container's processes). A bucket in debt makes
+//!   the launching thread sleep until the refill has paid the debt; never a spin.
+//! - A sampled fraction of launches is measured (`hook` records events around them and hands the
+//!   elapsed time in later, [`Compute::measured`]); the difference between what was measured and
+//!   what was charged is settled on the bucket, so long-run accounting follows the measurements.
+//! - Refill rates ([`share`]) are recomputed by each process every [`RATE_PERIOD_NS`] from every
+//!   slot of the GPU's coordinator: policy, recent use, whether it is held back, last launch.
+//!
+//! Hot path (a launch under the cap): a clock read, a few relaxed loads, one fetch_sub on the
+//! bucket and thread-local counters. No lock, no syscall, no allocation.
+
+pub mod estimate;
+pub mod share;
+
+use crate::config::{Compute as Spec, ComputeConfig, Config};
+use cuvisor_shm::coordinator::{self, Coordinator, Slot, POLICY_LIMIT, POLICY_SHARE};
+use cuvisor_shm::ledger::Ledger;
+use estimate::{Entry, Estimates};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::{Mutex, OnceLock};
+
+/// How often a process recomputes its container's refill rate on a GPU.
+pub const RATE_PERIOD_NS: u64 = 10_000_000;
+/// A container that launched within this window is active (shares are split among the active).
+pub const ACTIVE_NS: u64 = 200_000_000;
+/// A container that had to wait within this window wants more than it gets.
+pub const THROTTLED_NS: u64 = 50_000_000;
+/// The bucket holds at most this much GPU time: the burst a container may queue after a pause.
+pub const BURST_NS: i64 = 5_000_000;
+/// The bucket is refilled at most this often (per container, any process).
+const REFILL_NS: u64 = 50_000;
+/// Longest single sleep of a throttled thread (it re-checks after).
+const MAX_SLEEP_NS: u64 = 1_000_000_000;
+/// Thread-local counts reach the shared counters after this many launches or this much time.
+const FLUSH_LAUNCHES: u64 = 32;
+const FLUSH_NS: i64 = 1_000_000;
+/// CUDA ordinals we keep a GPU state for.
+pub const MAX_ORDINALS: usize = 64;
+
+/// CLOCK_MONOTONIC in ns (vDSO: no syscall).
+#[inline]
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// What the process knows about one GPU.
+pub struct Gpu {
+    coord: Coordinator,
+    slot: AtomicUsize,
+    policy: u32,
+    param: u64,
+    /// The container's ledger entry for this GPU (metrics), if it has one.
+    ledger_entry: Option<usize>,
+    /// The refill rate, ppm of GPU time.
+    rate_ppm: AtomicU64,
+    next_rate_at: AtomicU64,
+    usage: Mutex<Usage>,
+}
+
+/// Per-slot use seen by this process at its last rate computation.
+struct Usage {
+    at: u64,
+    ids: [u64; coordinator::MAX_SLOTS],
+    consumed: [u64; coordinator::MAX_SLOTS],
+    rate: [f64; coordinator::MAX_SLOTS],
+    next_reclaim: u64,
+}
+
+impl Gpu {
+    fn slot(&self) -> &Slot {
+        self.coord.slot(self.slot.load(Relaxed))
+    }
+    /// The refill rate now, as a fraction of GPU time.
+    pub fn rate(&self) -> f64 {
+        self.rate_ppm.load(Relaxed) as f64 / 1e6
+    }
+}
+
+/// How a launch was admitted: what it was charged (to give back if the driver refuses it).
+#[derive(Clone, Copy, Debug)]
+pub struct Ticket {
+    pub charged: u64,
+    pub unmeasured: bool,
+    /// Ns the thread must sleep before launching (0: none).
+    pub wait_ns: u64,
+    /// How long this launch should wait behind other containers' work before it runs, on the
+    /// coordinator's model of the GPU queue (taken off its measured time; see `queue`).
+    pub ahead: u64,
+    /// When the launch's work should end on the queue model (see `queue`; 0: not queued yet).
+    pub ends: u64,
+}
+
+pub struct Compute {
+    spec: Spec,
+    cfg: ComputeConfig,
+    memory: Config,
+    container: u64,
+    ledger: &'static Ledger,
+    pub estimates: Estimates,
+    gpus: [OnceLock<Option<Box<Gpu>>>; MAX_ORDINALS],
+    pid: u32,
+    start: u64,
+}
+
+#[derive(Clone, Copy)]
+struct Batch {
+    gpu: usize,
+    launches: u64,
+    ns: i64,
+}
+
+thread_local! {
+    static BATCH: Cell<Batch> = const { Cell::new(Batch { gpu: 0, launches: 0, ns: 0 }) };
+    static TICK: Cell<u32> = const { Cell::new(0) };
+}
+
+impl Compute {
+    /// None when the policy is `none`.
+    pub fn new(cfg: ComputeConfig, memory: Config, ledger: &'static Ledger) -> Option<Compute> {
+        if cfg.compute == Spec::None {
+            return None;
+        }
+        let (pid, start) = cuvisor_shm::process::me();
+        Some(Compute {
+            spec: cfg.compute,
+            cfg,
+            memory,
+            container: ledger.container_id(),
+            ledger,
+            estimates: Estimates::new(4096),
+            gpus: std::array::from_fn(|_| OnceLock::new()),
+            pid,
+            start,
+        })
+    }
+
+    /// The state of CUDA device `ordinal`; `info` asks the driver for (UUID, physical memory)
+    /// the first time. None: not throttled (no coordinator could be opened: logged once).
+    #[inline]
+    pub fn gpu(
+        &self,
+        ordinal: usize,
+        info: impl FnOnce() -> Option<([u8; 16], u64)>,
+    ) -> Option<&Gpu> {
+        let cell = self.gpus.get(ordinal)?;
+        if let Some(g) = cell.get() {
+            return g.as_deref();
+        }
+        cell.get_or_init(|| self.open_gpu(ordinal, info)).as_deref()
+    }
+
+    fn open_gpu(
+        &self,
+        ordinal: usize,
+        info: impl FnOnce() -> Option<([u8; 16], u64)>,
+    ) -> Option<Box<Gpu>> {
+        let (uuid, physical) = info()?;
+        let (policy, param) = match self.spec {
+            Spec::Limit(f) => (POLICY_LIMIT, (f * 1e6).round().max(1.0) as u64),
+            Spec::Share(w) => (POLICY_SHARE, (w * 1e3).round().max(1.0) as u64),
+            Spec::FromMemory | Spec::None => {
+                let quota = self.memory.limit_for(ordinal as u32, &uuid);
+                let f = if physical == 0 {
+                    1.0
+                } else {
+                    (quota as f64 / physical as f64).min(1.0)
+                };
+                (POLICY_SHARE, (f * 1e3).round().max(1.0) as u64)
+            }
+        };
+        let coord = match Coordinator::open_dir(&self.cfg.coord_dir, uuid) {
+            Ok(c) => c,
+            Err(e) => {
+                crate::log::error(&format!(
+                    "{e}: compute share of this GPU not coordinated with other containers"
+                ));
+                // A private coordinator: the policy still holds for this container alone.
+                let dir = std::env::temp_dir().join(format!(
+                    "cuvisor-coord-private-{}-{}",
+                    self.pid, self.container
+                ));
+                Coordinator::open_dir(&dir, uuid).ok()?
+            }
+        };
+        let now = now_ns();
+        let slot = coord.join(self.container, policy, param, self.pid, self.start, now)?;
+        let ledger_entry = self
+            .ledger
+            .devices()
+            .find(|(_, u, _)| *u == uuid)
+            .map(|(i, _, _)| i)
+            .or_else(|| {
+                self.ledger
+                    .device_for(uuid, self.memory.limit_for(ordinal as u32, &uuid))
+            });
+        let g = Box::new(Gpu {
+            coord,
+            slot: AtomicUsize::new(slot),
+            policy,
+            param,
+            ledger_entry,
+            rate_ppm: AtomicU64::new(1_000_000),
+            next_rate_at: AtomicU64::new(0),
+            usage: Mutex::new(Usage {
+                at: now,
+                ids: [0; coordinator::MAX_SLOTS],
+                consumed: [0; coordinator::MAX_SLOTS],
+                rate: [0.0; coordinator::MAX_SLOTS],
+                next_reclaim: now,
+            }),
+        });
+        self.recompute(&g, now);
+        crate::log::info(&format!(
+            "compute on GPU {ordinal}: {} {}, coordinator {}",
+            if policy == POLICY_LIMIT {
+                "limit"
+            } else {
+                "share"
+            },
+            if policy == POLICY_LIMIT {
+                format!("{:.1}%", param as f64 / 1e4)
+            } else {
+                format!("weight {:.3}", param as f64 / 1e3)
+            },
+            g.coord.path().display()
+        ));
+        Some(g)
+    }
+
+    /// Admits one launch of `entry` on `g`: draws its estimate from the bucket. The caller
+    /// sleeps `wait_ns` (see [`Compute::wait`]) before launching when the bucket is in debt.
+    #[inline]
+    pub fn admit(&self, g: &Gpu, entry: &Entry) -> Ticket {
+        let now = now_ns();
+        if now >= g.next_rate_at.load(Relaxed) {
+            self.recompute(g, now);
+        }
+        let s = g.slot();
+        if now.wrapping_sub(s.last_active.load(Relaxed)) > 1_000_000 {
+            s.last_active.store(now, Relaxed);
+        }
+        let rate = g.rate_ppm.load(Relaxed).max(1);
+        let (cost, unmeasured) = entry.charge();
+        let last = s.refill_at.load(Relaxed);
+        let after = if now > last + REFILL_NS
+            && s.refill_at
+                .compare_exchange(last, now, AcqRel, Relaxed)
+                .is_ok()
+        {
+            let add = ((now - last) as u128 * rate as u128 / 1_000_000) as i64;
+            let cost = cost as i64;
+            match s.tokens.fetch_update(AcqRel, Relaxed, |t| {
+                Some((t + add).min(BURST_NS.max(t)) - cost)
+            }) {
+                Ok(prev) => (prev + add).min(BURST_NS.max(prev)) - cost,
+                Err(t) => t, // unreachable: the closure always answers
+            }
+        } else {
+            s.tokens.fetch_sub(cost as i64, AcqRel) - cost as i64
+        };
+        self.count(g, 1, cost as i64);
+        let wait_ns = if after < 0 {
+            ((-after) as u128 * 1_000_000 / rate as u128).min(MAX_SLEEP_NS as u128) as u64
+        } else {
+            0
+        };
+        // Queued now unless the thread must wait first (then when it wakes: see `wait`).
+        let (ahead, ends) = if wait_ns == 0 {
+            queue(&g.coord, s, now, cost)
+        } else {
+            (0, 0)
+        };
+        Ticket {
+            charged: cost,
+            unmeasured,
+            ahead,
+            ends,
+            wait_ns,
+        }
+    }
+
+    /// Sleeps a throttled thread (and accounts the time) before its launch `t`.
+    pub fn wait(&self, g: &Gpu, t: &mut Ticket) {
+        let ns = t.wait_ns;
+        let t0 = now_ns();
+        let s = g.slot();
+        s.throttled_at.store(t0, Relaxed);
+        std::thread::sleep(std::time::Duration::from_nanos(ns));
+        let slept = now_ns().saturating_sub(t0);
+        s.throttled_ns.fetch_add(slept, Relaxed);
+        let now = now_ns();
+        s.throttled_at.store(now, Relaxed);
+        (t.ahead, t.ends) = queue(&g.coord, s, now, t.charged);
+        if let Some(e) = g.ledger_entry {
+            self.ledger.device(e).throttled_ns.fetch_add(slept, Relaxed);
+        }
+        self.flush();
+    }
+
+    /// A launch the driver refused: its charge comes back.
+    pub fn refund(&self, g: &Gpu, entry: &Entry, t: &Ticket) {
+        entry.uncharge(t.unmeasured);
+        g.slot().tokens.fetch_add(t.charged as i64, AcqRel);
+        self.count(g, u64::MAX, -(t.charged as i64)); // launches - 1
+    }
+
+    /// Whether this launch should be measured: every launch of a key not measured yet, then one
+    /// in [`estimate::SAMPLE_EVERY`] per thread.
+    #[inline]
+    pub fn sample(&self, t: &Ticket) -> bool {
+        t.unmeasured
+            || TICK.with(|c| {
+                let n = c.get().wrapping_add(1);
+                c.set(n);
+                n % estimate::SAMPLE_EVERY == 0
+            })
+    }
+
+    /// A measurement came back: `raw` ns between the events around a launch of `key` on
+    /// `ordinal` that was charged `charged`, `ahead` of which the queue model predicted to be
+    /// waiting behind other containers. Settles the difference on the bucket.
+    pub fn measured(
+        &self,
+        ordinal: usize,
+        key: u64,
+        raw: u64,
+        ahead: u64,
+        charged: u64,
+        unmeasured: bool,
+    ) {
+        let debt = self
+            .estimates
+            .entry(key)
+            .record(raw, ahead, charged, unmeasured);
+        let Some(Some(g)) = self.gpus.get(ordinal).and_then(|c| c.get()) else {
+            return;
+        };
+        if debt != 0 {
+            g.slot().tokens.fetch_sub(debt, AcqRel);
+            self.count(g, 0, debt);
+        }
+    }
+
+    /// A measured launch that the queue model expected to end at `model_end` ended at
+    /// `real_end` (host clock): the model follows (see `ground`).
+    pub fn ground(&self, ordinal: usize, model_end: u64, real_end: u64) {
+        if let Some(Some(g)) = self.gpus.get(ordinal).and_then(|c| c.get()) {
+            if model_end != 0 {
+                ground(&g.coord, model_end, real_end);
+            }
+        }
+    }
+
+    /// Adds to the thread's counts; flushes them to the shared counters now and then.
+    #[inline]
+    fn count(&self, g: &Gpu, launches: u64, ns: i64) {
+        let key = g as *const Gpu as usize;
+        BATCH.with(|b| {
+            let mut v = b.get();
+            if v.gpu != key {
+                if v.gpu != 0 {
+                    self.flush_batch(v);
+                }
+                v = Batch {
+                    gpu: key,
+                    launches: 0,
+                    ns: 0,
+                };
+            }
+            v.launches = v.launches.wrapping_add(launches);
+            v.ns += ns;
+            if v.launches >= FLUSH_LAUNCHES || v.ns.abs() >= FLUSH_NS {
+                self.flush_batch(v);
+                v.launches = 0;
+                v.ns = 0;
+            }
+            b.set(v);
+        });
+    }
+
+    /// Flushes this thread's counts (before it sleeps, at exit).
+    pub fn flush(&self) {
+        BATCH.with(|b| {
+            let v = b.get();
+            if v.gpu != 0 {
+                self.flush_batch(v);
+            }
+            b.set(Batch {
+                gpu: 0,
+                launches: 0,
+                ns: 0,
+            });
+        });
+    }
+
+    fn flush_batch(&self, v: Batch) {
+        // The batch names a GPU state of ours: find it (a handful of pointer compares).
+        let Some(g) = self
+            .gpus
+            .iter()
+            .filter_map(|c| c.get().and_then(|g| g.as_deref()))
+            .find(|g| *g as *const Gpu as usize == v.gpu)
+        else {
+            return;
+        };
+        add_signed(&g.slot().consumed_ns, v.ns);
+        if let Some(e) = g.ledger_entry {
+            let d = self.ledger.device(e);
+            add_signed(&d.gpu_ns, v.ns);
+            d.launches.fetch_add(v.launches, Relaxed);
+        }
+    }
+
+    /// Recomputes this container's refill rate on `g` from every slot (at most one thread of the
+    /// process at a time; the others keep the current rate).
+    fn recompute(&self, g: &Gpu, now: u64) {
+        let Ok(mut u) = g.usage.try_lock() else {
+            return;
+        };
+        if now < g.next_rate_at.load(Relaxed) {
+            return;
+        }
+        g.next_rate_at.store(now + RATE_PERIOD_NS, Relaxed);
+        let mine = g.slot.load(Relaxed);
+        let s = g.coord.slot(mine);
+        if s.state.load(Acquire) != coordinator::SLOT_READY
+            || s.container_id.load(Acquire) != self.container
+        {
+            // Our slot was reclaimed (every listed process looked dead): take one again.
+            if let Some(i) =
+                g.coord
+                    .join(self.container, g.policy, g.param, self.pid, self.start, now)
+            {
+                g.slot.store(i, Relaxed);
+            }
+        }
+        if now >= u.next_reclaim {
+            u.next_reclaim = now + 1_000_000_000;
+            g.coord.reclaim_dead(now);
+        }
+        let mine = g.slot.load(Relaxed);
+        let dt = now.saturating_sub(u.at).max(1) as f64;
+        u.at = now;
+        let idle = share::View {
+            kind: share::Kind::Share(0.0),
+            active: false,
+            throttled: false,
+            usage: 0.0,
+        };
+        let mut views = [idle; coordinator::MAX_SLOTS];
+        let mut n = 0;
+        let mut me = None;
+        for (i, s) in g.coord.slots() {
+            let id = s.container_id.load(Acquire);
+            let consumed = s.consumed_ns.load(Relaxed);
+            if u.ids[i] != id {
+                u.ids[i] = id;
+                u.consumed[i] = consumed;
+                u.rate[i] = 0.0;
+            }
+            let inst = consumed.saturating_sub(u.consumed[i]) as f64 / dt;
+            u.consumed[i] = consumed;
+            // A smoothed use (time constant ~ 5 periods).
+            u.rate[i] += 0.2 * (inst.min(1.5) - u.rate[i]);
+            let param = s.param.load(Relaxed) as f64;
+            let kind = if s.policy.load(Relaxed) == POLICY_LIMIT {
+                share::Kind::Limit(param / 1e6)
+            } else {
+                share::Kind::Share(param / 1e3)
+            };
+            if i == mine {
+                me = Some(n);
+            }
+            views[n] = share::View {
+                kind,
+                active: i == mine || now.saturating_sub(s.last_active.load(Relaxed)) < ACTIVE_NS,
+                throttled: now.saturating_sub(s.throttled_at.load(Relaxed)) < THROTTLED_NS,
+                usage: u.rate[i],
+            };
+            n += 1;
+        }
+        let Some(me) = me else { return };
+        let mut rates = [0.0; coordinator::MAX_SLOTS];
+        share::rates_into(&views[..n], &mut rates[..n]);
+        let r = rates[me];
+        let ppm = (r * 1e6) as u64;
+        g.rate_ppm.store(ppm, Relaxed);
+        g.slot().grant_ppm.store(ppm, Relaxed);
+    }
+
+    /// At a normal exit: this thread's counts, and the process off every slot it is listed in.
+    pub fn at_exit(&self) {
+        self.flush();
+        for g in self
+            .gpus
+            .iter()
+            .filter_map(|c| c.get().and_then(|g| g.as_deref()))
+        {
+            g.coord.leave(g.slot.load(Relaxed), self.pid, self.start);
+        }
+    }
+
+    /// In a forked child: list the child in the slots (it is a process of the container).
+    pub fn after_fork(&self) {
+        let (pid, start) = cuvisor_shm::process::me();
+        for g in self
+            .gpus
+            .iter()
+            .filter_map(|c| c.get().and_then(|g| g.as_deref()))
+        {
+            g.coord.list_proc(g.slot.load(Relaxed), pid, start);
+        }
+    }
+}
+
+/// Where the work the queue model expected to end at `model_end` really ended (`real_end`, from
+/// a measurement whose start event is known in host time): moves the model's queue (the
+/// timeline and every container's end of work after that point) by the difference, so that
+/// the model follows the GPU instead of drifting with the sum of everyone's estimate errors.
+fn ground(c: &Coordinator, model_end: u64, real_end: u64) {
+    let delta = real_end as i64 - model_end as i64;
+    if delta == 0 {
+        return;
+    }
+    let shift = |t: u64| {
+        if t >= model_end {
+            Some((t as i64 + delta).max(0) as u64)
+        } else if real_end > t {
+            Some(real_end) // the model had the GPU done earlier than it was
+        } else {
+            None
+        }
+    };
+    let _ = c.header().timeline.fetch_update(AcqRel, Relaxed, shift);
+    for (_, s) in c.slots() {
+        let _ = s.queued_until.fetch_update(Relaxed, Relaxed, |q| {
+            if q >= model_end {
+                shift(q)
+            } else {
+                None
+            }
+        });
+    }
+}
+
+/// Puts `cost` of work launched at `now` on the coordinator's model of the GPU queue (kernels
+/// of all containers one after another, as the GPU runs them); returns how long it should wait
+/// behind other containers' work: its start minus the later of `now` and the end of the
+/// container's own previous work (which events on its stream do not count as waiting).
+#[inline]
+fn queue(c: &Coordinator, s: &Slot, now: u64, cost: u64) -> (u64, u64) {
+    let own = s.queued_until.load(Relaxed);
+    let prev = c
+        .header()
+        .timeline
+        .fetch_update(AcqRel, Relaxed, |t| Some(t.max(now) + cost))
+        .unwrap_or(now);
+    let start = prev.max(now);
+    s.queued_until.store(start + cost, Relaxed);
+    (start.saturating_sub(own.max(now)), start + cost)
+}
+
+fn add_signed(a: &AtomicU64, v: i64) {
+    if v >= 0 {
+        a.fetch_add(v as u64, Relaxed);
+    } else {
+        let _ = a.fetch_update(Relaxed, Relaxed, |x| {
+            Some(x.saturating_sub(v.unsigned_abs()))
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Target;
+    use std::path::PathBuf;
+
+    fn setup(tag: &str, spec: Spec, coord: &std::path::Path) -> &'static Compute {
+        let state = std::env::temp_dir().join(format!("cuvisor-ts-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&state);
+        let ledger: &'static Ledger = Box::leak(Box::new(Ledger::open_dir(&state).unwrap()));
+        let memory = Config {
+            limits: vec![(Target::All, 1 << 30)],
+            caps: Vec::new(),
+            state_dir: state,
+            context_reserve: 0,
+        };
+        let cfg = ComputeConfig {
+            compute: spec,
+            coord_dir: coord.to_path_buf(),
+            errors: Vec::new(),
+        };
+        Box::leak(Box::new(Compute::new(cfg, memory, ledger).unwrap()))
+    }
+
+    fn coord_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("cuvisor-ts-coord-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    /// Launches as fast as the bucket allows for `ms` (kernels of `kernel_ns`, measured exactly
+    /// every time) and returns the GPU time drawn per wall time.
+    fn saturate(c: &Compute, g: &Gpu, key: u64, kernel_ns: u64, ms: u64) -> f64 {
+        let e = c.estimates.entry(key);
+        let t0 = now_ns();
+        let mut drawn = 0u64;
+        while now_ns() - t0 < ms * 1_000_000 {
+            let mut t = c.admit(g, e);
+            if t.wait_ns > 0 {
+                c.wait(g, &mut t);
+            }
+            drawn += kernel_ns;
+            c.measured(0, key, kernel_ns, 0, t.charged, t.unmeasured);
+        }
+        drawn as f64 / (now_ns() - t0) as f64
+    }
+
+    #[test]
+    fn a_limit_paces_to_its_cap_and_sleeps() {
+        let dir = coord_dir("limit");
+        let c = setup("limit", Spec::Limit(0.3), &dir);
+        let g = c.gpu(0, || Some(([1; 16], 1 << 34))).unwrap();
+        assert_eq!(g.rate(), 0.3);
+        let got = saturate(c, g, 77, 200_000, 600);
+        assert!((got - 0.3).abs() < 0.02, "{got}");
+        assert!(
+            g.slot().throttled_ns.load(Relaxed) > 300_000_000,
+            "it slept"
+        );
+        c.flush();
+        let used = c
+            .ledger
+            .device(g.ledger_entry.unwrap())
+            .gpu_ns
+            .load(Relaxed);
+        assert!(used > 150_000_000, "metrics reach the ledger: {used}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn default_share_follows_the_memory_fraction_and_a_lone_share_gets_everything() {
+        let dir = coord_dir("share");
+        let c = setup("share", Spec::FromMemory, &dir);
+        let g = c.gpu(0, || Some(([2; 16], 4 << 30))).unwrap();
+        assert_eq!(g.param, 250, "1 GiB of 4 GiB: weight 0.25");
+        assert_eq!(g.rate(), 1.0, "alone on the GPU");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn none_is_no_compute_at_all() {
+        let cfg = ComputeConfig {
+            compute: Spec::None,
+            coord_dir: PathBuf::from("/nonexistent"),
+            errors: Vec::new(),
+        };
+        let state = std::env::temp_dir().join(format!("cuvisor-ts-none-{}", std::process::id()));
+        let ledger: &'static Ledger = Box::leak(Box::new(Ledger::open_dir(&state).unwrap()));
+        let memory = Config {
+            limits: vec![],
+            caps: vec![],
+            state_dir: state,
+            context_reserve: 0,
+        };
+        assert!(Compute::new(cfg, memory, ledger).is_none());
+    }
+}
