@@ -1,0 +1,499 @@
+//! The plugin's configuration file (TOML, versioned). Every field has a default, so an empty
+//! file (or no file) is a working configuration; unknown keys and bad values are refused with
+//! the key's name and the reason.
+//!
+//! ```toml
+//! version = 1
+//! socket_dir = "/var/lib/kubelet/device-plugins"   # kubelet.sock lives here; so do our sockets
+//! state_root = "/var/lib/cuvisor"                  # per-allocation directories, ld.so.preload
+//! metrics_port = 9400                              # 0: no metrics endpoint
+//!
+//! [pod_resources]                        # kubelet's PodResources API: pod names, cleanup
+//! socket = "/var/lib/kubelet/pod-resources/kubelet.sock"   # "": not asked
+//! refresh_seconds = 10
+//!
+//! [resources]
+//! gpu = "cuvisor.io/gpu"                 # whole GPUs ("" to not advertise)
+//! gpu_memory = "cuvisor.io/gpu-memory"   # memory units ("" to not advertise)
+//! memory_unit = "1Gi"                    # one device ID per unit
+//! # compute = "share=2"                  # for memory units; unset: share = memory fraction
+//! # context_reserve = "300Mi"
+//!
+//! [host]                                 # paths on the node
+//! library = "/usr/local/lib/cuvisor/libcuvisor.so"
+//! dev_dir = "/dev"                       # /dev/nvidiaN, /dev/nvidiactl, ...
+//! control_devices = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
+//! coord_dir = "/var/lib/cuvisor/coord"   # default: <state_root>/coord
+//!
+//! [container]                            # paths inside the container
+//! library = "/usr/local/lib/cuvisor/libcuvisor.so"
+//! limits = "/var/run/cuvisor/limits.conf"
+//! state_dir = "/var/run/cuvisor/state"
+//! coord_dir = "/var/run/cuvisor/coord"
+//!
+//! [topology]                             # topology::Weights
+//! bandwidth = 0.5
+//! topology = 0.3
+//! balance = 0.1
+//! domain = 0.1
+//!
+//! [health]
+//! xid_critical = [48, 62, 63, 64, 74, 79, 92, 95, 119, 120, 140]   # health::DEFAULT_CRITICAL_XIDS
+//! xid_hold_seconds = 300                 # Unhealthy this long after the last one; 0: until restart
+//! nvlink_min_gbps = 0.0                  # 0: only a link that is down counts
+//! poll_ms = 1000                         # NVLink reads, and the longest an XID wait blocks
+//!
+//! [cleanup]
+//! grace_seconds = 300                    # an allocation younger than this is never removed
+//! interval_seconds = 60
+//! ```
+
+use crate::topology::Weights;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The configuration format this build reads.
+pub const VERSION: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub version: u32,
+    pub socket_dir: PathBuf,
+    pub state_root: PathBuf,
+    pub metrics_port: u16,
+    pub pod_resources: PodResources,
+    pub resources: Resources,
+    pub host: HostPaths,
+    pub container: ContainerPaths,
+    pub topology: Weights,
+    pub health: Health,
+    pub cleanup: Cleanup,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Resources {
+    /// Whole GPUs; "" = not advertised.
+    pub gpu: String,
+    /// Memory units; "" = not advertised.
+    pub gpu_memory: String,
+    /// The size of one memory unit (a Kubernetes quantity: "1Gi", "512Mi").
+    pub memory_unit: String,
+    /// The `compute` line of the limits file for memory units (`share=W`, `limit=P`, `none`);
+    /// unset: the library's default, a share proportional to the memory fraction.
+    pub compute: Option<String>,
+    /// `context_reserve` of the limits file.
+    pub context_reserve: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HostPaths {
+    pub library: PathBuf,
+    pub dev_dir: PathBuf,
+    /// Device nodes every GPU container gets, besides /dev/nvidiaN (names under dev_dir; those
+    /// that do not exist on the host are skipped).
+    pub control_devices: Vec<String>,
+    /// The GPU coordinators' directory; default `<state_root>/coord`.
+    pub coord_dir: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ContainerPaths {
+    pub library: PathBuf,
+    pub limits: PathBuf,
+    pub state_dir: PathBuf,
+    pub coord_dir: PathBuf,
+}
+
+/// kubelet's PodResources API (pod labels of the metrics; the sweeper's liveness rule).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PodResources {
+    /// kubelet's PodResources socket; empty: not asked.
+    pub socket: PathBuf,
+    /// How often it is asked.
+    pub refresh_seconds: u64,
+}
+
+/// The health checker's thresholds ([`crate::health::HealthConfig`] is made from this).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Health {
+    /// XIDs that mark a GPU unhealthy.
+    pub xid_critical: Vec<u64>,
+    /// How long a GPU stays Unhealthy after its last critical XID; 0: until the plugin restarts.
+    pub xid_hold_seconds: u64,
+    /// An NVLink below this many GB/s marks its GPU unhealthy (0: only a link down does).
+    pub nvlink_min_gbps: f64,
+    /// How often NVLink state is read, and the longest an XID wait blocks (milliseconds).
+    pub poll_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Cleanup {
+    pub grace_seconds: u64,
+    pub interval_seconds: u64,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            version: VERSION,
+            socket_dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
+            state_root: PathBuf::from("/var/lib/cuvisor"),
+            metrics_port: 9400,
+            pod_resources: PodResources::default(),
+            resources: Resources::default(),
+            host: HostPaths::default(),
+            container: ContainerPaths::default(),
+            topology: Weights::default(),
+            health: Health::default(),
+            cleanup: Cleanup::default(),
+        }
+    }
+}
+
+impl Default for Resources {
+    fn default() -> Resources {
+        Resources {
+            gpu: "cuvisor.io/gpu".into(),
+            gpu_memory: "cuvisor.io/gpu-memory".into(),
+            memory_unit: "1Gi".into(),
+            compute: None,
+            context_reserve: None,
+        }
+    }
+}
+
+impl Default for HostPaths {
+    fn default() -> HostPaths {
+        HostPaths {
+            library: PathBuf::from("/usr/local/lib/cuvisor/libcuvisor.so"),
+            dev_dir: PathBuf::from("/dev"),
+            control_devices: ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
+                .map(String::from)
+                .to_vec(),
+            coord_dir: None,
+        }
+    }
+}
+
+impl Default for ContainerPaths {
+    fn default() -> ContainerPaths {
+        ContainerPaths {
+            library: PathBuf::from("/usr/local/lib/cuvisor/libcuvisor.so"),
+            limits: PathBuf::from("/var/run/cuvisor/limits.conf"),
+            state_dir: PathBuf::from("/var/run/cuvisor/state"),
+            coord_dir: PathBuf::from("/var/run/cuvisor/coord"),
+        }
+    }
+}
+
+impl Default for PodResources {
+    fn default() -> PodResources {
+        PodResources {
+            socket: PathBuf::from(crate::podresources::SOCKET),
+            refresh_seconds: 10,
+        }
+    }
+}
+
+impl Default for Health {
+    fn default() -> Health {
+        let h = crate::health::HealthConfig::default();
+        Health {
+            xid_critical: h.critical_xids,
+            xid_hold_seconds: h.xid_hold_seconds,
+            nvlink_min_gbps: h.nvlink_min_gbps.unwrap_or(0.0),
+            poll_ms: h.poll_ms,
+        }
+    }
+}
+
+impl Default for Cleanup {
+    fn default() -> Cleanup {
+        Cleanup {
+            grace_seconds: 300,
+            interval_seconds: 60,
+        }
+    }
+}
+
+/// A configuration that could not be read or is wrong: which file, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Config {
+    /// Reads and checks a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
+        Config::parse(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
+    }
+
+    /// Parses and checks configuration text.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let c: Config = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks every value; the first problem, naming its key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |m: String| Err(ConfigError(m));
+        if self.version != VERSION {
+            return err(format!(
+                "version = {}: this plugin reads configuration version {VERSION}",
+                self.version
+            ));
+        }
+        let r = &self.resources;
+        if r.gpu.is_empty() && r.gpu_memory.is_empty() {
+            return err(
+                "resources: both gpu and gpu_memory are empty; nothing to advertise".into(),
+            );
+        }
+        for (key, name) in [("gpu", &r.gpu), ("gpu_memory", &r.gpu_memory)] {
+            if !name.is_empty() && !valid_resource_name(name) {
+                return err(format!(
+                    "resources.{key} = {name:?}: an extended resource name is DOMAIN/NAME \
+                     (e.g. cuvisor.io/gpu), lowercase letters, digits, '-' and '.'"
+                ));
+            }
+        }
+        if !r.gpu.is_empty() && r.gpu == r.gpu_memory {
+            return err(format!(
+                "resources.gpu and resources.gpu_memory are both {:?}",
+                r.gpu
+            ));
+        }
+        let unit = self.memory_unit_bytes()?;
+        if unit < (1 << 20) {
+            return err(format!(
+                "resources.memory_unit = {:?}: at least 1Mi",
+                r.memory_unit
+            ));
+        }
+        if let Some(c) = &r.compute {
+            check_compute(c).map_err(|e| ConfigError(format!("resources.compute = {c:?}: {e}")))?;
+        }
+        if let Some(c) = &r.context_reserve {
+            cuvisor_shm::quantity::parse_quantity(c)
+                .map_err(|e| ConfigError(format!("resources.context_reserve = {c:?}: {e}")))?;
+        }
+        for (key, p) in [
+            ("socket_dir", &self.socket_dir),
+            ("state_root", &self.state_root),
+            ("host.library", &self.host.library),
+            ("host.dev_dir", &self.host.dev_dir),
+            ("container.library", &self.container.library),
+            ("container.limits", &self.container.limits),
+            ("container.state_dir", &self.container.state_dir),
+            ("container.coord_dir", &self.container.coord_dir),
+        ] {
+            if !p.is_absolute() {
+                return err(format!("{key} = {p:?}: must be an absolute path"));
+            }
+        }
+        let pr = &self.pod_resources.socket;
+        if !pr.as_os_str().is_empty() && !pr.is_absolute() {
+            return err(format!(
+                "pod_resources.socket = {pr:?}: must be an absolute path (or \"\": not asked)"
+            ));
+        }
+        if self.pod_resources.refresh_seconds == 0 {
+            return err("pod_resources.refresh_seconds = 0: must be at least 1".into());
+        }
+        if let Some(p) = &self.host.coord_dir {
+            if !p.is_absolute() {
+                return err(format!("host.coord_dir = {p:?}: must be an absolute path"));
+            }
+        }
+        for d in &self.host.control_devices {
+            if d.is_empty() || d.contains('/') {
+                return err(format!(
+                    "host.control_devices: {d:?} must be a file name under host.dev_dir"
+                ));
+            }
+        }
+        self.topology
+            .validate()
+            .map_err(|e| ConfigError(format!("topology: {e}")))?;
+        let g = self.health.nvlink_min_gbps;
+        if !g.is_finite() || g < 0.0 {
+            return err(format!(
+                "health.nvlink_min_gbps = {g}: must be a finite number >= 0"
+            ));
+        }
+        if self.health.poll_ms == 0 || self.health.poll_ms > 60_000 {
+            return err(format!(
+                "health.poll_ms = {}: must be in 1..=60000",
+                self.health.poll_ms
+            ));
+        }
+        if self.cleanup.interval_seconds == 0 {
+            return err("cleanup.interval_seconds = 0: must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// The memory unit in bytes.
+    pub fn memory_unit_bytes(&self) -> Result<u64, ConfigError> {
+        let u = &self.resources.memory_unit;
+        cuvisor_shm::quantity::parse_quantity(u)
+            .map_err(|e| ConfigError(format!("resources.memory_unit = {u:?}: {e}")))
+    }
+
+    /// The GPU coordinators' directory on the host.
+    pub fn host_coord_dir(&self) -> PathBuf {
+        self.host
+            .coord_dir
+            .clone()
+            .unwrap_or_else(|| self.state_root.join("coord"))
+    }
+}
+
+/// DOMAIN/NAME, as kubelet accepts for an extended resource.
+fn valid_resource_name(name: &str) -> bool {
+    let Some((domain, rest)) = name.split_once('/') else {
+        return false;
+    };
+    let ok = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 63
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+            && !s.starts_with(['-', '.'])
+            && !s.ends_with(['-', '.'])
+    };
+    domain.contains('.') && ok(domain) && ok(rest)
+}
+
+/// The limits file's compute values: `limit=P` (0 < P <= 100), `share=W` (0 < W), `none`.
+fn check_compute(text: &str) -> Result<(), String> {
+    let t = text.trim();
+    if t == "none" {
+        return Ok(());
+    }
+    let (k, v) = t
+        .split_once('=')
+        .ok_or("expected limit=PERCENT, share=WEIGHT or none")?;
+    let n: f64 = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("{v:?} is not a number"))?;
+    match k.trim() {
+        "limit" if n > 0.0 && n <= 100.0 => Ok(()),
+        "limit" => Err("the limit must be in (0, 100] percent".into()),
+        "share" if n > 0.0 && n <= 1e6 => Ok(()),
+        "share" => Err("the share weight must be in (0, 1000000]".into()),
+        other => Err(format!(
+            "unknown policy {other:?} (limit=PERCENT, share=WEIGHT or none)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_is_the_default() {
+        assert_eq!(Config::parse("").unwrap(), Config::default());
+        // One list of critical XIDs: the health checker's.
+        assert_eq!(
+            Config::default().health.xid_critical,
+            crate::health::DEFAULT_CRITICAL_XIDS
+        );
+        assert_eq!(
+            crate::health::HealthConfig::from(&Config::default().health),
+            crate::health::HealthConfig::default()
+        );
+        assert_eq!(
+            Config::default().memory_unit_bytes().unwrap(),
+            1 << 30,
+            "1 GiB units"
+        );
+    }
+
+    #[test]
+    fn a_full_file_parses() {
+        let c = Config::parse(
+            r#"
+            version = 1
+            socket_dir = "/tmp/dp"
+            state_root = "/tmp/st"
+            metrics_port = 0
+            [resources]
+            memory_unit = "512Mi"
+            compute = "share=2"
+            [topology]
+            bandwidth = 1.0
+            [pod_resources]
+            socket = ""
+            [health]
+            xid_critical = [79]
+            xid_hold_seconds = 1
+            nvlink_min_gbps = 20.5
+            poll_ms = 50
+            [cleanup]
+            grace_seconds = 0
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.memory_unit_bytes().unwrap(), 512 << 20);
+        assert_eq!(c.topology.bandwidth, 1.0);
+        assert_eq!(c.topology.topology, 0.3, "missing weights keep defaults");
+        assert_eq!(c.health.xid_critical, vec![79]);
+        let h = crate::health::HealthConfig::from(&c.health);
+        assert_eq!(
+            (h.xid_hold_seconds, h.poll_ms, h.nvlink_min_gbps),
+            (1, 50, Some(20.5))
+        );
+        assert_eq!(c.pod_resources.socket, PathBuf::new());
+        assert_eq!(c.pod_resources.refresh_seconds, 10);
+        assert_eq!(c.host_coord_dir(), PathBuf::from("/tmp/st/coord"));
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_key() {
+        for (text, want) in [
+            ("version = 2", "version = 2"),
+            (
+                "[resources]\nmemory_unit = \"1GB\"",
+                "resources.memory_unit",
+            ),
+            ("[resources]\nmemory_unit = \"4Ki\"", "at least 1Mi"),
+            ("[resources]\ngpu = \"gpu\"", "resources.gpu"),
+            ("[resources]\ncompute = \"limit=150\"", "resources.compute"),
+            ("socket_dir = \"relative\"", "socket_dir"),
+            ("[topology]\nbandwidth = -1.0", "topology"),
+            ("[health]\nnvlink_min_gbps = -3.0", "nvlink_min_gbps"),
+            ("[health]\npoll_ms = 0", "health.poll_ms"),
+            (
+                "[pod_resources]\nsocket = \"rel.sock\"",
+                "pod_resources.socket",
+            ),
+            ("bogus = 1", "bogus"),
+            (
+                "[resources]\ngpu = \"\"\ngpu_memory = \"\"",
+                "nothing to advertise",
+            ),
+        ] {
+            let e = Config::parse(text).expect_err(text).0;
+            assert!(e.contains(want), "{text:?}: {e:?} lacks {want:?}");
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! What Allocate puts into a container, and the host files behind it.
+//!
+//! For memory units, under `<state_root>/allocations/<id>/` on the host:
+//! - `limits.conf`: the library's limits file (format: the root crate's src/config.rs), mounted
+//!   read-only at `container.limits`; `memory.<GPU UUID> = units x unit size` per GPU,
+//!   `state_dir` and `coord_dir` as the container sees them;
+//! - `state/`: the container's ledger directory, mounted read-write at `container.state_dir`;
+//!
+//! plus, shared by all containers: the library (read-only), `<state_root>/ld.so.preload` at
+//! `/etc/ld.so.preload` (read-only; names the in-container library, so a program that drops
+//! LD_PRELOAD still loads it), and the GPU coordinators' directory (read-write). Envs:
+//! `NVIDIA_VISIBLE_DEVICES` (UUIDs) and `CUVISOR_CONFIG`. Devices: `/dev/nvidiaN` of each GPU
+//! and the control nodes that exist on the host.
+//!
+//! Whole GPUs get the devices and `NVIDIA_VISIBLE_DEVICES` only: no quota, no library.
+
+use crate::api;
+use crate::config::Config;
+use crate::inventory::Inventory;
+use crate::registry::{Allocation, GpuShare, Kind};
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+/// The limits file's name in an allocation's directory.
+pub const LIMITS: &str = "limits.conf";
+/// The ledger directory's name in an allocation's directory.
+pub const STATE: &str = "state";
+/// The preload file's name under the state root.
+pub const PRELOAD: &str = "ld.so.preload";
+
+/// An allocation made: its record and kubelet's answer.
+pub struct Prepared {
+    pub allocation: Allocation,
+    pub response: api::ContainerAllocateResponse,
+}
+
+fn io(p: &Path, e: std::io::Error) -> String {
+    format!("{}: {e}", p.display())
+}
+
+/// A directory everyone may write (containers run as any user), created if missing.
+fn shared_dir(p: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(p).map_err(|e| io(p, e))?;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o1777)).map_err(|e| io(p, e))
+}
+
+/// Writes `<state_root>/ld.so.preload` and creates the coordinators' directory; at startup.
+pub fn install_shared(cfg: &Config) -> Result<(), String> {
+    std::fs::create_dir_all(&cfg.state_root).map_err(|e| io(&cfg.state_root, e))?;
+    let p = cfg.state_root.join(PRELOAD);
+    let want = format!("{}\n", cfg.container.library.display());
+    if std::fs::read_to_string(&p).ok().as_deref() != Some(want.as_str()) {
+        let tmp = p.with_extension("tmp");
+        std::fs::write(&tmp, &want).map_err(|e| io(&tmp, e))?;
+        std::fs::rename(&tmp, &p).map_err(|e| io(&p, e))?;
+    }
+    shared_dir(&cfg.host_coord_dir())
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+fn devices(cfg: &Config, inv: &Inventory, gpus: &[usize]) -> Vec<api::DeviceSpec> {
+    let spec = |name: &str| api::DeviceSpec {
+        container_path: format!("/dev/{name}"),
+        host_path: s(&cfg.host.dev_dir.join(name)),
+        permissions: "rw".into(),
+    };
+    let mut out: Vec<api::DeviceSpec> = gpus
+        .iter()
+        .map(|g| spec(&format!("nvidia{}", inv.gpus()[*g].index)))
+        .collect();
+    for c in &cfg.host.control_devices {
+        if cfg.host.dev_dir.join(c).exists() {
+            out.push(spec(c));
+        }
+    }
+    out
+}
+
+fn mount(container: &Path, host: &Path, read_only: bool) -> api::Mount {
+    api::Mount {
+        container_path: s(container),
+        host_path: s(host),
+        read_only,
+    }
+}
+
+/// The limits file for memory quotas `(uuid, bytes)`.
+pub fn limits_file(cfg: &Config, quotas: &[(String, u64)]) -> String {
+    let mut t = String::from("# written by cuvisor-device-plugin\nversion = 1\n");
+    t += &format!("state_dir = {}\n", cfg.container.state_dir.display());
+    t += &format!("coord_dir = {}\n", cfg.container.coord_dir.display());
+    for (uuid, bytes) in quotas {
+        t += &format!("memory.{uuid} = {bytes}\n");
+    }
+    if let Some(c) = &cfg.resources.context_reserve {
+        t += &format!("context_reserve = {c}\n");
+    }
+    if let Some(c) = &cfg.resources.compute {
+        t += &format!("compute = {c}\n");
+    }
+    t
+}
+
+fn new_dir(root: &Path) -> Result<(String, PathBuf), String> {
+    for _ in 0..8 {
+        let id = format!("{:016x}", cuvisor_shm::ledger::random_id());
+        let dir = root.join(&id);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok((id, dir)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(io(&dir, e)),
+        }
+    }
+    Err(format!("{}: no free allocation id", root.display()))
+}
+
+/// Allocate for memory units: `units` = units per GPU (inventory positions).
+pub fn memory(
+    cfg: &Config,
+    inv: &Inventory,
+    root: &Path,
+    resource: &str,
+    ids: &[String],
+    units: &BTreeMap<usize, u32>,
+) -> Result<Prepared, String> {
+    let (id, dir) = new_dir(root)?;
+    let result = (|| {
+        let state = dir.join(STATE);
+        shared_dir(&state)?;
+        let shares: Vec<GpuShare> = units
+            .iter()
+            .map(|(g, n)| GpuShare {
+                uuid: inv.gpus()[*g].uuid.clone(),
+                units: *n,
+                quota: Some(u64::from(*n) * inv.unit_bytes()),
+            })
+            .collect();
+        let quotas: Vec<(String, u64)> = shares
+            .iter()
+            .map(|s| (s.uuid.clone(), s.quota.unwrap_or(0)))
+            .collect();
+        let limits = dir.join(LIMITS);
+        std::fs::write(&limits, limits_file(cfg, &quotas)).map_err(|e| io(&limits, e))?;
+        std::fs::set_permissions(&limits, std::fs::Permissions::from_mode(0o444))
+            .map_err(|e| io(&limits, e))?;
+        let gpus: Vec<usize> = units.keys().copied().collect();
+        let c = &cfg.container;
+        let response = api::ContainerAllocateResponse {
+            envs: [
+                ("NVIDIA_VISIBLE_DEVICES".to_string(), visible(inv, &gpus)),
+                ("CUVISOR_CONFIG".to_string(), s(&c.limits)),
+            ]
+            .into_iter()
+            .collect(),
+            mounts: vec![
+                mount(&c.library, &cfg.host.library, true),
+                mount(
+                    Path::new("/etc/ld.so.preload"),
+                    &cfg.state_root.join(PRELOAD),
+                    true,
+                ),
+                mount(&c.limits, &limits, true),
+                mount(&c.state_dir, &state, false),
+                mount(&c.coord_dir, &cfg.host_coord_dir(), false),
+            ],
+            devices: devices(cfg, inv, &gpus),
+            annotations: [("cuvisor.io/allocation".to_string(), id.clone())]
+                .into_iter()
+                .collect(),
+            cdi_devices: Vec::new(),
+        };
+        Ok(Prepared {
+            allocation: Allocation {
+                id: id.clone(),
+                kind: Kind::Memory,
+                resource: resource.to_string(),
+                device_ids: ids.to_vec(),
+                gpus: shares,
+                dir: dir.clone(),
+                ledger_dir: Some(state),
+                created_unix: now_unix(),
+            },
+            response,
+        })
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+fn visible(inv: &Inventory, gpus: &[usize]) -> String {
+    gpus.iter()
+        .map(|g| inv.gpus()[*g].uuid.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Allocate for whole GPUs (inventory positions).
+pub fn whole(
+    cfg: &Config,
+    inv: &Inventory,
+    root: &Path,
+    resource: &str,
+    ids: &[String],
+    gpus: &[usize],
+) -> Result<Prepared, String> {
+    let (id, dir) = new_dir(root)?;
+    let response = api::ContainerAllocateResponse {
+        envs: [("NVIDIA_VISIBLE_DEVICES".to_string(), visible(inv, gpus))]
+            .into_iter()
+            .collect(),
+        mounts: Vec::new(),
+        devices: devices(cfg, inv, gpus),
+        annotations: [("cuvisor.io/allocation".to_string(), id.clone())]
+            .into_iter()
+            .collect(),
+        cdi_devices: Vec::new(),
+    };
+    Ok(Prepared {
+        allocation: Allocation {
+            id,
+            kind: Kind::Gpu,
+            resource: resource.to_string(),
+            device_ids: ids.to_vec(),
+            gpus: gpus
+                .iter()
+                .map(|g| GpuShare {
+                    uuid: inv.gpus()[*g].uuid.clone(),
+                    units: 0,
+                    quota: None,
+                })
+                .collect(),
+            dir,
+            ledger_dir: None,
+            created_unix: now_unix(),
+        },
+        response,
+    })
+}

@@ -1,0 +1,141 @@
+//! The devices each resource advertises: whole GPUs (device ID = GPU UUID) and memory units
+//! (`<GPU UUID>-mem-<k>`, one per `memory_unit` bytes of the GPU's memory, rounded down).
+
+use crate::api;
+use crate::topology::{Allocator, Topology};
+use crate::HealthMap;
+use std::collections::HashMap;
+
+/// One GPU as the plugin sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuInfo {
+    /// NVML index (also the N of /dev/nvidiaN).
+    pub index: usize,
+    pub uuid: String,
+    /// Physical memory in bytes.
+    pub memory: u64,
+    pub numa_node: Option<u32>,
+    /// How many memory units the GPU advertises.
+    pub units: u32,
+}
+
+/// The node's GPUs, their memory units and the topology allocator.
+pub struct Inventory {
+    gpus: Vec<GpuInfo>,
+    by_uuid: HashMap<String, usize>,
+    unit_bytes: u64,
+    allocator: Allocator,
+}
+
+impl Inventory {
+    /// From a discovered topology; every GPU needs a UUID and its memory size.
+    pub fn new(topology: Topology, unit_bytes: u64) -> Result<Inventory, String> {
+        if unit_bytes == 0 {
+            return Err("the memory unit is 0 bytes".into());
+        }
+        let mut gpus = Vec::new();
+        for g in topology.gpus() {
+            let uuid = g
+                .uuid
+                .clone()
+                .ok_or_else(|| format!("GPU {} has no UUID", g.index))?;
+            let memory = g
+                .memory
+                .map(|m| m.total)
+                .ok_or_else(|| format!("GPU {} ({uuid}) reports no memory size", g.index))?;
+            gpus.push(GpuInfo {
+                index: g.index,
+                uuid,
+                memory,
+                numa_node: g.numa_node,
+                units: u32::try_from(memory / unit_bytes).unwrap_or(u32::MAX),
+            });
+        }
+        let by_uuid = gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| (g.uuid.clone(), i))
+            .collect::<HashMap<_, _>>();
+        if by_uuid.len() != gpus.len() {
+            return Err("two GPUs report the same UUID".into());
+        }
+        let allocator = Allocator::new(topology).map_err(|e| format!("{e:?}"))?;
+        Ok(Inventory {
+            gpus,
+            by_uuid,
+            unit_bytes,
+            allocator,
+        })
+    }
+
+    pub fn gpus(&self) -> &[GpuInfo] {
+        &self.gpus
+    }
+
+    pub fn unit_bytes(&self) -> u64 {
+        self.unit_bytes
+    }
+
+    pub fn allocator(&self) -> &Allocator {
+        &self.allocator
+    }
+
+    /// The GPU (position in [`Self::gpus`]) with this UUID.
+    pub fn gpu_by_uuid(&self, uuid: &str) -> Option<usize> {
+        self.by_uuid.get(uuid).copied()
+    }
+
+    /// The device ID of memory unit `k` of GPU `gpu`.
+    pub fn unit_id(&self, gpu: usize, k: u32) -> String {
+        format!("{}-mem-{k}", self.gpus[gpu].uuid)
+    }
+
+    /// (GPU, k) of a memory unit's device ID.
+    pub fn parse_unit_id(&self, id: &str) -> Option<(usize, u32)> {
+        let (uuid, k) = id.rsplit_once("-mem-")?;
+        let gpu = self.gpu_by_uuid(uuid)?;
+        let k: u32 = k.parse().ok()?;
+        (k < self.gpus[gpu].units && id == self.unit_id(gpu, k)).then_some((gpu, k))
+    }
+
+    fn topology_of(&self, gpu: usize) -> Option<api::TopologyInfo> {
+        self.gpus[gpu].numa_node.map(|n| api::TopologyInfo {
+            nodes: vec![api::NumaNode { id: i64::from(n) }],
+        })
+    }
+
+    fn health_of(&self, gpu: usize, health: &HealthMap) -> String {
+        match health.get(&self.gpus[gpu].uuid) {
+            Some(false) => api::UNHEALTHY.into(),
+            _ => api::HEALTHY.into(),
+        }
+    }
+
+    /// ListAndWatch's list for whole GPUs.
+    pub fn gpu_devices(&self, health: &HealthMap) -> Vec<api::Device> {
+        (0..self.gpus.len())
+            .map(|g| api::Device {
+                id: self.gpus[g].uuid.clone(),
+                health: self.health_of(g, health),
+                topology: self.topology_of(g),
+            })
+            .collect()
+    }
+
+    /// ListAndWatch's list for memory units (a unit has its GPU's health and NUMA node).
+    pub fn memory_devices(&self, health: &HealthMap) -> Vec<api::Device> {
+        let mut out = Vec::new();
+        for g in 0..self.gpus.len() {
+            let h = self.health_of(g, health);
+            let t = self.topology_of(g);
+            for k in 0..self.gpus[g].units {
+                out.push(api::Device {
+                    id: self.unit_id(g, k),
+                    health: h.clone(),
+                    topology: t.clone(),
+                });
+            }
+        }
+        out
+    }
+}

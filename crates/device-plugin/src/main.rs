@@ -1,0 +1,181 @@
+//! `cuvisor-device-plugin`: the kubelet device plugin for cuvisor.
+//!
+//! ```text
+//! cuvisor-device-plugin [--config FILE] [--sim PRESET|MODEL_FILE]
+//! ```
+//!
+//! `--sim` runs on the simulated GPU (sets `CUVISOR_SIM` and loads the simulated
+//! libnvidia-ml.so.1 from `sim/` next to this executable, where a workspace build puts it).
+//!
+//! Runs: the health monitor (NVML XIDs and NVLink, a thread of its own) feeding ListAndWatch;
+//! the kubelet gRPC servers; the PodResources cache (`[pod_resources]`) for pod labels and the
+//! sweeper's liveness rule; the metrics endpoint (`metrics_port`, 0: none); the sweeper.
+
+use clap::Parser;
+use cuvisor_device_plugin::cleanup::Sweeper;
+use cuvisor_device_plugin::config::Config;
+use cuvisor_device_plugin::health;
+use cuvisor_device_plugin::metrics::{self, Metrics};
+use cuvisor_device_plugin::podresources::PodCache;
+use cuvisor_device_plugin::server::Plugin;
+use cuvisor_device_plugin::topology::{discover, Allocator};
+use nvml_wrapper::Nvml;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "cuvisor-device-plugin",
+    version,
+    about = "cuvisor's Kubernetes device plugin"
+)]
+struct Args {
+    /// The plugin's configuration file (TOML); without it, the defaults.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Run on the simulated GPU: a preset (single, dgx1-v100, dgx-a100, pcie-8) or a machine file.
+    #[arg(long)]
+    sim: Option<String>,
+}
+
+fn fail(msg: String) -> ! {
+    eprintln!("cuvisor-device-plugin: {msg}");
+    std::process::exit(2);
+}
+
+fn open_nvml(sim: Option<&str>) -> Result<Nvml, String> {
+    match sim {
+        None => Nvml::init().map_err(|e| {
+            format!(
+                "cannot initialise NVML (libnvidia-ml.so.1): {e}. Is the NVIDIA driver installed? \
+                 To use the simulator instead: --sim PRESET"
+            )
+        }),
+        Some(spec) => {
+            let exe = std::env::current_exe().map_err(|e| format!("this executable: {e}"))?;
+            let lib = exe
+                .parent()
+                .map(|d| d.join("sim").join("libnvidia-ml.so.1"))
+                .unwrap_or_default();
+            if !lib.exists() {
+                return Err(format!(
+                    "the simulated NVML is not built: {} does not exist (a `cargo build` of the \
+                     workspace builds it into target/<profile>/sim/)",
+                    lib.display()
+                ));
+            }
+            // Still single-threaded: the simulated library reads this at init.
+            std::env::set_var("CUVISOR_SIM", spec);
+            Nvml::builder()
+                .lib_path(lib.as_os_str())
+                .init()
+                .map_err(|e| {
+                    format!(
+                        "cannot initialise the simulated NVML {}: {e}",
+                        lib.display()
+                    )
+                })
+        }
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    let cfg = match &args.config {
+        Some(p) => Config::load(p).unwrap_or_else(|e| fail(e.0)),
+        None => Config::default(),
+    };
+    let nvml = Arc::new(open_nvml(args.sim.as_deref()).unwrap_or_else(|e| fail(e)));
+    let topology = discover(&nvml).unwrap_or_else(|e| fail(format!("GPU discovery: {e:?}")));
+    let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| fail(format!("tokio: {e}")));
+    let (health_tx, health_rx) = cuvisor_device_plugin::health_channel();
+    // Publishes the first health map at once, then every change (XIDs, NVLink).
+    let mut monitor = health::Monitor::spawn_nvml(
+        nvml.clone(),
+        (&cfg.health).into(),
+        health::to_watch(health_tx),
+    );
+    let grace = Duration::from_secs(cfg.cleanup.grace_seconds);
+    let interval = Duration::from_secs(cfg.cleanup.interval_seconds);
+    let scorer = metrics::topology_scorer(
+        Allocator::new(topology.clone()).unwrap_or_else(|e| fail(format!("topology: {e:?}"))),
+        &topology,
+        cfg.topology,
+    );
+    let plugin =
+        Arc::new(Plugin::new(cfg, topology, health_rx.clone()).unwrap_or_else(|e| fail(e)));
+    let cfg = plugin.config().clone();
+    eprintln!(
+        "cuvisor-device-plugin: {} GPU(s), {} memory unit(s); sockets in {}",
+        plugin.inventory().gpus().len(),
+        plugin
+            .inventory()
+            .gpus()
+            .iter()
+            .map(|g| g.units)
+            .sum::<u32>(),
+        cfg.socket_dir.display()
+    );
+    let result = rt.block_on(async move {
+        let pods = PodCache::new();
+        let pr = &cfg.pod_resources;
+        if !pr.socket.as_os_str().is_empty() {
+            tokio::spawn(
+                pods.clone()
+                    .refresh(pr.socket.clone(), Duration::from_secs(pr.refresh_seconds)),
+            );
+        }
+        if cfg.metrics_port != 0 {
+            let listener = TcpListener::bind(("0.0.0.0", cfg.metrics_port))
+                .await
+                .map_err(|e| format!("metrics port {}: {e}", cfg.metrics_port))?;
+            let m = Metrics::new(plugin.registry(), pods.clone())
+                .with_health(health_rx)
+                .with_scorer(scorer);
+            eprintln!(
+                "cuvisor-device-plugin: metrics on http://{}/metrics",
+                listener
+                    .local_addr()
+                    .map_or_else(|e| e.to_string(), |a| a.to_string())
+            );
+            tokio::spawn(metrics::serve(listener, Arc::new(m)));
+        }
+        let mut sweeper = Sweeper::new(plugin.registry_mut().clone(), grace);
+        if !pr.socket.as_os_str().is_empty() {
+            sweeper = sweeper.with_liveness(Box::new(pods));
+        }
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                for (id, why) in sweeper.sweep() {
+                    eprintln!("cuvisor-device-plugin: removed allocation {id} ({why:?})");
+                }
+            }
+        });
+        plugin
+            .run(async {
+                use tokio::signal::unix::{signal, SignalKind};
+                match signal(SignalKind::terminate()) {
+                    Ok(mut term) => {
+                        tokio::select! {
+                            _ = term.recv() => {}
+                            _ = tokio::signal::ctrl_c() => {}
+                        }
+                    }
+                    Err(_) => {
+                        let _ = tokio::signal::ctrl_c().await;
+                    }
+                }
+            })
+            .await
+    });
+    // The runtime (and the plugin with it) goes before the health thread, then NVML.
+    drop(rt);
+    monitor.stop();
+    drop(nvml);
+    if let Err(e) = result {
+        fail(e);
+    }
+}

@@ -1,0 +1,543 @@
+//! Prometheus metrics over HTTP (text exposition format 0.0.4): `GET /metrics`.
+//!
+//! Per container and GPU (labels `namespace`, `pod`, `container` from kubelet's PodResources
+//! API — empty while it has not answered — plus `gpu_uuid` and `allocation`, the plugin's id
+//! for the Allocate), read from the container's ledger (`crates/shm`'s `Ledger`):
+//!
+//! | metric | type | from the ledger |
+//! |---|---|---|
+//! | `cuvisor_container_memory_used_bytes` | gauge | `used` |
+//! | `cuvisor_container_memory_limit_bytes` | gauge | `limit` (the quota; before the container's first CUDA process, the allocation's quota) |
+//! | `cuvisor_container_memory_peak_bytes` | gauge | `peak` |
+//! | `cuvisor_container_memory_denied_total` | counter | `denied` (allocations refused) |
+//! | `cuvisor_container_gpu_seconds_total` | counter | `gpu_ns` (GPU time used) |
+//! | `cuvisor_container_throttled_seconds_total` | counter | `throttled_ns` (held back by the share) |
+//! | `cuvisor_container_launches_total` | counter | `launches` |
+//!
+//! Per GPU (`gpu_uuid`): `cuvisor_gpu_memory_used_bytes`, `cuvisor_gpu_memory_quota_bytes`
+//! (sum of the quotas handed out), `cuvisor_gpu_memory_denied_total`, `cuvisor_gpu_seconds_total`,
+//! `cuvisor_gpu_throttled_seconds_total`, `cuvisor_gpu_allocations` (live allocations on it),
+//! `cuvisor_gpu_healthy` (1/0, from the health checker). Per resource: `cuvisor_allocations`.
+//! And `cuvisor_allocation_topology_score`, a histogram of the topology score (0..1, the
+//! allocator's weighted total) of every multi-GPU allocation, observed once per allocation.
+//!
+//! PromQL (the seeds' "topology match" monitoring query, and memory against quota):
+//!
+//! ```promql
+//! # p50 / p90 topology score of multi-GPU allocations over the last hour, per node
+//! histogram_quantile(0.5, sum by (le, instance) (rate(cuvisor_allocation_topology_score_bucket[1h])))
+//! histogram_quantile(0.9, sum by (le, instance) (rate(cuvisor_allocation_topology_score_bucket[1h])))
+//! # mean score, and the share of allocations scoring below 0.8
+//! sum(rate(cuvisor_allocation_topology_score_sum[1h])) / sum(rate(cuvisor_allocation_topology_score_count[1h]))
+//! 1 - sum(rate(cuvisor_allocation_topology_score_bucket{le="0.8"}[1h])) / sum(rate(cuvisor_allocation_topology_score_count[1h]))
+//! # containers above 90% of their memory quota
+//! cuvisor_container_memory_used_bytes / cuvisor_container_memory_limit_bytes > 0.9
+//! # refused allocations per second, per pod
+//! sum by (namespace, pod) (rate(cuvisor_container_memory_denied_total[5m]))
+//! # fraction of the time a container was held back by its compute share
+//! rate(cuvisor_container_throttled_seconds_total[5m])
+//! ```
+
+use crate::podresources::{Owner, PodCache};
+use crate::registry::{Allocation, Kind, RegistryView};
+use crate::HealthReceiver;
+use cuvisor_shm::ledger::{Ledger, FILE_NAME};
+use std::collections::{BTreeMap, HashSet};
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// Upper bounds of the topology score histogram's buckets (`+Inf` is added).
+pub const SCORE_BUCKETS: [f64; 10] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
+
+/// The score of a set of GPUs (by UUID); `None` when it cannot be scored.
+pub type Scorer = Box<dyn Fn(&[String]) -> Option<f64> + Send + Sync>;
+
+/// A scorer from the node's allocator: the weighted total of [`crate::topology::Allocator::score`].
+pub fn topology_scorer(
+    allocator: crate::topology::Allocator,
+    topology: &crate::topology::Topology,
+    weights: crate::topology::Weights,
+) -> Scorer {
+    let uuids: Vec<Option<String>> = topology.gpus().iter().map(|g| g.uuid.clone()).collect();
+    Box::new(move |set: &[String]| {
+        let idx: Option<Vec<usize>> = set
+            .iter()
+            .map(|u| uuids.iter().position(|x| x.as_deref() == Some(u.as_str())))
+            .collect();
+        allocator.score(&idx?, &weights).ok().map(|s| s.total)
+    })
+}
+
+/// A cumulative histogram.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Histogram {
+    /// Counts per bucket of [`SCORE_BUCKETS`] (not cumulative; rendered cumulatively).
+    pub counts: [u64; SCORE_BUCKETS.len()],
+    pub count: u64,
+    pub sum: f64,
+}
+
+impl Histogram {
+    pub fn observe(&mut self, v: f64) {
+        if let Some(i) = SCORE_BUCKETS.iter().position(|&b| v <= b) {
+            self.counts[i] += 1;
+        }
+        self.count += 1;
+        self.sum += v;
+    }
+}
+
+/// What the endpoint reads.
+pub struct Metrics {
+    registry: RegistryView,
+    pods: PodCache,
+    health: Option<HealthReceiver>,
+    scorer: Option<Scorer>,
+    scores: Mutex<(Histogram, HashSet<String>)>,
+}
+
+impl Metrics {
+    pub fn new(registry: RegistryView, pods: PodCache) -> Metrics {
+        Metrics {
+            registry,
+            pods,
+            health: None,
+            scorer: None,
+            scores: Mutex::new((Histogram::default(), HashSet::new())),
+        }
+    }
+
+    pub fn with_health(mut self, h: HealthReceiver) -> Metrics {
+        self.health = Some(h);
+        self
+    }
+
+    pub fn with_scorer(mut self, s: Scorer) -> Metrics {
+        self.scorer = Some(s);
+        self
+    }
+
+    /// Records a multi-GPU allocation's score (e.g. from Allocate); an allocation whose id was
+    /// recorded is not scored again at scrape time.
+    pub fn observe_score(&self, allocation_id: &str, score: f64) {
+        let mut g = self.scores.lock().unwrap_or_else(|e| e.into_inner());
+        if g.1.insert(allocation_id.to_string()) {
+            g.0.observe(score);
+        }
+    }
+
+    /// The exposition text now.
+    pub fn render(&self) -> String {
+        let allocs = self.registry.list();
+        if let Some(scorer) = &self.scorer {
+            for a in &allocs {
+                if a.kind == Kind::Gpu && a.gpus.len() > 1 {
+                    let seen = self
+                        .scores
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .1
+                        .contains(&a.id);
+                    if !seen {
+                        let uuids: Vec<String> = a.gpus.iter().map(|g| g.uuid.clone()).collect();
+                        if let Some(s) = scorer(&uuids) {
+                            self.observe_score(&a.id, s);
+                        }
+                    }
+                }
+            }
+        }
+        let health = self
+            .health
+            .as_ref()
+            .map(|h| h.borrow().clone())
+            .unwrap_or_default();
+        let hist = self
+            .scores
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .clone();
+        let rows: Vec<(Allocation, Owner)> = allocs
+            .into_iter()
+            .map(|a| {
+                let o = self.pods.owner_of(&a).unwrap_or_default();
+                (a, o)
+            })
+            .collect();
+        render(&rows, &health, &hist)
+    }
+}
+
+/// One GPU entry of one container's ledger.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Usage {
+    pub used: u64,
+    pub limit: u64,
+    pub peak: u64,
+    pub denied: u64,
+    pub gpu_ns: u64,
+    pub throttled_ns: u64,
+    pub launches: u64,
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` from the ledger's 16 bytes.
+pub fn uuid_string(b: [u8; 16]) -> String {
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// Every GPU entry of the ledger in `a`'s ledger directory (empty if none or unreadable).
+pub fn read_ledger(a: &Allocation) -> Vec<(String, Usage)> {
+    use std::sync::atomic::Ordering::Acquire;
+    let Some(dir) = &a.ledger_dir else {
+        return Vec::new();
+    };
+    let path = dir.join(FILE_NAME);
+    if !path.exists() {
+        return Vec::new();
+    }
+    let Ok(l) = Ledger::open(&path, false) else {
+        return Vec::new();
+    };
+    l.devices()
+        .map(|(_, uuid, e)| {
+            (
+                uuid_string(uuid),
+                Usage {
+                    used: e.used.load(Acquire),
+                    limit: e.limit.load(Acquire),
+                    peak: e.peak.load(Acquire),
+                    denied: e.denied.load(Acquire),
+                    gpu_ns: e.gpu_ns.load(Acquire),
+                    throttled_ns: e.throttled_ns.load(Acquire),
+                    launches: e.launches.load(Acquire),
+                },
+            )
+        })
+        .collect()
+}
+
+/// A label value escaped for the text format (backslash, double quote, newline).
+pub fn escape_label(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+fn labels(pairs: &[(&str, &str)]) -> String {
+    let body: Vec<String> = pairs
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", escape_label(v)))
+        .collect();
+    format!("{{{}}}", body.join(","))
+}
+
+/// One metric family: HELP, TYPE and its samples (label set, value).
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    samples: Vec<(String, f64)>,
+}
+
+impl Family {
+    fn new(name: &'static str, kind: &'static str, help: &'static str) -> Family {
+        Family {
+            name,
+            kind,
+            help,
+            samples: Vec::new(),
+        }
+    }
+    fn write(&self, out: &mut String) {
+        let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
+        let _ = writeln!(out, "# TYPE {} {}", self.name, self.kind);
+        for (l, v) in &self.samples {
+            let _ = writeln!(out, "{}{l} {}", self.name, fmt_value(*v));
+        }
+    }
+}
+
+fn fmt_value(v: f64) -> String {
+    if v.is_finite() && v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+const NS: f64 = 1e9;
+
+/// The exposition text for these allocations (each with its container), GPU health and score
+/// histogram. Reads every allocation's ledger.
+pub fn render(
+    rows: &[(Allocation, Owner)],
+    health: &crate::HealthMap,
+    scores: &Histogram,
+) -> String {
+    let mut c_used = Family::new(
+        "cuvisor_container_memory_used_bytes",
+        "gauge",
+        "GPU memory the container holds now, per GPU.",
+    );
+    let mut c_limit = Family::new(
+        "cuvisor_container_memory_limit_bytes",
+        "gauge",
+        "The container's GPU memory quota, per GPU.",
+    );
+    let mut c_peak = Family::new(
+        "cuvisor_container_memory_peak_bytes",
+        "gauge",
+        "The most GPU memory the container has held at once, per GPU.",
+    );
+    let mut c_denied = Family::new(
+        "cuvisor_container_memory_denied_total",
+        "counter",
+        "GPU memory allocations refused because they would exceed the quota.",
+    );
+    let mut c_gpu = Family::new(
+        "cuvisor_container_gpu_seconds_total",
+        "counter",
+        "GPU time the container's kernel launches used.",
+    );
+    let mut c_thr = Family::new(
+        "cuvisor_container_throttled_seconds_total",
+        "counter",
+        "Time the container's launching threads were held back by its compute share.",
+    );
+    let mut c_launch = Family::new(
+        "cuvisor_container_launches_total",
+        "counter",
+        "Kernel, cooperative and graph launches counted.",
+    );
+    let mut by_gpu: BTreeMap<String, (Usage, u64)> = BTreeMap::new();
+    let mut by_resource: BTreeMap<String, u64> = BTreeMap::new();
+    for (a, o) in rows {
+        *by_resource.entry(a.resource.clone()).or_default() += 1;
+        for g in &a.gpus {
+            let e = by_gpu.entry(g.uuid.clone()).or_default();
+            e.1 += 1;
+            e.0.limit += g.quota.unwrap_or(0);
+        }
+        let ledger = read_ledger(a);
+        // A container that has not run a CUDA process yet has no ledger entry: its quota is
+        // still its limit.
+        for g in &a.gpus {
+            if let (Some(q), false) = (g.quota, ledger.iter().any(|(u, _)| *u == g.uuid)) {
+                let l = labels(&[
+                    ("namespace", &o.namespace),
+                    ("pod", &o.pod),
+                    ("container", &o.container),
+                    ("gpu_uuid", &g.uuid),
+                    ("allocation", &a.id),
+                ]);
+                c_limit.samples.push((l, q as f64));
+            }
+        }
+        for (uuid, u) in ledger {
+            let l = labels(&[
+                ("namespace", &o.namespace),
+                ("pod", &o.pod),
+                ("container", &o.container),
+                ("gpu_uuid", &uuid),
+                ("allocation", &a.id),
+            ]);
+            c_used.samples.push((l.clone(), u.used as f64));
+            c_limit.samples.push((l.clone(), u.limit as f64));
+            c_peak.samples.push((l.clone(), u.peak as f64));
+            c_denied.samples.push((l.clone(), u.denied as f64));
+            c_gpu.samples.push((l.clone(), u.gpu_ns as f64 / NS));
+            c_thr.samples.push((l.clone(), u.throttled_ns as f64 / NS));
+            c_launch.samples.push((l, u.launches as f64));
+            let e = by_gpu.entry(uuid).or_default();
+            e.0.used += u.used;
+            e.0.denied += u.denied;
+            e.0.gpu_ns += u.gpu_ns;
+            e.0.throttled_ns += u.throttled_ns;
+        }
+    }
+    for uuid in health.keys() {
+        by_gpu.entry(uuid.clone()).or_default();
+    }
+
+    let mut g_used = Family::new(
+        "cuvisor_gpu_memory_used_bytes",
+        "gauge",
+        "GPU memory held by the containers on this GPU.",
+    );
+    let mut g_quota = Family::new(
+        "cuvisor_gpu_memory_quota_bytes",
+        "gauge",
+        "Sum of the memory quotas handed out on this GPU.",
+    );
+    let mut g_denied = Family::new(
+        "cuvisor_gpu_memory_denied_total",
+        "counter",
+        "Allocations refused for the quota, all containers of this GPU.",
+    );
+    let mut g_gpu = Family::new(
+        "cuvisor_gpu_seconds_total",
+        "counter",
+        "GPU time used by the containers on this GPU.",
+    );
+    let mut g_thr = Family::new(
+        "cuvisor_gpu_throttled_seconds_total",
+        "counter",
+        "Time containers on this GPU were held back by their compute shares.",
+    );
+    let mut g_allocs = Family::new(
+        "cuvisor_gpu_allocations",
+        "gauge",
+        "Live allocations (containers) on this GPU.",
+    );
+    let mut g_health = Family::new(
+        "cuvisor_gpu_healthy",
+        "gauge",
+        "1 if the GPU is Healthy (no critical XID held, NVLinks up), else 0.",
+    );
+    for (uuid, (u, n)) in &by_gpu {
+        let l = labels(&[("gpu_uuid", uuid)]);
+        g_used.samples.push((l.clone(), u.used as f64));
+        g_quota.samples.push((l.clone(), u.limit as f64));
+        g_denied.samples.push((l.clone(), u.denied as f64));
+        g_gpu.samples.push((l.clone(), u.gpu_ns as f64 / NS));
+        g_thr.samples.push((l.clone(), u.throttled_ns as f64 / NS));
+        g_allocs.samples.push((l.clone(), *n as f64));
+        let ok = health.get(uuid).copied().unwrap_or(true);
+        g_health.samples.push((l, if ok { 1.0 } else { 0.0 }));
+    }
+    let mut allocs = Family::new(
+        "cuvisor_allocations",
+        "gauge",
+        "Live allocations, per extended resource.",
+    );
+    for (r, n) in &by_resource {
+        allocs.samples.push((labels(&[("resource", r)]), *n as f64));
+    }
+
+    let mut out = String::new();
+    for f in [
+        &c_used, &c_limit, &c_peak, &c_denied, &c_gpu, &c_thr, &c_launch, &g_used, &g_quota,
+        &g_denied, &g_gpu, &g_thr, &g_allocs, &g_health, &allocs,
+    ] {
+        f.write(&mut out);
+    }
+    let name = "cuvisor_allocation_topology_score";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Topology score (0..1) of multi-GPU allocations."
+    );
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    let mut cum = 0;
+    for (b, n) in SCORE_BUCKETS.iter().zip(scores.counts) {
+        cum += n;
+        let _ = writeln!(out, "{name}_bucket{{le=\"{b:?}\"}} {cum}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", scores.count);
+    let _ = writeln!(out, "{name}_sum {}", fmt_value(scores.sum));
+    let _ = writeln!(out, "{name}_count {}", scores.count);
+    out
+}
+
+/// Serves `GET /metrics` on `listener` until the task is dropped. One request per connection.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    loop {
+        let Ok((mut conn, _)) = listener.accept().await else {
+            continue;
+        };
+        let m = metrics.clone();
+        tokio::spawn(async move {
+            let mut buf = Vec::with_capacity(1024);
+            let mut chunk = [0u8; 1024];
+            // The request head; a client that sends more than 16 KiB of it is cut off.
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
+                match tokio::time::timeout(std::time::Duration::from_secs(5), conn.read(&mut chunk))
+                    .await
+                {
+                    Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                    _ => break,
+                }
+            }
+            let head = String::from_utf8_lossy(&buf);
+            let mut parts = head.split_whitespace();
+            let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+            let path = path.split('?').next().unwrap_or("");
+            let (status, ctype, body) = match (method, path) {
+                ("GET", "/metrics") => (
+                    "200 OK",
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    tokio::task::spawn_blocking(move || m.render())
+                        .await
+                        .unwrap_or_default(),
+                ),
+                ("GET", "/") | ("GET", "/healthz") => {
+                    ("200 OK", "text/plain; charset=utf-8", "ok\n".to_string())
+                }
+                _ => (
+                    "404 Not Found",
+                    "text/plain; charset=utf-8",
+                    "not found\n".to_string(),
+                ),
+            };
+            let resp = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = conn.write_all(resp.as_bytes()).await;
+            let _ = conn.shutdown().await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_escaped() {
+        assert_eq!(escape_label(r#"a"b\c"#), r#"a\"b\\c"#);
+        assert_eq!(escape_label("x\ny"), "x\\ny");
+        assert_eq!(labels(&[("pod", "p\"")]), "{pod=\"p\\\"\"}");
+    }
+
+    #[test]
+    fn uuid_formats_like_nvml() {
+        let mut b = [0u8; 16];
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = i as u8;
+        }
+        assert_eq!(uuid_string(b), "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f");
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let mut h = Histogram::default();
+        for v in [0.05, 0.75, 0.8, 1.0] {
+            h.observe(v);
+        }
+        let t = render(&[], &Default::default(), &h);
+        assert!(t.contains("cuvisor_allocation_topology_score_bucket{le=\"0.1\"} 1\n"));
+        assert!(t.contains("cuvisor_allocation_topology_score_bucket{le=\"0.7\"} 1\n"));
+        assert!(t.contains("cuvisor_allocation_topology_score_bucket{le=\"0.8\"} 3\n"));
+        assert!(t.contains("cuvisor_allocation_topology_score_bucket{le=\"1.0\"} 4\n"));
+        assert!(t.contains("cuvisor_allocation_topology_score_bucket{le=\"+Inf\"} 4\n"));
+        assert!(t.contains("cuvisor_allocation_topology_score_count 4\n"));
+    }
+}

@@ -1,0 +1,1024 @@
+//! The plugin binary driven over real Unix sockets by a fake kubelet (a Registration server on
+//! `kubelet.sock` in a temporary directory, and DevicePlugin clients), on the simulated GPU:
+//! registration, ListAndWatch, GetPreferredAllocation, Allocate (response and host files), the
+//! span rule, kubelet restarts; and an end-to-end run of the tf_stress twin under what Allocate
+//! answered.
+
+use cuvisor_device_plugin::api::device_plugin_client::DevicePluginClient;
+use cuvisor_device_plugin::api::registration_server::{Registration, RegistrationServer};
+use cuvisor_device_plugin::api::{self, RegisterRequest};
+use cuvisor_device_plugin::podresources::v1;
+use cuvisor_device_plugin::server::connect_unix;
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+const EXE: &str = env!("CARGO_BIN_EXE_cuvisor-device-plugin");
+const GIB: u64 = 1 << 30;
+
+/// target/<profile>/, with libcuvisor.so and the simulated libraries built.
+fn built() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let profile_dir = Path::new(EXE).parent().unwrap().to_path_buf();
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev".to_string(),
+            Some(p) => p.to_string(),
+        };
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", "cuvisor"])
+            .args(["-p", "cuvisor-sim-cuda", "-p", "cuvisor-sim-nvml"])
+            .args(["--profile", &profile])
+            .env("CARGO_TARGET_DIR", profile_dir.parent().unwrap())
+            .status()
+            .expect("run cargo build for libcuvisor.so and the simulator");
+        assert!(status.success(), "building the cdylibs failed");
+        for lib in [
+            "deps/libcuvisor.so",
+            "sim/libnvidia-ml.so.1",
+            "sim/libcuda.so.1",
+        ] {
+            assert!(profile_dir.join(lib).exists(), "{lib} is missing");
+        }
+        profile_dir
+    })
+}
+
+/// A test's directory, removed at the end.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let p = std::env::temp_dir().join(format!("cuvisor-dp-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(p.join("dp")).unwrap();
+        // A fake /dev: the nodes Allocate hands out must exist on the "host".
+        std::fs::create_dir_all(p.join("dev")).unwrap();
+        for n in (0..8)
+            .map(|i| format!("nvidia{i}"))
+            .chain(["nvidiactl".into(), "nvidia-uvm".into()])
+        {
+            std::fs::write(p.join("dev").join(n), "").unwrap();
+        }
+        Scratch(p)
+    }
+    fn dp(&self) -> PathBuf {
+        self.0.join("dp")
+    }
+    fn state_root(&self) -> PathBuf {
+        self.0.join("state")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The fake kubelet's Registration service: every request goes to the test.
+struct FakeRegistration(mpsc::UnboundedSender<RegisterRequest>);
+
+#[tonic::async_trait]
+impl Registration for FakeRegistration {
+    async fn register(
+        &self,
+        req: Request<RegisterRequest>,
+    ) -> Result<Response<api::Empty>, Status> {
+        let _ = self.0.send(req.into_inner());
+        Ok(Response::new(api::Empty {}))
+    }
+}
+
+struct Kubelet {
+    regs: mpsc::UnboundedReceiver<RegisterRequest>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Kubelet {
+    fn start(dir: &Path) -> Kubelet {
+        let sock = dir.join("kubelet.sock");
+        let _ = std::fs::remove_file(&sock);
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        let (tx, regs) = mpsc::unbounded_channel();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(RegistrationServer::new(FakeRegistration(tx)))
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::UnixListenerStream::new(listener),
+                    async {
+                        let _ = rx.await;
+                    },
+                )
+                .await
+                .unwrap();
+        });
+        Kubelet {
+            regs,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// The next `n` registrations, by resource name, within `within`.
+    async fn registrations(
+        &mut self,
+        n: usize,
+        within: Duration,
+    ) -> HashMap<String, RegisterRequest> {
+        let mut out = HashMap::new();
+        let deadline = tokio::time::Instant::now() + within;
+        while out.len() < n {
+            let r = tokio::time::timeout_at(deadline, self.regs.recv())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("only {} of {n} registrations within {within:?}", out.len())
+                })
+                .expect("registration channel open");
+            out.insert(r.resource_name.clone(), r);
+        }
+        out
+    }
+
+    /// Stops like a kubelet that exits: its socket and the plugins' sockets are removed.
+    async fn stop(mut self, dir: &Path) {
+        let _ = self.stop.take().unwrap().send(());
+        let _ = self.task.await;
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// The plugin binary, killed when dropped.
+struct PluginProcess(Child);
+
+impl Drop for PluginProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn write_config(s: &Scratch, metrics_port: u16, sections: &str) -> PathBuf {
+    let p = s.0.join("plugin.toml");
+    let pod_resources = if sections.contains("[pod_resources]") {
+        ""
+    } else {
+        "[pod_resources]\nsocket = \"\"\n"
+    };
+    std::fs::write(
+        &p,
+        format!(
+            "version = 1\nsocket_dir = {:?}\nstate_root = {:?}\nmetrics_port = {metrics_port}\n\
+             {pod_resources}{sections}\n\
+             [host]\nlibrary = {:?}\ndev_dir = {:?}\ncontrol_devices = [\"nvidiactl\", \"nvidia-uvm\", \"nvidia-uvm-tools\"]\n",
+            s.dp(),
+            s.state_root(),
+            built().join("deps/libcuvisor.so"),
+            s.0.join("dev"),
+        ),
+    )
+    .unwrap();
+    p
+}
+
+fn spawn_plugin(s: &Scratch, preset: &str) -> PluginProcess {
+    spawn_plugin_with(s, preset, 0, "")
+}
+
+fn spawn_plugin_with(
+    s: &Scratch,
+    preset: &str,
+    metrics_port: u16,
+    sections: &str,
+) -> PluginProcess {
+    let cfg = write_config(s, metrics_port, sections);
+    let child = Command::new(EXE)
+        .arg("--config")
+        .arg(cfg)
+        .args(["--sim", preset])
+        .env("CUVISOR_SIM_STATE", s.0.join("sim.state"))
+        .env_remove("LD_PRELOAD")
+        .env_remove("CUVISOR_CONFIG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start cuvisor-device-plugin");
+    PluginProcess(child)
+}
+
+async fn client(dir: &Path, endpoint: &str) -> DevicePluginClient<Channel> {
+    DevicePluginClient::new(
+        connect_unix(&dir.join(endpoint))
+            .await
+            .expect("connect to the plugin"),
+    )
+}
+
+async fn first_list(c: &mut DevicePluginClient<Channel>) -> Vec<api::Device> {
+    let mut s = c.list_and_watch(api::Empty {}).await.unwrap().into_inner();
+    s.message().await.unwrap().expect("a first list").devices
+}
+
+async fn preferred(
+    c: &mut DevicePluginClient<Channel>,
+    available: &[String],
+    size: i32,
+) -> Result<Vec<String>, Status> {
+    let r = c
+        .get_preferred_allocation(api::PreferredAllocationRequest {
+            container_requests: vec![api::ContainerPreferredAllocationRequest {
+                available_device_i_ds: available.to_vec(),
+                must_include_device_i_ds: vec![],
+                allocation_size: size,
+            }],
+        })
+        .await?;
+    Ok(r.into_inner().container_responses.remove(0).device_i_ds)
+}
+
+async fn allocate(
+    c: &mut DevicePluginClient<Channel>,
+    ids: &[String],
+) -> Result<api::ContainerAllocateResponse, Status> {
+    let r = c
+        .allocate(api::AllocateRequest {
+            container_requests: vec![api::ContainerAllocateRequest {
+                devices_ids: ids.to_vec(),
+            }],
+        })
+        .await?;
+    Ok(r.into_inner().container_responses.remove(0))
+}
+
+fn units(uuid: &str, ks: std::ops::Range<u32>) -> Vec<String> {
+    ks.map(|k| format!("{uuid}-mem-{k}")).collect()
+}
+
+fn mount<'a>(r: &'a api::ContainerAllocateResponse, container: &str) -> &'a api::Mount {
+    r.mounts
+        .iter()
+        .find(|m| m.container_path == container)
+        .unwrap_or_else(|| panic!("no mount at {container}: {:?}", r.mounts))
+}
+
+/// The pairs of the DGX-1 V100 cube-mesh joined by 2 NVLinks.
+const TWO_LINK_PAIRS: [(usize, usize); 8] = [
+    (0, 3),
+    (0, 4),
+    (1, 2),
+    (1, 5),
+    (2, 3),
+    (4, 7),
+    (5, 6),
+    (6, 7),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_kubelet_drives_the_plugin_on_dgx1_v100() {
+    let s = Scratch::new("dgx1");
+    let mut kubelet = Kubelet::start(&s.dp());
+    let _plugin = spawn_plugin(&s, "dgx1-v100");
+
+    // Registration: both resources, our version, our endpoints, preferred allocation on.
+    let regs = kubelet.registrations(2, Duration::from_secs(30)).await;
+    let gpu = &regs["cuvisor.io/gpu"];
+    let mem = &regs["cuvisor.io/gpu-memory"];
+    for (r, ep) in [(gpu, "cuvisor-gpu.sock"), (mem, "cuvisor-gpu-memory.sock")] {
+        assert_eq!(r.version, "v1beta1");
+        assert_eq!(r.endpoint, ep);
+        assert!(
+            s.dp().join(ep).exists(),
+            "{ep} is served before registering"
+        );
+        assert!(
+            r.options
+                .as_ref()
+                .unwrap()
+                .get_preferred_allocation_available
+        );
+    }
+    let mut gpus = client(&s.dp(), &gpu.endpoint).await;
+    let mut mems = client(&s.dp(), &mem.endpoint).await;
+    let opts = gpus
+        .get_device_plugin_options(api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(opts.get_preferred_allocation_available && !opts.pre_start_required);
+    assert!(gpus
+        .pre_start_container(api::PreStartContainerRequest {
+            devices_ids: vec![]
+        })
+        .await
+        .is_ok());
+
+    // ListAndWatch: 8 GPUs (NUMA 0 for 0-3, 1 for 4-7) and 8 x 16 memory units, all healthy.
+    let list = first_list(&mut gpus).await;
+    assert_eq!(list.len(), 8);
+    let uuids: Vec<String> = list.iter().map(|d| d.id.clone()).collect();
+    for (i, d) in list.iter().enumerate() {
+        assert!(d.id.starts_with("GPU-"), "{}", d.id);
+        assert_eq!(d.health, "Healthy");
+        let numa = d.topology.as_ref().unwrap().nodes[0].id;
+        assert_eq!(numa, if i < 4 { 0 } else { 1 }, "GPU {i}");
+    }
+    let mlist = first_list(&mut mems).await;
+    assert_eq!(mlist.len(), 8 * 16);
+    let ids: BTreeSet<&str> = mlist.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(ids.len(), 128, "unit IDs are unique");
+    assert!(ids.contains(format!("{}-mem-15", uuids[7]).as_str()));
+    assert!(mlist
+        .iter()
+        .all(|d| d.health == "Healthy" && d.id.len() <= 63));
+
+    // GetPreferredAllocation, memory: best fit among GPU 0 (6 free), 1 (16), 2 (8).
+    let mut avail = units(&uuids[0], 10..16);
+    avail.extend(units(&uuids[1], 0..16));
+    avail.extend(units(&uuids[2], 8..16));
+    for (size, gpu_i) in [(5, 0), (6, 0), (7, 2), (8, 2), (9, 1), (16, 1)] {
+        let pick = preferred(&mut mems, &avail, size).await.unwrap();
+        assert_eq!(pick.len(), size as usize);
+        assert!(
+            pick.iter()
+                .all(|id| id.starts_with(&format!("{}-mem-", uuids[gpu_i]))),
+            "size {size} should go to GPU {gpu_i}: {pick:?}"
+        );
+    }
+    // Too big for any one GPU: spans, emptiest first.
+    let pick = preferred(&mut mems, &avail, 20).await.unwrap();
+    assert_eq!(pick.len(), 20);
+    assert_eq!(
+        pick.iter().filter(|id| id.starts_with(&uuids[1])).count(),
+        16
+    );
+
+    // Whole GPUs, size 2 of 8 free: a pair joined by 2 NVLinks.
+    let pick = preferred(&mut gpus, &uuids, 2).await.unwrap();
+    let mut idx: Vec<usize> = pick
+        .iter()
+        .map(|u| uuids.iter().position(|x| x == u).unwrap())
+        .collect();
+    idx.sort();
+    assert!(
+        TWO_LINK_PAIRS.contains(&(idx[0], idx[1])),
+        "{idx:?} is no 2-NVLink pair"
+    );
+
+    // Allocate 6 units of GPU 1: envs, mounts (read-only flags), devices, the limits file.
+    let r = allocate(&mut mems, &units(&uuids[1], 0..6)).await.unwrap();
+    assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], uuids[1]);
+    assert_eq!(r.envs["CUVISOR_CONFIG"], "/var/run/cuvisor/limits.conf");
+    let lib = mount(&r, "/usr/local/lib/cuvisor/libcuvisor.so");
+    assert!(lib.read_only);
+    assert_eq!(
+        Path::new(&lib.host_path),
+        built().join("deps/libcuvisor.so")
+    );
+    let preload = mount(&r, "/etc/ld.so.preload");
+    assert!(preload.read_only);
+    assert_eq!(
+        std::fs::read_to_string(&preload.host_path).unwrap(),
+        "/usr/local/lib/cuvisor/libcuvisor.so\n"
+    );
+    let limits = mount(&r, "/var/run/cuvisor/limits.conf");
+    assert!(limits.read_only);
+    assert!(Path::new(&limits.host_path).starts_with(s.state_root()));
+    let state = mount(&r, "/var/run/cuvisor/state");
+    assert!(!state.read_only && Path::new(&state.host_path).is_dir());
+    let coord = mount(&r, "/var/run/cuvisor/coord");
+    assert!(!coord.read_only && Path::new(&coord.host_path).is_dir());
+    let text = std::fs::read_to_string(&limits.host_path).unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(
+        lines,
+        [
+            "version = 1".to_string(),
+            "state_dir = /var/run/cuvisor/state".to_string(),
+            "coord_dir = /var/run/cuvisor/coord".to_string(),
+            format!("memory.{} = {}", uuids[1], 6 * GIB),
+        ],
+        "{text}"
+    );
+    assert!(
+        !text.contains("compute"),
+        "no compute line: the default share follows memory"
+    );
+    let devs: Vec<(&str, &str, &str)> = r
+        .devices
+        .iter()
+        .map(|d| {
+            (
+                d.container_path.as_str(),
+                d.host_path.as_str(),
+                d.permissions.as_str(),
+            )
+        })
+        .collect();
+    let dev = |n: &str| s.0.join("dev").join(n).to_string_lossy().into_owned();
+    assert_eq!(
+        devs,
+        [
+            ("/dev/nvidia1", dev("nvidia1").as_str(), "rw"),
+            ("/dev/nvidiactl", dev("nvidiactl").as_str(), "rw"),
+            ("/dev/nvidia-uvm", dev("nvidia-uvm").as_str(), "rw"),
+        ],
+        "nvidia-uvm-tools does not exist on this host and is left out"
+    );
+
+    // A set that spans GPUs when one could hold it: refused, with the reason.
+    let mut span = units(&uuids[2], 0..3);
+    span.extend(units(&uuids[3], 0..3));
+    let e = allocate(&mut mems, &span)
+        .await
+        .expect_err("a needless span");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(
+        e.message().contains("span 2 GPUs") && e.message().contains("must fit on one GPU"),
+        "{}",
+        e.message()
+    );
+    // One that no GPU could hold alone (20 > 16 units): allowed, a quota per GPU.
+    let mut big = units(&uuids[4], 0..16);
+    big.extend(units(&uuids[5], 0..4));
+    let r = allocate(&mut mems, &big).await.unwrap();
+    assert_eq!(
+        r.envs["NVIDIA_VISIBLE_DEVICES"],
+        format!("{},{}", uuids[4], uuids[5])
+    );
+    let text =
+        std::fs::read_to_string(&mount(&r, "/var/run/cuvisor/limits.conf").host_path).unwrap();
+    assert!(
+        text.contains(&format!("memory.{} = {}", uuids[4], 16 * GIB)),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("memory.{} = {}", uuids[5], 4 * GIB)),
+        "{text}"
+    );
+
+    // Whole GPUs: the devices and NVIDIA_VISIBLE_DEVICES.
+    let r = allocate(&mut gpus, &[uuids[6].clone(), uuids[7].clone()])
+        .await
+        .unwrap();
+    assert_eq!(
+        r.envs["NVIDIA_VISIBLE_DEVICES"],
+        format!("{},{}", uuids[6], uuids[7])
+    );
+    assert_eq!(r.devices[0].container_path, "/dev/nvidia6");
+
+    // Fill GPUs 0, 2 and 3 to 4 free units each (GPU 1 already has 10 free).
+    for g in [0, 2, 3] {
+        allocate(&mut mems, &units(&uuids[g], 0..12)).await.unwrap();
+    }
+    allocate(&mut mems, &units(&uuids[1], 6..12)).await.unwrap();
+
+    // kubelet restarts: its socket (and ours) removed, a new one created.
+    kubelet.stop(&s.dp()).await;
+    let restarted = Instant::now();
+    let mut kubelet = Kubelet::start(&s.dp());
+    let regs = kubelet.registrations(2, Duration::from_secs(5)).await;
+    assert!(restarted.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        regs["cuvisor.io/gpu-memory"].endpoint,
+        "cuvisor-gpu-memory.sock"
+    );
+    let mut mems = client(&s.dp(), "cuvisor-gpu-memory.sock").await;
+    assert_eq!(first_list(&mut mems).await.len(), 128);
+    // Allocations are remembered: GPUs 0-4 are nearly full, so the first GPU that could hold
+    // a 6-unit request is GPU 5 with 12 free units (a plugin that forgot would name GPU 0, 16).
+    let mut span = units(&uuids[0], 12..15);
+    span.extend(units(&uuids[2], 12..15));
+    let e = allocate(&mut mems, &span)
+        .await
+        .expect_err("GPU 5 alone can hold it");
+    assert!(
+        e.message()
+            .contains(&format!("GPU {} alone has 12 free units", uuids[5])),
+        "{}",
+        e.message()
+    );
+    drop(kubelet);
+}
+
+/// Allocate's answer for 6 units on the `single` preset, applied by hand (the mounts mapped
+/// back to host paths): the tf_stress twin sees exactly a 6 GiB GPU and passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_applied_by_hand_holds_the_twin_to_6_gib() {
+    let s = Scratch::new("e2e");
+    let mut kubelet = Kubelet::start(&s.dp());
+    let _plugin = spawn_plugin(&s, "single");
+    let regs = kubelet.registrations(2, Duration::from_secs(30)).await;
+    let mut mems = client(&s.dp(), &regs["cuvisor.io/gpu-memory"].endpoint).await;
+    let list = first_list(&mut mems).await;
+    assert_eq!(list.len(), 16);
+    let avail: Vec<String> = list.iter().map(|d| d.id.clone()).collect();
+    let pick = preferred(&mut mems, &avail, 6).await.unwrap();
+    let r = allocate(&mut mems, &pick).await.unwrap();
+
+    // What the runtime would do: bind mounts. Here: container paths in the limits file
+    // rewritten to their host paths, CUVISOR_CONFIG and LD_PRELOAD on host paths.
+    let to_host = |container: &str| -> String {
+        let m = r
+            .mounts
+            .iter()
+            .filter(|m| container.starts_with(&m.container_path))
+            .max_by_key(|m| m.container_path.len())
+            .unwrap_or_else(|| panic!("{container} is not mounted"));
+        format!("{}{}", m.host_path, &container[m.container_path.len()..])
+    };
+    let limits_host = to_host(&r.envs["CUVISOR_CONFIG"]);
+    let mut text = std::fs::read_to_string(&limits_host).unwrap();
+    for m in &r.mounts {
+        text = text.replace(
+            &format!(" {}\n", m.container_path),
+            &format!(" {}\n", m.host_path),
+        );
+    }
+    let mapped = s.0.join("limits-on-host.conf");
+    std::fs::write(&mapped, &text).unwrap();
+    let state_host = to_host("/var/run/cuvisor/state");
+    assert!(
+        text.contains(&format!("state_dir = {state_host}\n")),
+        "{text}"
+    );
+
+    let twin = twin();
+    let mut cmd = Command::new(&twin);
+    for (k, v) in &r.envs {
+        cmd.env(k, v);
+    }
+    let out = cmd
+        .env("CUVISOR_CONFIG", &mapped)
+        .env(
+            "LD_PRELOAD",
+            to_host("/usr/local/lib/cuvisor/libcuvisor.so"),
+        )
+        .env("LD_LIBRARY_PATH", built().join("sim"))
+        .env("CUVISOR_SIM", "single")
+        .env("CUVISOR_SIM_STATE", s.0.join("sim.state"))
+        .env_remove("CUVISOR_MEMORY_LIMIT")
+        .env_remove("CUVISOR_STATE_DIR")
+        .output()
+        .unwrap();
+    let so = String::from_utf8_lossy(&out.stdout);
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{so}{se}");
+    assert!(so.contains("total 6144 MiB, free 6144 MiB"), "{so}");
+    assert!(so.contains("fraction 1.00: allocated 6144 MiB ok"), "{so}");
+    assert!(
+        so.contains("fraction 1.20: failed cleanly: CUDA_ERROR_OUT_OF_MEMORY"),
+        "{so}"
+    );
+    assert!(so.ends_with("twin: PASS\n"), "{so}");
+    // The ledger is in the allocation's state directory, with the 6 GiB limit.
+    let ledger = cuvisor_shm::ledger::Ledger::open_dir(Path::new(&state_host)).unwrap();
+    let limits: Vec<u64> = ledger
+        .devices()
+        .map(|(_, _, d)| d.limit.load(std::sync::atomic::Ordering::Acquire))
+        .collect();
+    assert_eq!(limits, [6 * GIB]);
+    drop(kubelet);
+}
+
+/// The twin, compiled once per test binary.
+fn twin() -> PathBuf {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tf_stress/twin.c");
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("dp_tf_stress_twin-{}", std::process::id()));
+        let status = Command::new("cc")
+            .args(["-O1", "-Wall", "-Werror", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .arg("-ldl")
+            .status()
+            .expect("run cc");
+        assert!(status.success(), "compiling {}", src.display());
+        out
+    })
+    .clone()
+}
+
+/// A running pod: name, resource, device IDs.
+type Pod = (String, String, Vec<String>);
+
+/// The fake kubelet's PodResources service: answers with what the test says runs.
+#[derive(Clone, Default)]
+struct FakePods(Arc<Mutex<Vec<Pod>>>);
+
+impl FakePods {
+    /// Serves on `sock` until the test's runtime ends.
+    fn serve(&self, sock: &Path) {
+        let l = tokio::net::UnixListener::bind(sock).unwrap();
+        let svc = v1::pod_resources_lister_server::PodResourcesListerServer::new(self.clone());
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(l))
+                .await
+                .unwrap();
+        });
+    }
+
+    /// Pod `pod` (namespace "ml", container "main") holds `ids` of `resource`.
+    fn run(&self, pod: &str, resource: &str, ids: &[String]) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((pod.into(), resource.into(), ids.to_vec()));
+    }
+
+    fn end(&self, pod: &str) {
+        self.0.lock().unwrap().retain(|(p, _, _)| p != pod);
+    }
+}
+
+#[tonic::async_trait]
+impl v1::pod_resources_lister_server::PodResourcesLister for FakePods {
+    async fn list(
+        &self,
+        _: Request<v1::ListPodResourcesRequest>,
+    ) -> Result<Response<v1::ListPodResourcesResponse>, Status> {
+        let pods = self.0.lock().unwrap().clone();
+        Ok(Response::new(v1::ListPodResourcesResponse {
+            pod_resources: pods
+                .into_iter()
+                .map(|(pod, resource, ids)| v1::PodResources {
+                    name: pod,
+                    namespace: "ml".into(),
+                    containers: vec![v1::ContainerResources {
+                        name: "main".into(),
+                        devices: vec![v1::ContainerDevices {
+                            resource_name: resource,
+                            device_ids: ids,
+                            topology: None,
+                        }],
+                        ..Default::default()
+                    }],
+                })
+                .collect(),
+        }))
+    }
+
+    async fn get_allocatable_resources(
+        &self,
+        _: Request<v1::AllocatableResourcesRequest>,
+    ) -> Result<Response<v1::AllocatableResourcesResponse>, Status> {
+        Ok(Response::new(Default::default()))
+    }
+
+    async fn get(
+        &self,
+        _: Request<v1::GetPodResourcesRequest>,
+    ) -> Result<Response<v1::GetPodResourcesResponse>, Status> {
+        Err(Status::unimplemented("not in this fake"))
+    }
+}
+
+type DeviceStream = tonic::Streaming<api::ListAndWatchResponse>;
+
+async fn watch(c: &mut DevicePluginClient<Channel>) -> DeviceStream {
+    c.list_and_watch(api::Empty {}).await.unwrap().into_inner()
+}
+
+/// ListAndWatch messages until one satisfies `ok`, within `within`; returns it and when it came.
+async fn until(
+    s: &mut DeviceStream,
+    within: Duration,
+    what: &str,
+    ok: impl Fn(&[api::Device]) -> bool,
+) -> (Vec<api::Device>, Instant) {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut last = Vec::new();
+    loop {
+        match tokio::time::timeout_at(deadline, s.message()).await {
+            Ok(Ok(Some(m))) => {
+                if ok(&m.devices) {
+                    return (m.devices, Instant::now());
+                }
+                last = m.devices;
+            }
+            Ok(r) => panic!("ListAndWatch ended waiting for {what}: {r:?}"),
+            Err(_) => panic!(
+                "no ListAndWatch update with {what} within {within:?}; last: {:?}",
+                unhealthy(&last)
+            ),
+        }
+    }
+}
+
+/// The IDs reported Unhealthy.
+fn unhealthy(list: &[api::Device]) -> BTreeSet<String> {
+    list.iter()
+        .filter(|d| d.health != "Healthy")
+        .map(|d| d.id.clone())
+        .collect()
+}
+
+/// Exactly the devices whose ID starts with one of `prefixes` are Unhealthy.
+fn only_unhealthy(list: &[api::Device], prefixes: &[&str]) -> bool {
+    list.iter()
+        .all(|d| (d.health == "Healthy") != prefixes.iter().any(|p| d.id.starts_with(p)))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn scrape(port: u16) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await?;
+    let mut out = String::new();
+    c.read_to_string(&mut out).await?;
+    Ok(out)
+}
+
+/// Health on the running binary: an XID injected on GPU 3 through the simulator turns GPU 3 and
+/// its memory units Unhealthy in ListAndWatch, Healthy again once the 1 s hold has passed; an
+/// NVLink of GPU 0 going down and up does the same. Then /metrics is scraped once: a memory
+/// allocation shows up with its pod and its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xid_and_nvlink_reach_list_and_watch_and_metrics_are_served() {
+    let s = Scratch::new("health");
+    let mut kubelet = Kubelet::start(&s.dp());
+    let pods = FakePods::default();
+    pods.serve(&s.0.join("pod-resources.sock"));
+    let port = free_port();
+    let _plugin = spawn_plugin_with(
+        &s,
+        "dgx1-v100",
+        port,
+        &format!(
+            "[pod_resources]\nsocket = {:?}\nrefresh_seconds = 1\n\
+             [health]\nxid_hold_seconds = 1\npoll_ms = 50\n",
+            s.0.join("pod-resources.sock")
+        ),
+    );
+    let regs = kubelet.registrations(2, Duration::from_secs(30)).await;
+    let mut gpus = client(&s.dp(), &regs["cuvisor.io/gpu"].endpoint).await;
+    let mut mems = client(&s.dp(), &regs["cuvisor.io/gpu-memory"].endpoint).await;
+    let mut gw = watch(&mut gpus).await;
+    let mut mw = watch(&mut mems).await;
+    let (list, _) = until(&mut gw, Duration::from_secs(10), "a first list", |_| true).await;
+    assert!(unhealthy(&list).is_empty(), "{:?}", unhealthy(&list));
+    let uuids: Vec<String> = list.iter().map(|d| d.id.clone()).collect();
+    let (mlist, _) = until(&mut mw, Duration::from_secs(10), "a first list", |_| true).await;
+    assert_eq!(mlist.len(), 128);
+    assert!(unhealthy(&mlist).is_empty());
+
+    let model = cuvisor_sim::model::Model::load("dgx1-v100").unwrap();
+    let sim = cuvisor_sim::state::Shared::attach_at(&model, &s.0.join("sim.state")).unwrap();
+    assert_eq!(model.devices[3].uuid, uuids[3]);
+
+    // XID 79 (fallen off the bus) on GPU 3. Raised again until seen, in case the monitor had
+    // not registered its event set yet; the hold counts from the last one.
+    let gpu3 = uuids[3].as_str();
+    let mut raised;
+    let list = loop {
+        sim.raise_xid(3, 79);
+        raised = Instant::now();
+        match tokio::time::timeout(
+            Duration::from_millis(700),
+            until(&mut gw, Duration::from_secs(5), "GPU 3 Unhealthy", |l| {
+                only_unhealthy(l, &[gpu3])
+            }),
+        )
+        .await
+        {
+            Ok((l, _)) => break l,
+            Err(_) => assert!(
+                raised.elapsed() < Duration::from_secs(20),
+                "the XID never reached ListAndWatch"
+            ),
+        }
+    };
+    assert_eq!(unhealthy(&list).len(), 1);
+    let (mlist, _) = until(
+        &mut mw,
+        Duration::from_secs(5),
+        "GPU 3's units Unhealthy",
+        |l| only_unhealthy(l, &[&format!("{gpu3}-mem-")]),
+    )
+    .await;
+    assert_eq!(unhealthy(&mlist).len(), 16);
+    let (_, back) = until(&mut gw, Duration::from_secs(10), "GPU 3 Healthy", |l| {
+        unhealthy(l).is_empty()
+    })
+    .await;
+    assert!(
+        back >= raised + Duration::from_secs(1),
+        "Healthy {:?} after the XID, before the 1 s hold",
+        back - raised
+    );
+    until(&mut mw, Duration::from_secs(5), "all units Healthy", |l| {
+        unhealthy(l).is_empty()
+    })
+    .await;
+
+    // NVLink 3 of GPU 0 down, then up.
+    let gpu0 = uuids[0].as_str();
+    sim.device(0)
+        .nvlink_down
+        .fetch_or(1 << 3, std::sync::atomic::Ordering::AcqRel);
+    until(&mut gw, Duration::from_secs(5), "GPU 0 Unhealthy", |l| {
+        only_unhealthy(l, &[gpu0])
+    })
+    .await;
+    until(
+        &mut mw,
+        Duration::from_secs(5),
+        "GPU 0's units Unhealthy",
+        |l| only_unhealthy(l, &[&format!("{gpu0}-mem-")]),
+    )
+    .await;
+    sim.device(0)
+        .nvlink_down
+        .fetch_and(!(1 << 3), std::sync::atomic::Ordering::AcqRel);
+    until(&mut gw, Duration::from_secs(5), "GPU 0 Healthy", |l| {
+        unhealthy(l).is_empty()
+    })
+    .await;
+
+    // Metrics: 6 units of GPU 1 for pod ml/train; its limit (no CUDA process yet: the quota).
+    let ids = units(&uuids[1], 0..6);
+    let r = allocate(&mut mems, &ids).await.unwrap();
+    assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], uuids[1]);
+    pods.run("train", "cuvisor.io/gpu-memory", &ids);
+    let want = format!(
+        "cuvisor_container_memory_limit_bytes{{namespace=\"ml\",pod=\"train\",container=\"main\",\
+         gpu_uuid=\"{}\",allocation=\"",
+        uuids[1]
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = scrape(port).await.unwrap_or_default();
+        if text.contains(&want) || Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&want))
+        .unwrap_or_else(|| panic!("no {want} in\n{text}"));
+    assert!(line.ends_with(&format!(" {}", 6 * GIB)), "{line}");
+    for l in [
+        format!(
+            "cuvisor_gpu_memory_quota_bytes{{gpu_uuid=\"{}\"}} {}",
+            uuids[1],
+            6 * GIB
+        ),
+        format!("cuvisor_gpu_healthy{{gpu_uuid=\"{}\"}} 1", uuids[3]),
+        "cuvisor_allocations{resource=\"cuvisor.io/gpu-memory\"} 1".to_string(),
+    ] {
+        assert!(text.lines().any(|x| x == l), "no {l} in\n{text}");
+    }
+    drop(kubelet);
+}
+
+/// Both resources are backed by the same GPUs: a GPU held whole hides its memory units, memory
+/// units in use hide their GPU (Unhealthy in ListAndWatch, refused by GetPreferredAllocation and
+/// Allocate), until the allocation is over (here: its pod leaves PodResources and the sweeper
+/// removes it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_is_never_given_whole_and_in_memory_units_at_once() {
+    let s = Scratch::new("conflict");
+    let mut kubelet = Kubelet::start(&s.dp());
+    let pods = FakePods::default();
+    pods.serve(&s.0.join("pod-resources.sock"));
+    let _plugin = spawn_plugin_with(
+        &s,
+        "dgx1-v100",
+        0,
+        &format!(
+            "[pod_resources]\nsocket = {:?}\nrefresh_seconds = 1\n\
+             [cleanup]\ngrace_seconds = 3\ninterval_seconds = 1\n",
+            s.0.join("pod-resources.sock")
+        ),
+    );
+    let regs = kubelet.registrations(2, Duration::from_secs(30)).await;
+    let mut gpus = client(&s.dp(), &regs["cuvisor.io/gpu"].endpoint).await;
+    let mut mems = client(&s.dp(), &regs["cuvisor.io/gpu-memory"].endpoint).await;
+    let mut gw = watch(&mut gpus).await;
+    let mut mw = watch(&mut mems).await;
+    let (list, _) = until(&mut gw, Duration::from_secs(10), "a first list", |_| true).await;
+    let uuids: Vec<String> = list.iter().map(|d| d.id.clone()).collect();
+    until(&mut mw, Duration::from_secs(10), "a first list", |l| {
+        unhealthy(l).is_empty()
+    })
+    .await;
+    let mem_of = |g: usize| format!("{}-mem-", uuids[g]);
+
+    // GPU 2 whole: its 16 units go Unhealthy, the GPU list does not change.
+    allocate(&mut gpus, &[uuids[2].clone()]).await.unwrap();
+    pods.run("whole", "cuvisor.io/gpu", &[uuids[2].clone()]);
+    let (ml, _) = until(
+        &mut mw,
+        Duration::from_secs(5),
+        "GPU 2's units Unhealthy",
+        |l| only_unhealthy(l, &[&mem_of(2)]),
+    )
+    .await;
+    assert_eq!(unhealthy(&ml).len(), 16);
+    // Preferred: GPU 2's 8 units would be the best fit for 8; they are not offered.
+    let mut avail = units(&uuids[2], 0..8);
+    avail.extend(units(&uuids[5], 0..16));
+    let pick = preferred(&mut mems, &avail, 8).await.unwrap();
+    assert!(pick.iter().all(|id| id.starts_with(&mem_of(5))), "{pick:?}");
+    let e = preferred(&mut mems, &units(&uuids[2], 0..8), 4)
+        .await
+        .expect_err("only units of a GPU held whole");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        e.message().contains("is allocated whole"),
+        "{}",
+        e.message()
+    );
+    let e = mems
+        .get_preferred_allocation(api::PreferredAllocationRequest {
+            container_requests: vec![api::ContainerPreferredAllocationRequest {
+                available_device_i_ds: avail.clone(),
+                must_include_device_i_ds: units(&uuids[2], 0..1),
+                allocation_size: 2,
+            }],
+        })
+        .await
+        .expect_err("a must-include unit of a GPU held whole");
+    assert!(e.message().contains("must-include"), "{}", e.message());
+    let e = allocate(&mut mems, &units(&uuids[2], 0..4))
+        .await
+        .expect_err("units of a GPU held whole");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        e.message()
+            .contains(&format!("GPU {} is allocated whole", uuids[2])),
+        "{}",
+        e.message()
+    );
+
+    // 4 units of GPU 5: GPU 5 goes Unhealthy as a whole GPU, and is refused.
+    let ids5 = units(&uuids[5], 0..4);
+    allocate(&mut mems, &ids5).await.unwrap();
+    pods.run("frac", "cuvisor.io/gpu-memory", &ids5);
+    until(&mut gw, Duration::from_secs(5), "GPU 5 Unhealthy", |l| {
+        only_unhealthy(l, &[&uuids[5]])
+    })
+    .await;
+    let pick = preferred(&mut gpus, &[uuids[5].clone(), uuids[6].clone()], 1)
+        .await
+        .unwrap();
+    assert_eq!(pick, [uuids[6].clone()]);
+    let e = allocate(&mut gpus, &[uuids[5].clone()])
+        .await
+        .expect_err("a GPU with memory units in use");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        e.message().contains("4 memory unit(s)") && e.message().contains("in use"),
+        "{}",
+        e.message()
+    );
+    // The rest of GPU 5's units are still there for memory requests.
+    let more5 = units(&uuids[5], 4..8);
+    allocate(&mut mems, &more5).await.unwrap();
+    pods.run("frac-2", "cuvisor.io/gpu-memory", &more5);
+
+    // The whole-GPU pod ends: once the sweeper drops it, GPU 2's units are Healthy again, and
+    // so is nothing else that changed.
+    pods.end("whole");
+    let (ml, _) = until(
+        &mut mw,
+        Duration::from_secs(15),
+        "GPU 2's units Healthy",
+        |l| unhealthy(l).is_empty(),
+    )
+    .await;
+    assert_eq!(ml.len(), 128);
+    let ids2 = units(&uuids[2], 0..4);
+    allocate(&mut mems, &ids2).await.unwrap();
+    pods.run("frac-3", "cuvisor.io/gpu-memory", &ids2);
+    until(
+        &mut gw,
+        Duration::from_secs(5),
+        "GPUs 2 and 5 Unhealthy",
+        |l| only_unhealthy(l, &[&uuids[2], &uuids[5]]),
+    )
+    .await;
+    drop(kubelet);
+}

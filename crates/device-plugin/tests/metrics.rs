@@ -1,0 +1,335 @@
+//! The metrics endpoint end to end: real ledgers (as the library writes them) for two containers,
+//! a fake kubelet PodResources server on a Unix socket naming their pods, and the text served
+//! over HTTP checked for content and for the exposition format's rules.
+
+use cuvisor_device_plugin::health_channel;
+use cuvisor_device_plugin::metrics::{self, Metrics};
+use cuvisor_device_plugin::podresources::{v1, PodCache};
+use cuvisor_device_plugin::registry::{Allocation, GpuShare, Kind, Registry};
+use cuvisor_shm::ledger::Ledger;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::{Request, Response, Status};
+
+const GIB: u64 = 1 << 30;
+const UUID_A: [u8; 16] = [0xaa; 16];
+const UUID_B: [u8; 16] = [0xbb; 16];
+
+fn tmp(tag: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("cuvisor-metrics-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
+
+struct FakeKubelet;
+
+#[tonic::async_trait]
+impl v1::pod_resources_lister_server::PodResourcesLister for FakeKubelet {
+    async fn list(
+        &self,
+        _: Request<v1::ListPodResourcesRequest>,
+    ) -> Result<Response<v1::ListPodResourcesResponse>, Status> {
+        let dev = |r: &str, ids: &[&str]| v1::ContainerDevices {
+            resource_name: r.into(),
+            device_ids: ids.iter().map(|s| s.to_string()).collect(),
+            topology: None,
+        };
+        let pod = |ns: &str, name: &str, c: &str, d: v1::ContainerDevices| v1::PodResources {
+            name: name.into(),
+            namespace: ns.into(),
+            containers: vec![v1::ContainerResources {
+                name: c.into(),
+                devices: vec![d],
+                ..Default::default()
+            }],
+        };
+        Ok(Response::new(v1::ListPodResourcesResponse {
+            pod_resources: vec![
+                pod(
+                    "ml",
+                    "train-0",
+                    "tf",
+                    dev("cuvisor.io/gpu-memory", &["m-a-0", "m-a-1"]),
+                ),
+                // A pod name that needs escaping in a label value.
+                pod(
+                    "team \"x\"",
+                    "odd\\pod",
+                    "main",
+                    dev("cuvisor.io/gpu-memory", &["m-b-0"]),
+                ),
+                pod("ml", "big", "w", dev("cuvisor.io/gpu", &["g0", "g1"])),
+                pod("other", "p", "c", dev("nvidia.com/gpu", &["x"])),
+            ],
+        }))
+    }
+
+    async fn get_allocatable_resources(
+        &self,
+        _: Request<v1::AllocatableResourcesRequest>,
+    ) -> Result<Response<v1::AllocatableResourcesResponse>, Status> {
+        Ok(Response::new(Default::default()))
+    }
+
+    async fn get(
+        &self,
+        _: Request<v1::GetPodResourcesRequest>,
+    ) -> Result<Response<v1::GetPodResourcesResponse>, Status> {
+        Err(Status::unimplemented("not in this fake"))
+    }
+}
+
+fn serve_fake_kubelet(sock: &Path) {
+    let l = tokio::net::UnixListener::bind(sock).unwrap();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(
+                v1::pod_resources_lister_server::PodResourcesListerServer::new(FakeKubelet),
+            )
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(l))
+            .await
+            .unwrap();
+    });
+}
+
+/// A memory allocation with a ledger holding `used` of `limit` on `uuid`.
+fn memory_alloc(
+    root: &Path,
+    id: &str,
+    ids: &[&str],
+    uuid: [u8; 16],
+    limit: u64,
+    used: u64,
+) -> Allocation {
+    let dir = root.join("allocations").join(id);
+    let ledger_dir = dir.join("state");
+    let l = Ledger::open_dir(&ledger_dir).unwrap();
+    let d = l.device_for(uuid, limit).unwrap();
+    let p = l.claim_proc(std::process::id(), 1).unwrap();
+    l.try_charge(d, p, used).unwrap();
+    assert!(l.try_charge(d, p, limit).is_err());
+    l.note_denied(d);
+    let e = l.device(d);
+    e.gpu_ns
+        .store(2_500_000_000, std::sync::atomic::Ordering::Release);
+    e.throttled_ns
+        .store(500_000_000, std::sync::atomic::Ordering::Release);
+    e.launches.store(42, std::sync::atomic::Ordering::Release);
+    // The charge stays: this process is alive.
+    Allocation {
+        id: id.into(),
+        kind: Kind::Memory,
+        resource: "cuvisor.io/gpu-memory".into(),
+        device_ids: ids.iter().map(|s| s.to_string()).collect(),
+        gpus: vec![GpuShare {
+            uuid: metrics::uuid_string(uuid),
+            units: ids.len() as u32,
+            quota: Some(limit),
+        }],
+        dir,
+        ledger_dir: Some(ledger_dir),
+        created_unix: 0,
+    }
+}
+
+async fn http_get(port: u16, path: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+/// The exposition format's rules this endpoint must keep: every sample's family has HELP and
+/// TYPE lines before it, once; names and label names are valid; values parse.
+fn check_format(text: &str) {
+    let mut typed: HashSet<String> = HashSet::new();
+    let mut helped: HashSet<String> = HashSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let name = rest.split(' ').next().unwrap();
+            assert!(helped.insert(name.to_string()), "HELP twice: {name}");
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut it = rest.split(' ');
+            let name = it.next().unwrap();
+            let kind = it.next().unwrap();
+            assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
+            assert!(helped.contains(name), "TYPE before HELP: {line}");
+            assert!(typed.insert(name.to_string()), "TYPE twice: {name}");
+            if kind == "counter" {
+                assert!(name.ends_with("_total"), "counter without _total: {name}");
+            }
+            continue;
+        }
+        assert!(!line.starts_with('#'), "{line}");
+        let name_end = line.find(['{', ' ']).unwrap();
+        let name = &line[..name_end];
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad name {name}"
+        );
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|f| typed.contains(*f)))
+            .unwrap_or(name);
+        assert!(typed.contains(family), "sample before its TYPE: {line}");
+        let value = line.rsplit(' ').next().unwrap();
+        assert!(value.parse::<f64>().is_ok(), "bad value: {line}");
+        if line.as_bytes()[name_end] == b'{' {
+            // Label values: every quote inside is escaped.
+            let labels = &line[name_end + 1..line.rfind('}').unwrap()];
+            let mut chars = labels.chars();
+            let mut in_value = false;
+            while let Some(c) = chars.next() {
+                match (in_value, c) {
+                    (true, '\\') => {
+                        let n = chars.next().unwrap();
+                        assert!(['\\', '"', 'n'].contains(&n), "bad escape in {line}");
+                    }
+                    (true, '"') => in_value = false,
+                    (false, '"') => in_value = true,
+                    (true, '\n') => panic!("raw newline in {line}"),
+                    _ => {}
+                }
+            }
+            assert!(!in_value, "unterminated label value: {line}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_name_containers_from_pod_resources_and_read_their_ledgers() {
+    let root = tmp("root");
+    let reg = Registry::open(&root).unwrap();
+    let a = memory_alloc(&root, "a1", &["m-a-0", "m-a-1"], UUID_A, 6 * GIB, 2 * GIB);
+    let b = memory_alloc(&root, "b1", &["m-b-0"], UUID_B, GIB, 512 << 20);
+    for al in [a, b] {
+        reg.insert(al).unwrap();
+    }
+    let whole_dir = root.join("allocations").join("w1");
+    std::fs::create_dir_all(&whole_dir).unwrap();
+    reg.insert(Allocation {
+        id: "w1".into(),
+        kind: Kind::Gpu,
+        resource: "cuvisor.io/gpu".into(),
+        device_ids: vec!["g0".into(), "g1".into()],
+        gpus: vec![
+            GpuShare {
+                uuid: "GPU-0".into(),
+                units: 0,
+                quota: None,
+            },
+            GpuShare {
+                uuid: "GPU-1".into(),
+                units: 0,
+                quota: None,
+            },
+        ],
+        dir: whole_dir,
+        ledger_dir: None,
+        created_unix: 0,
+    })
+    .unwrap();
+
+    let sock = root.join("kubelet.sock");
+    serve_fake_kubelet(&sock);
+    let pods = PodCache::new();
+    tokio::spawn(
+        pods.clone()
+            .refresh(sock.clone(), Duration::from_millis(50)),
+    );
+    for _ in 0..100 {
+        if pods.get().is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let owners = pods.get().expect("the fake kubelet answered");
+    assert_eq!(owners.len(), 6);
+
+    let (htx, hrx) = health_channel();
+    htx.send_replace([("GPU-1".to_string(), false)].into_iter().collect());
+    let m = Metrics::new(reg.view(), pods.clone())
+        .with_health(hrx)
+        .with_scorer(Box::new(|set: &[String]| (set.len() == 2).then_some(0.75)));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(metrics::serve(listener, Arc::new(m)));
+
+    let resp = http_get(port, "/metrics").await;
+    let (head, text) = resp.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    check_format(text);
+
+    let ua = metrics::uuid_string(UUID_A);
+    let la = format!(
+        "{{namespace=\"ml\",pod=\"train-0\",container=\"tf\",gpu_uuid=\"{ua}\",allocation=\"a1\"}}"
+    );
+    for (name, v) in [
+        ("cuvisor_container_memory_used_bytes", (2 * GIB).to_string()),
+        (
+            "cuvisor_container_memory_limit_bytes",
+            (6 * GIB).to_string(),
+        ),
+        ("cuvisor_container_memory_peak_bytes", (2 * GIB).to_string()),
+        ("cuvisor_container_memory_denied_total", "1".into()),
+        ("cuvisor_container_gpu_seconds_total", "2.5".into()),
+        ("cuvisor_container_throttled_seconds_total", "0.5".into()),
+        ("cuvisor_container_launches_total", "42".into()),
+    ] {
+        let line = format!("{name}{la} {v}\n");
+        assert!(text.contains(&line), "missing {line}in\n{text}");
+    }
+    let ub = metrics::uuid_string(UUID_B);
+    let lb = format!(
+        "{{namespace=\"team \\\"x\\\"\",pod=\"odd\\\\pod\",container=\"main\",gpu_uuid=\"{ub}\",allocation=\"b1\"}}"
+    );
+    assert!(
+        text.contains(&format!(
+            "cuvisor_container_memory_used_bytes{lb} 536870912\n"
+        )),
+        "{text}"
+    );
+    for line in [
+        format!(
+            "cuvisor_gpu_memory_used_bytes{{gpu_uuid=\"{ua}\"}} {}\n",
+            2 * GIB
+        ),
+        format!(
+            "cuvisor_gpu_memory_quota_bytes{{gpu_uuid=\"{ua}\"}} {}\n",
+            6 * GIB
+        ),
+        format!("cuvisor_gpu_allocations{{gpu_uuid=\"{ua}\"}} 1\n"),
+        "cuvisor_gpu_healthy{gpu_uuid=\"GPU-1\"} 0\n".to_string(),
+        "cuvisor_gpu_healthy{gpu_uuid=\"GPU-0\"} 1\n".to_string(),
+        "cuvisor_allocations{resource=\"cuvisor.io/gpu-memory\"} 2\n".to_string(),
+        "cuvisor_allocation_topology_score_bucket{le=\"0.8\"} 1\n".to_string(),
+        "cuvisor_allocation_topology_score_bucket{le=\"0.7\"} 0\n".to_string(),
+        "cuvisor_allocation_topology_score_count 1\n".to_string(),
+    ] {
+        assert!(text.contains(&line), "missing {line}in\n{text}");
+    }
+    // Scored once per allocation, not once per scrape.
+    let again = http_get(port, "/metrics").await;
+    assert!(again.contains("cuvisor_allocation_topology_score_count 1\n"));
+    assert!(http_get(port, "/nope").await.starts_with("HTTP/1.1 404"));
+
+    // Liveness for the sweeper: the memory allocations' containers exist.
+    use cuvisor_device_plugin::cleanup::Liveness;
+    for al in reg.view().list() {
+        assert_eq!(pods.in_use(&al), Some(true), "{}", al.id);
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
