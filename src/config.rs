@@ -262,22 +262,7 @@ fn parse_env_limits(text: &str) -> Result<Vec<(Target, u64)>, String> {
     )
 }
 
-pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
-    let hex: String = s
-        .strip_prefix("GPU-")
-        .unwrap_or(s)
-        .chars()
-        .filter(|c| *c != '-')
-        .collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
-}
+pub use cuvisor_shm::uuid::parse as parse_uuid;
 
 fn parse_file(text: &str) -> Result<Config, String> {
     let mut cfg = Config {

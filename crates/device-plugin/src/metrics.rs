@@ -185,15 +185,7 @@ pub struct Usage {
 
 /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` from the ledger's 16 bytes.
 pub fn uuid_string(b: [u8; 16]) -> String {
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    cuvisor_shm::uuid::format(&b)
 }
 
 /// Every GPU entry of the ledger in `a`'s ledger directory (empty if none or unreadable).

@@ -10,3 +10,4 @@ pub mod coordinator;
 pub mod ledger;
 pub mod process;
 pub mod quantity;
+pub mod uuid;

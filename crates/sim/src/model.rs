@@ -258,34 +258,7 @@ pub fn cpu_set(node: u32) -> u64 {
     0xffffu64 << ((node * 16) % 64)
 }
 
-pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
-    let hex: String = s
-        .strip_prefix("GPU-")
-        .unwrap_or(s)
-        .chars()
-        .filter(|c| *c != '-')
-        .collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(out)
-}
-
-pub fn format_uuid(b: &[u8; 16]) -> String {
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
-}
+pub use cuvisor_shm::uuid::{format as format_uuid, parse as parse_uuid};
 
 /// A deterministic UUID for device `index` of machine `machine`.
 fn make_uuid(machine: &str, index: usize) -> String {
