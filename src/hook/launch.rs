@@ -14,22 +14,25 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 
 hooks! {
-    Cuda cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch;
-    Cuda cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch_ptsz;
-    Cuda cuLaunchKernelEx(cfg: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch_ex;
-    Cuda cuLaunchKernelEx_ptsz(cfg: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch_ex_ptsz;
-    Cuda cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void) => cooperative;
-    Cuda cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void) => cooperative_ptsz;
-    Cuda cuGraphLaunch(exec: CUgraphExec, stream: CUstream) => graph_launch;
-    Cuda cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) => graph_launch_ptsz;
+    Cuda cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::<false>;
+    Cuda cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::<true>;
+    Cuda cuLaunchKernelEx(cfg: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch_ex::<false>;
+    Cuda cuLaunchKernelEx_ptsz(cfg: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch_ex::<true>;
+    Cuda cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void) => cooperative::<false>;
+    Cuda cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void) => cooperative::<true>;
+    Cuda cuGraphLaunch(exec: CUgraphExec, stream: CUstream) => graph_launch::<false>;
+    Cuda cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) => graph_launch::<true>;
 }
+
+// Each entry point and its `_ptsz` form share one body: PTSZ says whether a NULL stream means
+// the per-thread default stream (the `_ptsz` ABI) rather than the legacy one.
 
 /// Graph execs and functions are both pointers (handles, in the simulator small integers):
 /// keep their estimates apart.
 const GRAPH_KEY: u64 = 1 << 63;
 
 #[allow(clippy::too_many_arguments)]
-fn launch(
+fn launch<const PTSZ: bool>(
     real: impl Fn(
         CUfunction,
         c_uint,
@@ -55,45 +58,13 @@ fn launch(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> u32 {
-    throttled(f as u64, s, false, || {
+    throttled(f as u64, s, PTSZ, || {
         real(f, gx, gy, gz, bx, by, bz, smem, s, params, extra)
     })
 }
 
 #[allow(clippy::too_many_arguments)]
-fn launch_ptsz(
-    real: impl Fn(
-        CUfunction,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        CUstream,
-        *mut *mut c_void,
-        *mut *mut c_void,
-    ) -> u32,
-    f: CUfunction,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    smem: c_uint,
-    s: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> u32 {
-    throttled(f as u64, s, true, || {
-        real(f, gx, gy, gz, bx, by, bz, smem, s, params, extra)
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-fn cooperative(
+fn cooperative<const PTSZ: bool>(
     real: impl Fn(
         CUfunction,
         c_uint,
@@ -117,37 +88,7 @@ fn cooperative(
     s: CUstream,
     params: *mut *mut c_void,
 ) -> u32 {
-    throttled(f as u64, s, false, || {
-        real(f, gx, gy, gz, bx, by, bz, smem, s, params)
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-fn cooperative_ptsz(
-    real: impl Fn(
-        CUfunction,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        CUstream,
-        *mut *mut c_void,
-    ) -> u32,
-    f: CUfunction,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    smem: c_uint,
-    s: CUstream,
-    params: *mut *mut c_void,
-) -> u32 {
-    throttled(f as u64, s, true, || {
+    throttled(f as u64, s, PTSZ, || {
         real(f, gx, gy, gz, bx, by, bz, smem, s, params)
     })
 }
@@ -161,7 +102,7 @@ fn config_stream(cfg: *const CUlaunchConfig) -> Option<CUstream> {
     Some(unsafe { std::ptr::addr_of!((*cfg).hStream).read_unaligned() })
 }
 
-fn launch_ex(
+fn launch_ex<const PTSZ: bool>(
     real: impl Fn(*const CUlaunchConfig, CUfunction, *mut *mut c_void, *mut *mut c_void) -> u32,
     cfg: *const CUlaunchConfig,
     f: CUfunction,
@@ -169,38 +110,17 @@ fn launch_ex(
     extra: *mut *mut c_void,
 ) -> u32 {
     match config_stream(cfg) {
-        Some(s) => throttled(f as u64, s, false, || real(cfg, f, params, extra)),
+        Some(s) => throttled(f as u64, s, PTSZ, || real(cfg, f, params, extra)),
         None => real(cfg, f, params, extra),
     }
 }
 
-fn launch_ex_ptsz(
-    real: impl Fn(*const CUlaunchConfig, CUfunction, *mut *mut c_void, *mut *mut c_void) -> u32,
-    cfg: *const CUlaunchConfig,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> u32 {
-    match config_stream(cfg) {
-        Some(s) => throttled(f as u64, s, true, || real(cfg, f, params, extra)),
-        None => real(cfg, f, params, extra),
-    }
-}
-
-fn graph_launch(
+fn graph_launch<const PTSZ: bool>(
     real: impl Fn(CUgraphExec, CUstream) -> u32,
     exec: CUgraphExec,
     s: CUstream,
 ) -> u32 {
-    throttled(exec as u64 ^ GRAPH_KEY, s, false, || real(exec, s))
-}
-
-fn graph_launch_ptsz(
-    real: impl Fn(CUgraphExec, CUstream) -> u32,
-    exec: CUgraphExec,
-    s: CUstream,
-) -> u32 {
-    throttled(exec as u64 ^ GRAPH_KEY, s, true, || real(exec, s))
+    throttled(exec as u64 ^ GRAPH_KEY, s, PTSZ, || real(exec, s))
 }
 
 // ---- the rule --------------------------------------------------------------------------------
