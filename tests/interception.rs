@@ -1184,6 +1184,32 @@ fn context_reserve() {
         ok(cu::cuCtxDestroy_v2(c1));
         assert_eq!(ledger_used(&dir), vec![0], "every reserve given back");
     }
+    // Eight threads taking the first primary reference at once: charged exactly once.
+    let go = std::sync::Arc::new(std::sync::Barrier::new(8));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let go = go.clone();
+            std::thread::spawn(move || {
+                go.wait();
+                let mut c = null_mut();
+                // SAFETY: as above.
+                unsafe { ok(cu::cuDevicePrimaryCtxRetain(&mut c, 0)) };
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(
+        ledger_used(&dir),
+        vec![256 * MIB],
+        "one reserve for racing first retains"
+    );
+    for _ in 0..8 {
+        // SAFETY: as above.
+        unsafe { ok(cu::cuDevicePrimaryCtxRelease_v2(0)) };
+    }
+    assert_eq!(ledger_used(&dir), vec![0], "given back at the last release");
     println!("child checked the reserve");
 }
 

@@ -657,29 +657,45 @@ fn primary_retain(
     if r == 0 {
         return real(ctx, dev);
     }
-    if refs.load(Acquire) > 0 {
-        let res = real(ctx, dev);
-        if res == SUCCESS {
-            refs.fetch_add(1, AcqRel);
+    loop {
+        match refs.load(Acquire) {
+            // Another thread is taking the first reference (and charging it): wait for it.
+            PRIMARY_PENDING => std::thread::yield_now(),
+            0 => {
+                if refs
+                    .compare_exchange(0, PRIMARY_PENDING, AcqRel, Acquire)
+                    .is_err()
+                {
+                    continue;
+                }
+                // The first reference: charged like a context, once, recorded under a key no
+                // pointer can have.
+                let key = primary_key(dev);
+                let res = charged(
+                    "cuDevicePrimaryCtxRetain",
+                    Some(dev),
+                    r,
+                    || real(ctx, dev),
+                    || key,
+                    true,
+                )
+                .unwrap_or_else(|| real(ctx, dev));
+                refs.store(u32::from(res == SUCCESS), Release);
+                return res;
+            }
+            _ => {
+                let res = real(ctx, dev);
+                if res == SUCCESS {
+                    refs.fetch_add(1, AcqRel);
+                }
+                return res;
+            }
         }
-        return res;
     }
-    // First reference: charged like a context, recorded under a key no pointer can have.
-    let key = primary_key(dev);
-    let res = charged(
-        "cuDevicePrimaryCtxRetain",
-        Some(dev),
-        r,
-        || real(ctx, dev),
-        || key,
-        true,
-    )
-    .unwrap_or_else(|| real(ctx, dev));
-    if res == SUCCESS {
-        refs.fetch_add(1, AcqRel);
-    }
-    res
 }
+
+/// PRIMARY_REFS while a thread takes a device's first reference.
+const PRIMARY_PENDING: u32 = u32::MAX;
 
 /// The key the primary context's reserve is recorded under (no pointer or handle has it).
 fn primary_key(dev: CUdevice) -> u64 {
@@ -694,7 +710,11 @@ fn primary_release(real: impl Fn(CUdevice) -> u32, dev: CUdevice) -> u32 {
     if res != SUCCESS {
         return res;
     }
-    if refs.fetch_update(AcqRel, Acquire, |n| n.checked_sub(1)) == Ok(1) {
+    let dropped = refs.fetch_update(AcqRel, Acquire, |n| match n {
+        0 | PRIMARY_PENDING => None,
+        n => Some(n - 1),
+    });
+    if dropped == Ok(1) {
         if let Mode::Enforce(q) = crate::mode() {
             q.release(&q.handles, primary_key(dev));
         }
