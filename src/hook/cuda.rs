@@ -184,38 +184,39 @@ fn released(key: u64, free: impl FnOnce() -> u32, handles: bool) -> u32 {
     r
 }
 
+/// A plain allocation of `size` bytes whose device pointer the driver writes to `dptr` (a 64-bit
+/// `CUdeviceptr`, or the 32-bit v1 one): charged in 512-byte units, recorded by that pointer.
+/// NULL or zero-sized requests go straight to the driver for its own INVALID_VALUE.
+fn pointer_alloc<P: Copy + Into<u64>>(
+    call: &str,
+    dptr: *mut P,
+    size: u64,
+    allocate: impl Fn() -> u32,
+) -> u32 {
+    if dptr.is_null() || size == 0 {
+        return allocate();
+    }
+    charged(
+        call,
+        None,
+        charged_size(size),
+        &allocate,
+        || read(dptr).map_or(0, Into::into),
+        false,
+    )
+    .unwrap_or_else(allocate)
+}
+
 fn alloc_v2(
     real: impl Fn(*mut CUdeviceptr, usize) -> u32,
     dptr: *mut CUdeviceptr,
     size: usize,
 ) -> u32 {
-    if dptr.is_null() || size == 0 {
-        return real(dptr, size); // the driver's own INVALID_VALUE
-    }
-    charged(
-        "cuMemAlloc_v2",
-        None,
-        charged_size(size as u64),
-        || real(dptr, size),
-        || read(dptr).unwrap_or(0),
-        false,
-    )
-    .unwrap_or_else(|| real(dptr, size))
+    pointer_alloc("cuMemAlloc_v2", dptr, size as u64, || real(dptr, size))
 }
 
 fn alloc_v1(real: impl Fn(*mut c_uint, c_uint) -> u32, dptr: *mut c_uint, size: c_uint) -> u32 {
-    if dptr.is_null() || size == 0 {
-        return real(dptr, size);
-    }
-    charged(
-        "cuMemAlloc",
-        None,
-        charged_size(size as u64),
-        || real(dptr, size),
-        || read(dptr).unwrap_or(0) as u64,
-        false,
-    )
-    .unwrap_or_else(|| real(dptr, size))
+    pointer_alloc("cuMemAlloc", dptr, size as u64, || real(dptr, size))
 }
 
 fn alloc_managed(
@@ -224,18 +225,9 @@ fn alloc_managed(
     size: usize,
     flags: c_uint,
 ) -> u32 {
-    if dptr.is_null() || size == 0 {
-        return real(dptr, size, flags);
-    }
-    charged(
-        "cuMemAllocManaged",
-        None,
-        charged_size(size as u64),
-        || real(dptr, size, flags),
-        || read(dptr).unwrap_or(0),
-        false,
-    )
-    .unwrap_or_else(|| real(dptr, size, flags))
+    pointer_alloc("cuMemAllocManaged", dptr, size as u64, || {
+        real(dptr, size, flags)
+    })
 }
 
 fn alloc_async(
@@ -244,18 +236,7 @@ fn alloc_async(
     size: usize,
     s: CUstream,
 ) -> u32 {
-    if dptr.is_null() || size == 0 {
-        return real(dptr, size, s);
-    }
-    charged(
-        "cuMemAllocAsync",
-        None,
-        charged_size(size as u64),
-        || real(dptr, size, s),
-        || read(dptr).unwrap_or(0),
-        false,
-    )
-    .unwrap_or_else(|| real(dptr, size, s))
+    pointer_alloc("cuMemAllocAsync", dptr, size as u64, || real(dptr, size, s))
 }
 
 fn alloc_from_pool(
@@ -265,18 +246,9 @@ fn alloc_from_pool(
     pool: CUmemoryPool,
     s: CUstream,
 ) -> u32 {
-    if dptr.is_null() || size == 0 {
-        return real(dptr, size, pool, s);
-    }
-    charged(
-        "cuMemAllocFromPoolAsync",
-        None,
-        charged_size(size as u64),
-        || real(dptr, size, pool, s),
-        || read(dptr).unwrap_or(0),
-        false,
-    )
-    .unwrap_or_else(|| real(dptr, size, pool, s))
+    pointer_alloc("cuMemAllocFromPoolAsync", dptr, size as u64, || {
+        real(dptr, size, pool, s)
+    })
 }
 
 /// Pitched allocations: the driver picks the pitch. We charge an upper bound (rows padded to
