@@ -16,26 +16,7 @@ pub const GIB: u64 = 1 << 30;
 /// target/<profile>/deps/libcuvisor.so, built first if needed (`cargo test` builds it as this
 /// package's library; `cargo bench` and `cargo test --test X` may not).
 pub fn libcuvisor() -> PathBuf {
-    static LIB: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    LIB.get_or_init(|| {
-        let exe = std::env::current_exe().unwrap();
-        let deps = exe.parent().unwrap();
-        let profile_dir = deps.parent().unwrap();
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-q", "-p", "cuvisor"])
-            .env("CARGO_TARGET_DIR", profile_dir.parent().unwrap());
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        assert!(
-            cmd.status().expect("cargo build -p cuvisor").success(),
-            "building libcuvisor.so failed"
-        );
-        let lib = deps.join("libcuvisor.so");
-        assert!(lib.exists(), "{} missing", lib.display());
-        lib
-    })
-    .clone()
+    cuvisor_testkit::built(&cuvisor_testkit::profile_dir_of_test()).join("deps/libcuvisor.so")
 }
 
 /// A fresh, empty directory for one test's ledger.

@@ -7,38 +7,12 @@ use cuvisor_sim::state::Shared;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::Ordering::Acquire;
-use std::sync::OnceLock;
 
 const EXE: &str = env!("CARGO_BIN_EXE_cuvisor");
 
-/// target/<profile>/, after making sure target/<profile>/sim/ holds the simulated libraries
-/// (`cargo test -p cuvisor-cli` alone does not build the cdylibs; build them, a no-op when current).
+/// target/<profile>/, with the simulated libraries (and libcuvisor.so) built.
 fn sim_built() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let profile_dir = Path::new(EXE).parent().unwrap().to_path_buf();
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev".to_string(),
-            Some(p) => p.to_string(),
-        };
-        let status = Command::new(env!("CARGO"))
-            .args([
-                "build",
-                "-q",
-                "-p",
-                "cuvisor-sim-cuda",
-                "-p",
-                "cuvisor-sim-nvml",
-            ])
-            .args(["--profile", &profile])
-            .env("CARGO_TARGET_DIR", profile_dir.parent().unwrap())
-            .status()
-            .expect("run cargo build for the simulator");
-        assert!(status.success(), "building the simulated libraries failed");
-        let lib = profile_dir.join("sim/libnvidia-ml.so.1");
-        assert!(lib.exists(), "{} is missing", lib.display());
-        profile_dir
-    })
+    cuvisor_testkit::built(Path::new(EXE).parent().unwrap())
 }
 
 /// A state file of one test, deleted when the test ends.

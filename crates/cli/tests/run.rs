@@ -13,30 +13,9 @@ use std::sync::OnceLock;
 const EXE: &str = env!("CARGO_BIN_EXE_cuvisor");
 const GIB: u64 = 1 << 30;
 
-/// target/<profile>/, after making sure it holds libcuvisor.so and the simulated libraries
-/// (`cargo test -p cuvisor-cli` alone need not build the cdylibs; this is a no-op when current).
+/// target/<profile>/, with libcuvisor.so and the simulated libraries built.
 fn built() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let profile_dir = Path::new(EXE).parent().unwrap().to_path_buf();
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev".to_string(),
-            Some(p) => p.to_string(),
-        };
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "-q", "-p", "cuvisor"])
-            .args(["-p", "cuvisor-sim-cuda", "-p", "cuvisor-sim-nvml"])
-            .args(["--profile", &profile])
-            .env("CARGO_TARGET_DIR", profile_dir.parent().unwrap())
-            .status()
-            .expect("run cargo build for libcuvisor.so and the simulator");
-        assert!(status.success(), "building the cdylibs failed");
-        for lib in ["deps/libcuvisor.so", "sim/libcuda.so.1"] {
-            let p = profile_dir.join(lib);
-            assert!(p.exists(), "{} is missing", p.display());
-        }
-        profile_dir
-    })
+    cuvisor_testkit::built(Path::new(EXE).parent().unwrap())
 }
 
 /// The twin, compiled once per test binary (per pid: other test runs may share the target dir).

@@ -23,30 +23,7 @@ const GIB: u64 = 1 << 30;
 
 /// target/<profile>/, with libcuvisor.so and the simulated libraries built.
 fn built() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let profile_dir = Path::new(EXE).parent().unwrap().to_path_buf();
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev".to_string(),
-            Some(p) => p.to_string(),
-        };
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "-q", "-p", "cuvisor"])
-            .args(["-p", "cuvisor-sim-cuda", "-p", "cuvisor-sim-nvml"])
-            .args(["--profile", &profile])
-            .env("CARGO_TARGET_DIR", profile_dir.parent().unwrap())
-            .status()
-            .expect("run cargo build for libcuvisor.so and the simulator");
-        assert!(status.success(), "building the cdylibs failed");
-        for lib in [
-            "deps/libcuvisor.so",
-            "sim/libnvidia-ml.so.1",
-            "sim/libcuda.so.1",
-        ] {
-            assert!(profile_dir.join(lib).exists(), "{lib} is missing");
-        }
-        profile_dir
-    })
+    cuvisor_testkit::built(Path::new(EXE).parent().unwrap())
 }
 
 /// A test's directory, removed at the end.

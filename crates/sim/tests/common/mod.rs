@@ -13,42 +13,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
 /// The directory holding libcuda.so.1 and libnvidia-ml.so.1 (building them if needed).
 pub fn sim_dir() -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        // target/<profile>/deps/<test-binary>: the profile directory is two up.
-        let exe = std::env::current_exe().unwrap();
-        let profile_dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
-        let release = profile_dir.file_name().is_some_and(|n| n == "release");
-        // `cargo test -p cuvisor-sim` alone does not build the cdylibs; build them now. Cargo's
-        // build lock is free while tests run, and this is a no-op when they are current.
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args([
-            "build",
-            "-q",
-            "-p",
-            "cuvisor-sim-cuda",
-            "-p",
-            "cuvisor-sim-nvml",
-        ]);
-        if release {
-            cmd.arg("--release");
-        }
-        cmd.env("CARGO_TARGET_DIR", profile_dir.parent().unwrap());
-        let status = cmd.status().expect("run cargo build for the simulator");
-        assert!(status.success(), "building the simulated libraries failed");
-        let dir = profile_dir.join("sim");
-        assert!(
-            dir.join("libcuda.so.1").exists(),
-            "{} has no libcuda.so.1",
-            dir.display()
-        );
-        dir
-    })
-    .clone()
+    cuvisor_testkit::built(&cuvisor_testkit::profile_dir_of_test()).join("sim")
 }
 
 pub fn is_child() -> bool {

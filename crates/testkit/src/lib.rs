@@ -1,0 +1,62 @@
+//! Support shared by the end-to-end tests and benchmarks of every package: they run real
+//! processes that load `libcuvisor.so` and the simulated `libcuda.so.1`/`libnvidia-ml.so.1`,
+//! which `cargo test -p <one package>` does not build by itself.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// target/<profile>/ for a test or bench binary (it lives in target/<profile>/deps/).
+pub fn profile_dir_of_test() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>")
+        .to_path_buf()
+}
+
+/// Builds libcuvisor.so and the simulated libraries into `profile_dir` (a no-op when they are
+/// current; Cargo's build lock is free while tests run) and returns `profile_dir`. Once per
+/// process. Afterwards `deps/libcuvisor.so` and `sim/libcuda.so.1`, `sim/libnvidia-ml.so.1`
+/// exist there.
+pub fn built(profile_dir: &Path) -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev".to_string(),
+            Some(p) => p.to_string(),
+        };
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = Command::new(cargo)
+            .args([
+                "build",
+                "-q",
+                "-p",
+                "cuvisor",
+                "-p",
+                "cuvisor-sim-cuda",
+                "-p",
+                "cuvisor-sim-nvml",
+            ])
+            .args(["--profile", &profile])
+            .env(
+                "CARGO_TARGET_DIR",
+                profile_dir.parent().expect("target/<profile>"),
+            )
+            .status()
+            .expect("run cargo build for libcuvisor.so and the simulator");
+        assert!(
+            status.success(),
+            "building libcuvisor.so and the simulated libraries failed"
+        );
+        for lib in [
+            "deps/libcuvisor.so",
+            "sim/libcuda.so.1",
+            "sim/libnvidia-ml.so.1",
+        ] {
+            let p = profile_dir.join(lib);
+            assert!(p.exists(), "{} is missing", p.display());
+        }
+        profile_dir.to_path_buf()
+    })
+}
