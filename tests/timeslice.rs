@@ -301,7 +301,6 @@ fn a_lone_limit_of_30_percent_holds_on_an_idle_gpu() {
 }
 
 #[test]
-#[ignore = "share mode still runs away under saturation about once in 20 runs (issue 4 stays open); run with --ignored"]
 fn shares_of_1_and_3_converge_to_25_and_75_percent() {
     const T: &str = "shares_of_1_and_3_converge_to_25_and_75_percent";
     if common::is_child() {
@@ -422,7 +421,6 @@ fn graph_and_cooperative_launches_are_throttled_too() {
 /// A tenant killed with SIGKILL in the middle of its burst stops counting within a second: the
 /// other then has the whole GPU.
 #[test]
-#[ignore = "share mode still runs away under saturation about once in 20 runs (issue 4 stays open); run with --ignored"]
 fn a_killed_tenants_share_is_released_within_a_second() {
     const T: &str = "a_killed_tenants_share_is_released_within_a_second";
     if common::is_child() {

@@ -140,11 +140,10 @@ fn throttled(key: u64, s: CUstream, ptsz: bool, go: impl FnOnce() -> u32) -> u32
     };
     let entry = c.estimates.entry(key);
     let mut t = c.admit(g, entry);
-    if t.wait_ns > 0 {
-        poll(c);
-        c.wait(g, &mut t);
+    if t.owed_ns > 0 {
+        c.wait(g, &mut t, || poll(c));
     }
-    let rc = if c.sample(&t) {
+    let rc = if c.sample(&t, entry) {
         poll(c);
         sampled(key, s, ptsz, ordinal, &t, go)
     } else {

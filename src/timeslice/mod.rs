@@ -2,8 +2,8 @@
 //! time (ns), refilled at a rate that follows from the GPU coordinator's slots.
 //!
 //! - A launch draws its estimated run time ([`estimate`]) from the container's bucket (one atomic
-//!   in the coordinator slot, shared by all the container's processes). A bucket in debt makes
-//!   the launching thread sleep until the refill has paid the debt; never a spin.
+//!   in the coordinator slot, shared by all the container's processes). A bucket that owes more
+//!   than [`LEAD_NS`] makes the launching thread sleep until the refill has paid it; never a spin.
 //! - A sampled fraction of launches is measured (`hook` records events around them and hands the
 //!   elapsed time in later, [`Compute::measured`]); the difference between what was measured and
 //!   what was charged is settled on the bucket, so long-run accounting follows the measurements.
@@ -32,10 +32,16 @@ pub const ACTIVE_NS: u64 = 200_000_000;
 pub const THROTTLED_NS: u64 = 50_000_000;
 /// The bucket holds at most this much GPU time: the burst a container may queue after a pause.
 pub const BURST_NS: i64 = 5_000_000;
+/// A launch goes ahead while the bucket owes at most this much: each container keeps this much
+/// work queued on the GPU, so a launching thread that the CPU scheduler wakes late does not leave
+/// the GPU idle (the long-run rate is still the refill rate).
+const LEAD_NS: i64 = 2_000_000;
 /// The bucket is refilled at most this often (per container, any process).
 const REFILL_NS: u64 = 50_000;
-/// Longest single sleep of a throttled thread (it re-checks after).
+/// Longest wait of a throttled thread before one launch.
 const MAX_SLEEP_NS: u64 = 1_000_000_000;
+/// A waiting thread re-checks its debt (rate, settled measurements) at least this often.
+const WAIT_SLICE_NS: u64 = RATE_PERIOD_NS;
 /// Thread-local counts reach the shared counters after this many launches or this much time.
 const FLUSH_LAUNCHES: u64 = 32;
 const FLUSH_NS: i64 = 1_000_000;
@@ -92,8 +98,9 @@ impl Gpu {
 pub struct Ticket {
     pub charged: u64,
     pub unmeasured: bool,
-    /// Ns the thread must sleep before launching (0: none).
-    pub wait_ns: u64,
+    /// GPU time (ns) the bucket owed after this launch was charged: the thread waits for the
+    /// refill to pay it before launching (0: none; see [`Compute::wait`]).
+    pub owed_ns: u64,
     /// How long this launch should wait behind other containers' work before it runs, on the
     /// coordinator's model of the GPU queue (taken off its measured time; see `queue`).
     pub ahead: u64,
@@ -239,7 +246,7 @@ impl Compute {
     }
 
     /// Admits one launch of `entry` on `g`: draws its estimate from the bucket. The caller
-    /// sleeps `wait_ns` (see [`Compute::wait`]) before launching when the bucket is in debt.
+    /// waits ([`Compute::wait`]) before launching when the ticket owes.
     #[inline]
     pub fn admit(&self, g: &Gpu, entry: &Entry) -> Ticket {
         let now = now_ns();
@@ -250,33 +257,12 @@ impl Compute {
         if now.wrapping_sub(s.last_active.load(Relaxed)) > 1_000_000 {
             s.last_active.store(now, Relaxed);
         }
-        let rate = g.rate_ppm.load(Relaxed).max(1);
         let (cost, unmeasured) = entry.charge();
-        let last = s.refill_at.load(Relaxed);
-        let after = if now > last + REFILL_NS
-            && s.refill_at
-                .compare_exchange(last, now, AcqRel, Relaxed)
-                .is_ok()
-        {
-            let add = ((now - last) as u128 * rate as u128 / 1_000_000) as i64;
-            let cost = cost as i64;
-            match s.tokens.fetch_update(AcqRel, Relaxed, |t| {
-                Some((t + add).min(BURST_NS.max(t)) - cost)
-            }) {
-                Ok(prev) => (prev + add).min(BURST_NS.max(prev)) - cost,
-                Err(t) => t, // unreachable: the closure always answers
-            }
-        } else {
-            s.tokens.fetch_sub(cost as i64, AcqRel) - cost as i64
-        };
+        let after = refill(g, s, now, cost as i64);
         self.count(g, 1, cost as i64);
-        let wait_ns = if after < 0 {
-            ((-after) as u128 * 1_000_000 / rate as u128).min(MAX_SLEEP_NS as u128) as u64
-        } else {
-            0
-        };
+        let owed_ns = (-after - LEAD_NS).max(0) as u64;
         // Queued now unless the thread must wait first (then when it wakes: see `wait`).
-        let (ahead, ends) = if wait_ns == 0 {
+        let (ahead, ends) = if owed_ns == 0 {
             queue(&g.coord, s, now, cost)
         } else {
             (0, 0)
@@ -286,21 +272,38 @@ impl Compute {
             unmeasured,
             ahead,
             ends,
-            wait_ns,
+            owed_ns,
         }
     }
 
-    /// Sleeps a throttled thread (and accounts the time) before its launch `t`.
-    pub fn wait(&self, g: &Gpu, t: &mut Ticket) {
-        let ns = t.wait_ns;
-        let t0 = now_ns();
+    /// Sleeps a throttled thread (and accounts the time) until the refill has paid what the
+    /// bucket owed after its launch `t` was charged. It sleeps in slices of at most
+    /// [`WAIT_SLICE_NS`]; after each it reads back measurements (`poll`), takes the current rate
+    /// (another container went idle: it pays faster) and the bucket (a measurement settled
+    /// an overcharge: it owes less), so a wait never outlives the debt that caused it.
+    pub fn wait(&self, g: &Gpu, t: &mut Ticket, poll: impl Fn()) {
         let s = g.slot();
+        let t0 = now_ns();
         s.throttled_at.store(t0, Relaxed);
-        std::thread::sleep(std::time::Duration::from_nanos(ns));
-        let slept = now_ns().saturating_sub(t0);
+        self.flush();
+        let mut owed = t.owed_ns as f64;
+        let mut now = t0;
+        while owed > 0.0 && now - t0 < MAX_SLEEP_NS {
+            let rate = g.rate().max(share::FLOOR);
+            let ns = ((owed / rate) as u64).clamp(1, WAIT_SLICE_NS);
+            std::thread::sleep(std::time::Duration::from_nanos(ns));
+            let woke = now_ns();
+            owed -= (woke - now) as f64 * rate;
+            now = woke;
+            s.throttled_at.store(now, Relaxed);
+            poll();
+            if now >= g.next_rate_at.load(Relaxed) {
+                self.recompute(g, now);
+            }
+            owed = owed.min(-refill(g, s, now, 0) as f64);
+        }
+        let slept = now - t0;
         s.throttled_ns.fetch_add(slept, Relaxed);
-        let now = now_ns();
-        s.throttled_at.store(now, Relaxed);
         (t.ahead, t.ends) = queue(&g.coord, s, now, t.charged);
         if let Some(e) = g.ledger_entry {
             self.ledger.device(e).throttled_ns.fetch_add(slept, Relaxed);
@@ -318,8 +321,9 @@ impl Compute {
     /// Whether this launch should be measured: every launch of a key not measured yet, then one
     /// in [`estimate::SAMPLE_EVERY`] per thread.
     #[inline]
-    pub fn sample(&self, t: &Ticket) -> bool {
+    pub fn sample(&self, t: &Ticket, entry: &Entry) -> bool {
         t.unmeasured
+            || entry.learning()
             || TICK.with(|c| {
                 let n = c.get().wrapping_add(1);
                 c.set(n);
@@ -524,6 +528,29 @@ impl Compute {
     }
 }
 
+/// Refills the bucket of slot `s` for the time since its last refill (at most every
+/// [`REFILL_NS`], by whichever thread of the container comes first) at the current rate, draws
+/// `cost` from it, and returns the tokens left (negative: owed).
+#[inline]
+fn refill(g: &Gpu, s: &Slot, now: u64, cost: i64) -> i64 {
+    let rate = g.rate_ppm.load(Relaxed).max(1);
+    let last = s.refill_at.load(Relaxed);
+    if now > last + REFILL_NS
+        && s.refill_at
+            .compare_exchange(last, now, AcqRel, Relaxed)
+            .is_ok()
+    {
+        let add = ((now - last) as u128 * rate as u128 / 1_000_000) as i64;
+        let after = |t: i64| (t + add).min(BURST_NS.max(t)) - cost;
+        match s.tokens.fetch_update(AcqRel, Relaxed, |t| Some(after(t))) {
+            Ok(prev) => after(prev),
+            Err(t) => t, // unreachable: the closure always answers
+        }
+    } else {
+        s.tokens.fetch_sub(cost, AcqRel) - cost
+    }
+}
+
 /// Where the work the queue model expected to end at `model_end` really ended (`real_end`, from
 /// a measurement whose start event is known in host time): moves the model's queue (the
 /// timeline and every container's end of work after that point) by the difference, so that
@@ -619,8 +646,8 @@ mod tests {
         let mut drawn = 0u64;
         while now_ns() - t0 < ms * 1_000_000 {
             let mut t = c.admit(g, e);
-            if t.wait_ns > 0 {
-                c.wait(g, &mut t);
+            if t.owed_ns > 0 {
+                c.wait(g, &mut t, || {});
             }
             drawn += kernel_ns;
             c.measured(0, key, kernel_ns, 0, t.charged, t.unmeasured);

@@ -73,6 +73,9 @@ impl Child {
             "--exact",
             "--nocapture",
             "--test-threads=1",
+            // The child runs its test's body even when the parent test is #[ignore]d (and
+            // was started with --ignored).
+            "--include-ignored",
         ]);
         sim_env(&mut cmd, &self.preset, &self.state);
         cmd.env("CUVISOR_TEST_CHILD", "1");
