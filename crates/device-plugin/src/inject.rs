@@ -10,7 +10,8 @@
 //! `/etc/ld.so.preload` (read-only; names the in-container library, so a program that drops
 //! LD_PRELOAD still loads it), and the GPU coordinators' directory (read-write). Envs:
 //! `NVIDIA_VISIBLE_DEVICES` (UUIDs) and `CUVISOR_CONFIG`. Devices: `/dev/nvidiaN` of each GPU
-//! and the control nodes that exist on the host.
+//! (N its minor number, not its NVML index: see `devices`) and the control nodes that exist on
+//! the host.
 //!
 //! Whole GPUs get the devices and `NVIDIA_VISIBLE_DEVICES` only: no quota, no library.
 
@@ -69,6 +70,14 @@ fn s(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
+/// The device specs for GPUs `gpus` (inventory positions): `/dev/nvidia<minor>` of each, at the
+/// same path in the container, then the control nodes present on the host.
+///
+/// The node is named by the GPU's minor number (`nvmlDeviceGetMinorNumber`), not its NVML index:
+/// the two can differ, and the index would then hand the container another GPU's node. NVIDIA's
+/// own stack does the same: NVIDIA/k8s-device-plugin `internal/rm/nvml_devices.go`
+/// (`nvmlDevice.GetPaths`: `fmt.Sprintf("/dev/nvidia%d", minor)` from `GetMinorNumber`) and
+/// NVIDIA/nvidia-container-toolkit `internal/platform-support/dgpu` (`getDevNodePath`, likewise).
 fn devices(cfg: &Config, inv: &Inventory, gpus: &[usize]) -> Vec<api::DeviceSpec> {
     let spec = |name: &str| api::DeviceSpec {
         container_path: format!("/dev/{name}"),
@@ -77,7 +86,7 @@ fn devices(cfg: &Config, inv: &Inventory, gpus: &[usize]) -> Vec<api::DeviceSpec
     };
     let mut out: Vec<api::DeviceSpec> = gpus
         .iter()
-        .map(|g| spec(&format!("nvidia{}", inv.gpus()[*g].index)))
+        .map(|g| spec(&format!("nvidia{}", inv.gpus()[*g].minor)))
         .collect();
     for c in &cfg.host.control_devices {
         if cfg.host.dev_dir.join(c).exists() {

@@ -9,8 +9,12 @@ use std::collections::HashMap;
 /// One GPU as the plugin sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuInfo {
-    /// NVML index (also the N of /dev/nvidiaN).
+    /// NVML index.
     pub index: usize,
+    /// The N of the GPU's device node `/dev/nvidiaN`: its minor number as NVML reports it
+    /// (`nvmlDeviceGetMinorNumber`), which need not equal the index; the index when unknown
+    /// (a topology parsed from `nvidia-smi topo -m`, which does not show it).
+    pub minor: u32,
     pub uuid: String,
     /// Physical memory in bytes.
     pub memory: u64,
@@ -45,6 +49,7 @@ impl Inventory {
                 .ok_or_else(|| format!("GPU {} ({uuid}) reports no memory size", g.index))?;
             gpus.push(GpuInfo {
                 index: g.index,
+                minor: g.minor.unwrap_or(g.index as u32),
                 uuid,
                 memory,
                 numa_node: g.numa_node,

@@ -999,3 +999,57 @@ async fn a_gpu_is_never_given_whole_and_in_memory_units_at_once() {
     .await;
     drop(kubelet);
 }
+
+/// Allocate names each GPU's device node by its minor number (`nvmlDeviceGetMinorNumber`), not
+/// its NVML index: on a machine (a model file, `--sim <path>`) whose GPU 0 is `/dev/nvidia3` and
+/// GPU 1 `/dev/nvidia1`, whole GPUs and memory units alike get those nodes, at the same path in
+/// the container.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_names_device_nodes_by_minor_number() {
+    let s = Scratch::new("minor");
+    let model = s.0.join("minors.toml");
+    std::fs::write(
+        &model,
+        "name = \"minors\"\n\
+         [[device]]\nmemory = \"4Gi\"\nminor = 3\n\
+         [[device]]\nmemory = \"4Gi\"\nminor = 1\n",
+    )
+    .unwrap();
+    let m = cuvisor_sim::model::Model::load(model.to_str().unwrap()).unwrap();
+    let uuids: Vec<String> = m.devices.iter().map(|d| d.uuid.clone()).collect();
+    let mut kubelet = Kubelet::start(&s.dp());
+    let _plugin = spawn_plugin(&s, model.to_str().unwrap());
+    let regs = kubelet.registrations(2, Duration::from_secs(30)).await;
+    let mut gpus = client(&s.dp(), &regs["cuvisor.io/gpu"].endpoint).await;
+    let mut mems = client(&s.dp(), &regs["cuvisor.io/gpu-memory"].endpoint).await;
+    let listed: Vec<String> = first_list(&mut gpus)
+        .await
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(listed, uuids, "ListAndWatch in index order");
+
+    let dev = |n: &str| s.0.join("dev").join(n).to_string_lossy().into_owned();
+    let gpu_nodes = |r: &api::ContainerAllocateResponse| -> Vec<(String, String)> {
+        r.devices
+            .iter()
+            .filter(|d| {
+                d.container_path
+                    .strip_prefix("/dev/nvidia")
+                    .is_some_and(|n| n.parse::<u32>().is_ok())
+            })
+            .map(|d| (d.container_path.clone(), d.host_path.clone()))
+            .collect()
+    };
+    let node = |n: u32| (format!("/dev/nvidia{n}"), dev(&format!("nvidia{n}")));
+
+    // GPU index 0, whole: /dev/nvidia3 (not /dev/nvidia0).
+    let r = allocate(&mut gpus, &[uuids[0].clone()]).await.unwrap();
+    assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], uuids[0]);
+    assert_eq!(gpu_nodes(&r), [node(3)], "{:?}", r.devices);
+    // Memory units of GPU index 1: /dev/nvidia1.
+    let r = allocate(&mut mems, &units(&uuids[1], 0..2)).await.unwrap();
+    assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], uuids[1]);
+    assert_eq!(gpu_nodes(&r), [node(1)], "{:?}", r.devices);
+    drop(kubelet);
+}

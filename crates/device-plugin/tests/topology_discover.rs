@@ -158,3 +158,29 @@ fn down_links_and_used_memory_are_seen() {
     s.release_slot(slot);
     let _ = std::fs::remove_file(&state);
 }
+
+/// Discovery records each GPU's device node minor number as NVML reports it, even where it is
+/// not the index (a model file with GPU 0 at /dev/nvidia3 and GPU 1 at /dev/nvidia1).
+#[test]
+fn minor_numbers_are_discovered() {
+    if common::is_child() {
+        let (m, t) = discovered();
+        let minors: Vec<Option<u32>> = t.gpus().iter().map(|g| g.minor).collect();
+        assert_eq!(minors, [Some(3), Some(1)]);
+        assert_eq!(t, support::from_model(&m), "discovered != modelled");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("cuvisor-minors-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("minors.toml");
+    std::fs::write(
+        &file,
+        "[[device]]\nmemory = \"4Gi\"\nminor = 3\n[[device]]\nmemory = \"4Gi\"\nminor = 1\n",
+    )
+    .unwrap();
+    common::Child::new("minor_numbers_are_discovered")
+        .preset(file.to_str().unwrap())
+        .run()
+        .success();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -12,6 +12,9 @@ pub const MIB: u64 = 1 << 20;
 pub const MAX_DEVICES: usize = 16;
 /// NVML's NVML_NVLINK_MAX_LINKS (18 since Hopper).
 pub const MAX_NVLINKS: usize = 18;
+/// The largest minor number a GPU's device node may have: the NVIDIA driver keeps 254 for
+/// `/dev/nvidia-modeset` and 255 for `/dev/nvidiactl`.
+pub const MAX_GPU_MINOR: u32 = 253;
 
 pub const PRESETS: &[&str] = &["single", "dgx1-v100", "dgx-a100", "pcie-8"];
 
@@ -63,6 +66,11 @@ pub struct Device {
     pub pci_device: u32,
     /// PCI device id in the high 16 bits, vendor (0x10de) in the low, as NVML's pciDeviceId.
     pub pci_device_id: u32,
+    /// The device node's minor number: the GPU is `/dev/nvidia<minor>`, what
+    /// `nvmlDeviceGetMinorNumber` answers. Usually, but not always, the NVML index: the two are
+    /// numbered independently (NVML enumerates, the kernel driver assigns minors as it probes).
+    /// Presets use the index; model files may set it (`minor`).
+    pub minor: u32,
     pub memory: u64,
     pub sm_count: u32,
     pub cc: (u32, u32),
@@ -332,6 +340,7 @@ fn machine(name: &str, gpu: &Gpu, n: usize, place: impl Fn(usize) -> (u32, u32, 
                 ][i],
                 pci_device: 0,
                 pci_device_id: gpu.pci_device_id,
+                minor: i as u32,
                 memory: gpu.memory,
                 sm_count: gpu.sm,
                 cc: gpu.cc,
@@ -440,6 +449,7 @@ pub fn preset(name: &str) -> Option<Model> {
 /// name = "NVIDIA A10"
 /// memory = "24Gi"
 /// pcie_switch = 0
+/// minor = 3          # /dev/nvidia3 (default: the device's index)
 /// [[nvlink]]
 /// a = 0
 /// b = 1
@@ -474,6 +484,9 @@ pub struct DeviceFile {
     pub pcie_switch: Option<u32>,
     pub pcie_root: Option<u32>,
     pub pci_bus: Option<u32>,
+    /// The device node's minor number (`/dev/nvidia<minor>`, `nvmlDeviceGetMinorNumber`); default
+    /// the device's index. Distinct per device, at most [`MAX_GPU_MINOR`].
+    pub minor: Option<u32>,
     pub nvlink_version: Option<u32>,
     pub context_memory: Option<Quantity>,
 }
@@ -556,6 +569,15 @@ impl ModelFile {
             if let Some(b) = f.pci_bus {
                 d.pci_bus = b;
             }
+            if let Some(minor) = f.minor {
+                if minor > MAX_GPU_MINOR {
+                    return Err(err(format!(
+                        "minor {minor} > {MAX_GPU_MINOR} (254 and 255 are nvidia-modeset's and \
+                         nvidiactl's)"
+                    )));
+                }
+                d.minor = minor;
+            }
             d.nvlink_version = f.nvlink_version.unwrap_or(
                 if self.nvlinks.is_empty() && self.nvswitch_links_per_gpu.is_none() {
                     0
@@ -565,6 +587,14 @@ impl ModelFile {
             );
             if let Some(c) = &f.context_memory {
                 d.context_memory = c.bytes().map_err(err)?;
+            }
+        }
+        for (i, d) in m.devices.iter().enumerate() {
+            if let Some(j) = m.devices[..i].iter().position(|o| o.minor == d.minor) {
+                return Err(format!(
+                    "{origin}: devices {j} and {i} both have minor {} (/dev/nvidia{})",
+                    d.minor, d.minor
+                ));
             }
         }
         let pairs: Vec<_> = self.nvlinks.iter().map(|l| (l.a, l.b, l.links)).collect();
@@ -637,6 +667,50 @@ mod tests {
         assert_eq!(p.pcie_level(0, 3), PcieLevel::Multiple);
         assert_eq!(p.pcie_level(0, 4), PcieLevel::System);
         assert_eq!(p.nvlink_bandwidth_links(0, 1), 0);
+    }
+
+    #[test]
+    fn presets_number_device_nodes_by_index() {
+        for name in PRESETS {
+            let m = preset(name).unwrap();
+            for (i, d) in m.devices.iter().enumerate() {
+                assert_eq!(d.minor as usize, i, "{name} GPU{i}");
+            }
+        }
+    }
+
+    #[test]
+    fn model_files_set_minors_and_bad_ones_say_why() {
+        let dir = std::env::temp_dir().join(format!("cuvisor-model-minor-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("m.toml");
+        std::fs::write(
+            &p,
+            "[[device]]\nmemory='8Gi'\nminor=3\n[[device]]\nmemory='8Gi'\nminor=1\n[[device]]\nmemory='8Gi'\n",
+        )
+        .unwrap();
+        let m = Model::load(p.to_str().unwrap()).unwrap();
+        let minors: Vec<u32> = m.devices.iter().map(|d| d.minor).collect();
+        assert_eq!(minors, [3, 1, 2], "unset: the index");
+        let j = dir.join("m.json");
+        std::fs::write(
+            &j,
+            r#"{"devices":[{"memory":"2Gi","minor":7},{"memory":"2Gi"}]}"#,
+        )
+        .unwrap();
+        let m = Model::load(j.to_str().unwrap()).unwrap();
+        assert_eq!((m.devices[0].minor, m.devices[1].minor), (7, 1));
+        std::fs::write(
+            &p,
+            "[[device]]\nmemory='8Gi'\n[[device]]\nmemory='8Gi'\nminor=0\n",
+        )
+        .unwrap();
+        let e = Model::load(p.to_str().unwrap()).unwrap_err();
+        assert!(e.contains("devices 0 and 1 both have minor 0"), "{e}");
+        std::fs::write(&p, "[[device]]\nmemory='8Gi'\nminor=255\n").unwrap();
+        let e = Model::load(p.to_str().unwrap()).unwrap_err();
+        assert!(e.contains("minor 255 > 253"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -104,7 +104,7 @@ fn check_preset() {
         .collect();
     for (i, (dev, want)) in devices.iter().zip(&m.devices).enumerate() {
         assert_eq!(dev.index().unwrap() as usize, i);
-        assert_eq!(dev.minor_number().unwrap() as usize, i);
+        assert_eq!(dev.minor_number().unwrap(), want.minor);
         assert_eq!(dev.name().unwrap(), want.name);
         assert_eq!(dev.uuid().unwrap(), want.uuid);
         let mem = dev.memory_info().unwrap();

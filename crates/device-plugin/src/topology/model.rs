@@ -146,6 +146,9 @@ impl Memory {
 pub struct Gpu {
     /// NVML / nvidia-smi index; equals the position in [`Topology::gpus`].
     pub index: usize,
+    /// The device node's minor number (`/dev/nvidia<minor>`, `nvmlDeviceGetMinorNumber`), which
+    /// need not equal the index; `None` when unknown (`topo -m` text does not show it).
+    pub minor: Option<u32>,
     pub uuid: Option<String>,
     /// NVML's form, `dddddddd:bb:dd.f`, lower case.
     pub pci_bus_id: Option<String>,
@@ -169,6 +172,7 @@ impl Gpu {
     pub fn new(index: usize) -> Gpu {
         Gpu {
             index,
+            minor: None,
             uuid: None,
             pci_bus_id: None,
             memory: None,

@@ -1,7 +1,8 @@
 //! Discovery through NVML (nvml-wrapper): on a real driver or on the simulated
 //! `libnvidia-ml.so.1`.
 //!
-//! Per GPU: index, UUID, PCI bus id, memory, NUMA node (`nvmlDeviceGetNumaNodeId`), CPU
+//! Per GPU: index, device node minor number (`nvmlDeviceGetMinorNumber`: the N of
+//! `/dev/nvidiaN`, not always the index), UUID, PCI bus id, memory, NUMA node (`nvmlDeviceGetNumaNodeId`), CPU
 //! affinity, and the board it sits on (its fault domain). Per pair: the PCIe path
 //! (`nvmlDeviceGetTopologyCommonAncestor`). Per NVLink of each GPU: whether it is up, its
 //! version, and its remote end's PCI info. The remote end is a peer GPU when its bus id is one of
@@ -205,6 +206,9 @@ pub fn discover(nvml: &Nvml) -> Result<Topology, DiscoverError> {
         });
         let cpu_affinity = dev.cpu_affinity(CPU_WORDS).ok().and_then(|w| cpu_list(&w));
         gpus.push(Gpu {
+            // Unknown (e.g. NVML_ERROR_NOT_SUPPORTED on WSL, where there is no /dev/nvidiaN)
+            // is left unknown; the inventory then falls back to the index.
+            minor: dev.minor_number().ok(),
             uuid: Some(uuid),
             pci_bus_id: bus_id,
             memory,

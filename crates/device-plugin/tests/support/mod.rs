@@ -14,6 +14,7 @@ pub fn from_model(m: &Model) -> Topology {
         .iter()
         .enumerate()
         .map(|(i, d)| Gpu {
+            minor: Some(d.minor),
             uuid: Some(d.uuid.clone()),
             pci_bus_id: Some(d.pci_bus_id_nvml()),
             memory: Some(Memory {
@@ -47,7 +48,7 @@ pub fn from_model(m: &Model) -> Topology {
     Topology::new(gpus, links, DEFAULT_PCIE_LINK_GBPS).expect("a valid model")
 }
 
-/// `t` less what `nvidia-smi topo -m` cannot show: identities, memory, NVLink generations, and
+/// `t` less what `nvidia-smi topo -m` cannot show: identities (UUID, bus id, minor), memory, NVLink generations, and
 /// the PCIe path of NVLink pairs (and so the PCIe switch/root groups of their GPUs).
 pub fn as_text_sees(t: &Topology) -> Topology {
     let n = t.len();

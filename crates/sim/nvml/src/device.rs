@@ -132,9 +132,9 @@ export! {
         write(pci, device_pci_info(model_dev(device)?.2))
     }
 
-    /// /dev/nvidiaN: the index.
+    /// The N of /dev/nvidiaN: the model's `minor` (the index unless a model file says otherwise).
     fn nvmlDeviceGetMinorNumber(device: nvmlDevice_t, minor: *mut c_uint) {
-        write(minor, dev(device)?.1 as c_uint)
+        write(minor, model_dev(device)?.2.minor as c_uint)
     }
 
     /// A 13-digit board serial derived from the UUID (stable across runs).
