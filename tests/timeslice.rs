@@ -300,23 +300,62 @@ fn a_lone_limit_of_30_percent_holds_on_an_idle_gpu() {
     let _ = std::fs::remove_dir_all(&ledger);
 }
 
+/// Tenants of `weights` saturate one GPU with 1 ms kernels; each gets weight/sum of its time.
+fn shares_hold(test: &str, weights: &[u32]) {
+    let _l = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let gpu = Gpu::new(test);
+    let v = [("KERNEL_NS", "1000000"), ("SECONDS", "3.5")];
+    let tenants: Vec<Tenant> = weights
+        .iter()
+        .enumerate()
+        .map(|(i, w)| gpu.tenant(test, i, &format!("share={w}"), &v))
+        .collect();
+    // Eight debug-build processes start on two cores in about half a second.
+    std::thread::sleep(WARMUP + Duration::from_millis(300));
+    let s = gpu.shares(&tenants.iter().collect::<Vec<_>>(), WINDOW);
+    let sum: u32 = weights.iter().sum();
+    println!(
+        "{weights:?}: {:?} % (GPU busy {:.1} %)",
+        s.iter()
+            .map(|x| (x * 1000.0).round() / 10.0)
+            .collect::<Vec<_>>(),
+        s.iter().sum::<f64>() * 100.0
+    );
+    for (i, (w, got)) in weights.iter().zip(&s).enumerate() {
+        within(
+            *got,
+            *w as f64 / sum as f64,
+            &format!("tenant {i}, share={w} of {sum}"),
+        );
+    }
+    tenants.into_iter().for_each(finish);
+}
+
 #[test]
 fn shares_of_1_and_3_converge_to_25_and_75_percent() {
     const T: &str = "shares_of_1_and_3_converge_to_25_and_75_percent";
     if common::is_child() {
         return workload();
     }
-    let _l = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let gpu = Gpu::new(T);
-    let v = [("KERNEL_NS", "1000000"), ("SECONDS", "3.2")];
-    let a = gpu.tenant(T, 0, "share=1", &v);
-    let b = gpu.tenant(T, 1, "share=3", &v);
-    std::thread::sleep(WARMUP);
-    let s = gpu.shares(&[&a, &b], WINDOW);
-    within(s[0], 0.25, "share=1 next to share=3");
-    within(s[1], 0.75, "share=3 next to share=1");
-    finish(a);
-    finish(b);
+    shares_hold(T, &[1, 3]);
+}
+
+#[test]
+fn four_tenants_of_weights_1_to_4_get_10_20_30_40_percent() {
+    const T: &str = "four_tenants_of_weights_1_to_4_get_10_20_30_40_percent";
+    if common::is_child() {
+        return workload();
+    }
+    shares_hold(T, &[1, 2, 3, 4]);
+}
+
+#[test]
+fn eight_tenants_of_mixed_weights_each_get_weight_over_sum() {
+    const T: &str = "eight_tenants_of_mixed_weights_each_get_weight_over_sum";
+    if common::is_child() {
+        return workload();
+    }
+    shares_hold(T, &[1, 1, 2, 2, 3, 3, 4, 4]);
 }
 
 /// When the weight-3 tenant stops launching, the weight-1 tenant has the GPU within a second

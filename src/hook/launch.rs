@@ -139,6 +139,9 @@ fn throttled(key: u64, s: CUstream, ptsz: bool, go: impl FnOnce() -> u32) -> u32
         return go();
     };
     let entry = c.estimates.entry(key);
+    if entry.estimate() == 0 {
+        hold_unmeasured(c);
+    }
     let mut t = c.admit(g, entry);
     if t.owed_ns > 0 {
         c.wait(g, &mut t, || poll(c));
@@ -153,6 +156,33 @@ fn throttled(key: u64, s: CUstream, ptsz: bool, go: impl FnOnce() -> u32) -> u32
         refund(c, g, entry, &t);
     }
     rc
+}
+
+/// At most this many launches of kernels not measured yet are on the GPU at once, per process.
+const UNMEASURED_IN_FLIGHT: usize = 4;
+/// The longest a launch waits for earlier unmeasured launches to come back.
+const UNMEASURED_WAIT_NS: u64 = 200_000_000;
+
+/// Launches of a kernel not measured yet are charged a guess ([`crate::timeslice::estimate`]'s
+/// default); unbounded, a program starting behind other containers' queues could put hundreds
+/// of them on the GPU before the first measurement returns, a backlog that a saturated GPU
+/// (every share's rate summing to 1) never drains and that skews every share behind it. So such
+/// a launch waits, polling in short sleeps, while [`UNMEASURED_IN_FLIGHT`] unmeasured launches
+/// are still running (a warm-up cost only: the first launches of each kernel).
+#[cold]
+fn hold_unmeasured(c: &Compute) {
+    let deadline = now_ns() + UNMEASURED_WAIT_NS;
+    loop {
+        poll(c);
+        let n = SAMPLES
+            .iter()
+            .filter(|p| p.state.load(Acquire) == IN_FLIGHT && p.unmeasured.load(Relaxed) != 0)
+            .count();
+        if n < UNMEASURED_IN_FLIGHT || now_ns() > deadline {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
 }
 
 #[cold]
