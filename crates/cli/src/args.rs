@@ -8,8 +8,9 @@ use std::path::PathBuf;
 #[command(
     name = "cuvisor",
     version,
-    about = "GPU sharing for Kubernetes: run a program under a GPU-memory quota, inspect the GPUs \
-             (real or simulated), inject simulator faults",
+    about = "GPU sharing for Kubernetes: run a program under a GPU-memory quota and/or a GPU-time \
+             policy, inspect the GPUs (real or simulated), inject simulator faults, load the \
+             simulated GPU",
     after_help = "GPUs: `cuvisor smi` asks the system's NVML (libnvidia-ml.so.1) unless --sim or \
                   CUVISOR_SIM selects the simulator, e.g. `cuvisor smi --sim dgx1-v100`.\n\
                   Exit codes: 0 ok, 1 failure while running, 2 bad usage; `cuvisor run` exits \
@@ -41,11 +42,12 @@ pub enum Command {
     /// The demo: examples/tf_stress's driver-level over-allocation test (built with cc) run under
     /// `cuvisor run --memory SIZE` on the simulated GPU (a --sim preset, default `single`)
     Demo(DemoArgs),
-    /// Run a command with libcuvisor.so preloaded, under a device-memory quota and a fresh ledger
+    /// Run a command with libcuvisor.so preloaded, under a device-memory quota and/or a compute
+    /// policy, with a fresh ledger
     Run(RunArgs),
     /// Show the GPUs, their memory, utilization and processes, as `nvidia-smi` does (through NVML)
     Smi(SmiArgs),
-    /// The simulated GPU: list presets, reset its state, inject faults
+    /// The simulated GPU: list presets, reset its state, inject faults, load it with kernels
     Sim(SimArgs),
 }
 
@@ -64,23 +66,25 @@ pub struct DemoArgs {
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
     cuvisor run --memory 6Gi -- python3 train.py\n  \
+    cuvisor run --memory 6Gi --compute limit=30 -- python3 train.py\n  \
     cuvisor run --memory 6Gi --sim single -- ./twin      (on the simulated GPU)\n  \
-    cuvisor run --memory-per-device 0=6Gi,1=2Gi -- ./app\n\
-    The command sees LD_PRELOAD=libcuvisor.so, CUVISOR_MEMORY_LIMIT (in bytes) and \
-    CUVISOR_STATE_DIR; with --sim (or CUVISOR_SIM) also LD_LIBRARY_PATH=<simulated libcuda>, \
-    CUVISOR_SIM and CUVISOR_SIM_STATE (a fresh state file unless --state or CUVISOR_SIM_STATE \
-    names one). SIGINT and SIGTERM are passed on to the command. Exit status: the command's, \
-    128+N when signal N ended it, 127 when it cannot be found, 126 when it cannot be run, \
-    2 for bad usage, 1 when cuvisor itself fails.")]
+    cuvisor run --memory-per-device 0=6Gi,1=2Gi -- ./app\n  \
+    cuvisor run --compute share=3 --sim single --state /tmp/gpu -- cuvisor sim load\n\
+    The command sees LD_PRELOAD=libcuvisor.so, CUVISOR_MEMORY_LIMIT (in bytes; with --compute \
+    alone it is removed: memory is not limited) and CUVISOR_STATE_DIR; CUVISOR_COMPUTE (the \
+    policy, canonical: limit=30, share=1) only with --compute; with --sim (or CUVISOR_SIM) also \
+    LD_LIBRARY_PATH=<simulated libcuda>, CUVISOR_SIM, CUVISOR_SIM_STATE (a fresh state file unless \
+    --state or CUVISOR_SIM_STATE names one) and CUVISOR_COORD_DIR=<state file>.coord (created if \
+    needed): the compute coordinator belongs to the simulated machine, so runs on one state file \
+    share the simulated GPU's time and runs on different ones do not; a CUVISOR_COORD_DIR already \
+    in the environment is kept. SIGINT and SIGTERM are passed on to the command. Exit status: the \
+    command's, 128+N when signal N ended it, 127 when it cannot be found, 126 when it cannot be \
+    run, 2 for bad usage, 1 when cuvisor itself fails.")]
 pub struct RunArgs {
     /// Device-memory quota for every visible GPU: a Kubernetes quantity (6Gi, 512Mi, 4G = 4e9
-    /// bytes, 6442450944)
-    #[arg(
-        long,
-        value_name = "SIZE",
-        allow_hyphen_values = true,
-        required_unless_present = "memory_per_device"
-    )]
+    /// bytes, 6442450944). Give a quota (--memory or --memory-per-device), a --compute policy, or
+    /// both
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub memory: Option<String>,
     /// Quotas per CUDA device ordinal instead of --memory: 0=6Gi,1=2Gi (a GPU not listed gets
     /// no memory)
@@ -91,6 +95,13 @@ pub struct RunArgs {
         conflicts_with = "memory"
     )]
     pub memory_per_device: Option<String>,
+    /// GPU time (sets CUVISOR_COMPUTE): limit=P (at most P % of each GPU's time, even when it is
+    /// idle), share=W (weight W among the containers busy on a GPU; idle time is lent),
+    /// share=memory (a share weighted by the memory quota), none (not throttled). Alone, without a
+    /// memory quota, memory is not limited. Not given: CUVISOR_COMPUTE is not set and the
+    /// library's default applies (share=memory)
+    #[arg(long, value_name = "POLICY", allow_hyphen_values = true)]
+    pub compute: Option<String>,
     /// Directory for the container's ledger, kept afterwards [default: a fresh temporary
     /// directory, removed afterwards]
     #[arg(long, value_name = "DIR")]
@@ -104,7 +115,10 @@ pub struct RunArgs {
     /// The library's log level (sets CUVISOR_LOG)
     #[arg(long, value_name = "LEVEL", value_parser = ["error", "warn", "info", "debug"])]
     pub log: Option<String>,
-    /// Say on stderr how the command is run, and the ledger's use and refusals after it ends
+    /// Say on stderr how the command is run (quota, compute policy, library, ledger; with the
+    /// simulator its state file and the coordinator directory, CUVISOR_COORD_DIR), and after it
+    /// ends the ledger's use and refusals (and, under a compute policy, launches, GPU time and
+    /// time throttled)
     #[arg(short, long)]
     pub verbose: bool,
     /// The command and its arguments (after `--`)
@@ -146,6 +160,50 @@ pub enum SimCommand {
     /// Inject a fault into the simulator's shared state; every process on the simulator sees it
     #[command(subcommand)]
     Fault(FaultCommand),
+    /// Keep the simulated GPU busy with kernels and print this process's share of its time: a
+    /// workload for trying compute policies (run it under `cuvisor run --sim ... --compute ...`)
+    Load(LoadArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Run it under cuvisor, which throttles its launches, on the simulated GPU:\n  \
+    cuvisor run --sim single --state /tmp/gpu --compute share=1 -- cuvisor sim load &\n  \
+    cuvisor run --sim single --state /tmp/gpu --compute share=3 -- cuvisor sim load\n\
+    The two runs share one simulated GPU (the state file) and its compute coordinator \
+    (/tmp/gpu.coord), and get about 25 % and 75 % of its time. `sim load` loads libcuda.so.1 \
+    (the simulated driver that `cuvisor run --sim` puts on the library path), launches `sim_busy` \
+    kernels back to back on one stream of GPU 0, keeping at most about 20 ms of work queued, and \
+    every --every prints the time elapsed, the kernels completed per second and this process's \
+    share of GPU 0's time over that interval, as the simulator counted it; at the end, the \
+    average. It fails (exit 1) where libcuda.so.1 is not the simulator."
+)]
+pub struct LoadArgs {
+    /// How long each kernel runs on the simulated GPU: a duration with its unit (ns, us, ms, s),
+    /// such as 1ms, 50us or 0.5s; at most 1s
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "1ms",
+        allow_hyphen_values = true
+    )]
+    pub kernel: String,
+    /// How long to keep launching: seconds (10, 2.5) or a duration (500ms)
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value = "10",
+        allow_hyphen_values = true
+    )]
+    pub seconds: String,
+    /// How often to print a line: a duration (1s, 500ms), at least 10ms
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "1s",
+        allow_hyphen_values = true
+    )]
+    pub every: String,
 }
 
 #[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
@@ -267,13 +325,71 @@ mod tests {
         ]);
         assert_eq!(r.memory, None);
         assert_eq!(r.memory_per_device.as_deref(), Some("0=1Gi"));
+        // No quota at all parses: `run` itself says which flags give one (a usage error too).
+        let r = run_args(&["cuvisor", "run", "--", "true"]);
+        assert_eq!(
+            (r.memory, r.memory_per_device, r.compute),
+            (None, None, None)
+        );
+        // A compute policy alone, or with a quota; odd values reach cuvisor's own check.
+        let r = run_args(&["cuvisor", "run", "--compute", "share=1", "--", "true"]);
+        assert_eq!(r.compute.as_deref(), Some("share=1"));
+        let r = run_args(&[
+            "cuvisor",
+            "run",
+            "--memory",
+            "1Gi",
+            "--compute",
+            "-limit=3",
+            "--",
+            "true",
+        ]);
+        assert_eq!(r.memory.as_deref(), Some("1Gi"));
+        assert_eq!(r.compute.as_deref(), Some("-limit=3"));
+    }
+
+    #[test]
+    fn sim_load_has_defaults_and_takes_the_global_flags() {
+        let cli = Cli::try_parse_from(["cuvisor", "sim", "load", "--sim", "single"]).unwrap();
+        assert_eq!(cli.target.sim.as_deref(), Some("single"));
+        let Command::Sim(SimArgs {
+            command: SimCommand::Load(l),
+        }) = cli.command
+        else {
+            panic!("not sim load")
+        };
+        assert_eq!(
+            (l.kernel.as_str(), l.seconds.as_str(), l.every.as_str()),
+            ("1ms", "10", "1s")
+        );
+        let cli = Cli::try_parse_from([
+            "cuvisor",
+            "sim",
+            "load",
+            "--kernel",
+            "-1ms",
+            "--seconds",
+            "4",
+            "--every",
+            "0.5s",
+        ])
+        .unwrap();
+        let Command::Sim(SimArgs {
+            command: SimCommand::Load(l),
+        }) = cli.command
+        else {
+            panic!("not sim load")
+        };
+        assert_eq!(
+            (l.kernel.as_str(), l.seconds.as_str(), l.every.as_str()),
+            ("-1ms", "4", "0.5s")
+        );
     }
 
     #[test]
     fn run_needs_one_quota_form_and_a_command() {
         for argv in [
-            &["cuvisor", "run", "--", "true"][..],
-            &["cuvisor", "run", "--memory", "1Gi"],
+            &["cuvisor", "run", "--memory", "1Gi"][..],
             &["cuvisor", "run", "--memory", "1Gi", "--"],
             &[
                 "cuvisor",

@@ -100,15 +100,18 @@ fn wait_unreaped(pid: i32) {
     }
 }
 
-/// Runs `argv` with `env` added to cuvisor's environment, passing SIGINT/SIGTERM on, and
-/// returns how it ended. A command that cannot be started is an error with the shell's status
-/// (127 not found, 126 otherwise).
-pub fn run(argv: &[OsString], env: &[(OsString, OsString)]) -> Result<ExitStatus> {
+/// Runs `argv` with `env` added to cuvisor's environment and `unset` removed from it, passing
+/// SIGINT/SIGTERM on, and returns how it ended. A command that cannot be started is an error
+/// with the shell's status (127 not found, 126 otherwise).
+pub fn run(argv: &[OsString], env: &[(OsString, OsString)], unset: &[&str]) -> Result<ExitStatus> {
     let Some((program, args)) = argv.split_first() else {
         return Err(Failure::Usage("no command to run".into()));
     };
     install_forwarding();
     let mut cmd = Command::new(program);
+    for k in unset {
+        cmd.env_remove(k);
+    }
     cmd.args(args).envs(env.iter().map(|(k, v)| (k, v)));
     let mut child = cmd.spawn().map_err(|e| launch_error(program, &e))?;
     let pid = child.id() as i32;

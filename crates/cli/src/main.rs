@@ -1,15 +1,17 @@
-//! `cuvisor`: run a program under a GPU-memory quota, inspect the GPUs (real or simulated) the way
-//! `nvidia-smi` does, and inject faults into the simulator.
+//! `cuvisor`: run a program under a GPU-memory quota and/or a compute policy, inspect the GPUs
+//! (real or simulated) the way `nvidia-smi` does, inject faults into the simulator, and load the
+//! simulated GPU with kernels (`sim load`) to see compute policies at work.
 //!
 //! Exit codes: 0 success, 2 bad usage (clap's own errors and bad values such as an unknown preset
 //! or a GPU that does not exist), 1 a failure while running (NVML, the simulator's state file).
 //! `cuvisor run` exits with its command's status (128+N for signal N), 127/126 when the command
-//! cannot be found/run.
+//! cannot be found/run. `cuvisor sim load` exits 1 when libcuda.so.1 is not the simulator.
 
 mod args;
 mod child;
 mod demo;
 mod fault;
+mod load;
 mod machine;
 mod run;
 mod sim;
@@ -53,11 +55,11 @@ fn main() -> ExitCode {
         }
         .map(Done::Print),
         Command::Sim(sim) => match sim.command {
-            SimCommand::Presets => sim::presets(),
-            SimCommand::Reset => sim::reset(&cli.target),
-            SimCommand::Fault(f) => fault::run(&cli.target, &f),
-        }
-        .map(Done::Print),
+            SimCommand::Presets => sim::presets().map(Done::Print),
+            SimCommand::Reset => sim::reset(&cli.target).map(Done::Print),
+            SimCommand::Fault(f) => fault::run(&cli.target, &f).map(Done::Print),
+            SimCommand::Load(l) => load::run(&cli.target, &l).map(Done::Exit),
+        },
     };
     match result {
         Ok(Done::Print(text)) => {

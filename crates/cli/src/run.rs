@@ -1,25 +1,42 @@
-//! `cuvisor run`: a command under a device-memory quota, with libcuvisor.so preloaded and a fresh
-//! ledger; with `--sim` (or `CUVISOR_SIM`), on the simulated GPU.
+//! `cuvisor run`: a command under a device-memory quota and/or a compute policy, with
+//! libcuvisor.so preloaded and a fresh ledger; with `--sim` (or `CUVISOR_SIM`), on the simulated
+//! GPU.
 //!
-//! Everything the input can get wrong is checked before anything runs: the quota, the simulator
-//! model, per-device ordinals against it, the library and the simulated driver being built. The
-//! command then gets, on top of cuvisor's own environment:
+//! Everything the input can get wrong is checked before anything runs: the quota, the compute
+//! policy, the simulator model, per-device ordinals against it, the library and the simulated
+//! driver being built. A quota (`--memory`, `--memory-per-device`), a policy (`--compute`) or both
+//! must be given; a policy alone leaves memory unlimited. The command then gets, on top of
+//! cuvisor's own environment:
 //!
 //! ```text
 //! LD_PRELOAD=<libcuvisor.so>[:<what was there>]
-//! CUVISOR_MEMORY_LIMIT=<bytes> | 0=<bytes>,1=<bytes>     (canonical: plain bytes)
+//! CUVISOR_MEMORY_LIMIT=<bytes> | 0=<bytes>,1=<bytes>     (canonical: plain bytes; removed from
+//!                                                          the environment with --compute alone)
 //! CUVISOR_STATE_DIR=<--state-dir, or a fresh temporary directory>
+//! CUVISOR_COMPUTE=limit=P | share=W | share=memory | none (only with --compute; canonical:
+//!                                                          limit=30, share=1. Not given: what the
+//!                                                          environment has, else the library's
+//!                                                          default, share=memory)
 //! CUVISOR_LOG=<--log>                                     (only when given)
 //! with the simulator also:
 //! LD_LIBRARY_PATH=<exe dir>/sim[:<what was there>]
 //! CUVISOR_SIM=<preset or file>
 //! CUVISOR_SIM_STATE=<--state, else $CUVISOR_SIM_STATE, else a fresh file in the temporary dir>
+//! CUVISOR_COORD_DIR=<the state file>.coord                (created if needed; kept as it is when
+//!                                                          the environment already sets it)
 //! ```
+//!
+//! The coordinator directory follows the simulator's state file because the state file *is* the
+//! simulated machine: two `cuvisor run --sim single --state /tmp/gpu` side by side share one
+//! simulated GPU and so must share its coordinator (the library's per-user default would do too,
+//! but would also join runs on other state files, which are other machines). Without the
+//! simulator `CUVISOR_COORD_DIR` is left alone: the library's per-user default is the machine's.
 
 use crate::args::{RunArgs, Target};
 use crate::child;
 use crate::machine::{self, Source};
 use crate::{Failure, Result};
+use cuvisor_shm::compute::{self, ComputePolicy};
 use cuvisor_shm::ledger::{self, Ledger};
 use cuvisor_shm::quantity::{LimitError, MemoryLimit};
 use cuvisor_sim::model::Model;
@@ -32,6 +49,7 @@ pub const LIBRARY: &str = "libcuvisor.so";
 
 pub fn run(target: &Target, args: &RunArgs) -> Result<u8> {
     let limit = memory_limit(args)?;
+    let compute = compute_policy(args, limit.is_some())?;
     let sim = match machine::source(target) {
         Source::Sim { spec, from_flag } => {
             let model = machine::load_model(&spec, from_flag)?;
@@ -39,7 +57,7 @@ pub fn run(target: &Target, args: &RunArgs) -> Result<u8> {
         }
         Source::System => None,
     };
-    if let (Some((_, model)), MemoryLimit::PerDevice(per)) = (&sim, &limit) {
+    if let (Some((_, model)), Some(MemoryLimit::PerDevice(per))) = (&sim, &limit) {
         check_ordinals(model, per)?;
     }
     let exe_dir = exe_dir()?;
@@ -76,25 +94,51 @@ pub fn run(target: &Target, args: &RunArgs) -> Result<u8> {
         (None, None) => return Err(Failure::Runtime("no state directory".into())),
     };
     let sim_setup = match (sim, sim_dir) {
-        (Some((spec, _)), Some(dir)) => Some(SimSetup {
-            spec,
-            dir,
-            state: match (&target.state, &scratch) {
+        (Some((spec, _)), Some(dir)) => {
+            let state = match (&target.state, &scratch) {
                 (Some(s), _) => Some(absolute(s)?),
                 (None, Some(scratch)) if !sim_state_given => Some(scratch.path.join("sim.state")),
                 _ => None,
-            },
-        }),
+            };
+            let coord = match std::env::var_os("CUVISOR_COORD_DIR").filter(|d| !d.is_empty()) {
+                Some(_) => None,
+                None => {
+                    // The state file in use: the one set here, else the environment's.
+                    let file = match &state {
+                        Some(s) => s.clone(),
+                        None => absolute(Path::new(
+                            &std::env::var_os("CUVISOR_SIM_STATE").unwrap_or_default(),
+                        ))?,
+                    };
+                    let dir = coord_dir(&file);
+                    std::fs::create_dir_all(&dir).map_err(|e| {
+                        Failure::Runtime(format!(
+                            "cannot create the simulated GPU's coordinator directory {}: {e}",
+                            dir.display()
+                        ))
+                    })?;
+                    Some(dir)
+                }
+            };
+            Some(SimSetup {
+                spec,
+                dir,
+                state,
+                coord,
+            })
+        }
         _ => None,
     };
     let setup = Setup {
         library,
         limit,
+        compute,
         state_dir,
         log: args.log.clone(),
         sim: sim_setup,
     };
     let env = setup.environment(|k| std::env::var_os(k));
+    let unset = setup.unset();
 
     let program = args
         .command
@@ -104,17 +148,18 @@ pub fn run(target: &Target, args: &RunArgs) -> Result<u8> {
     if let Some(config) = std::env::var_os("CUVISOR_CONFIG").filter(|c| !c.is_empty()) {
         eprintln!(
             "cuvisor: warning: CUVISOR_CONFIG={} is set: the library takes its limits from that \
-             file, and --memory cannot raise them",
+             file, and --memory and --compute cannot raise them",
             config.to_string_lossy()
         );
     }
     if args.verbose {
-        for line in setup.describe(&program, scratch.is_some() && !args.keep_state) {
+        let removed = scratch.is_some() && !args.keep_state;
+        for line in setup.describe(&program, removed, |k| std::env::var_os(k)) {
             eprintln!("cuvisor: {line}");
         }
     }
 
-    let status = child::run(&args.command, &env)?;
+    let status = child::run(&args.command, &env, &unset)?;
 
     if args.verbose {
         eprintln!("cuvisor: {program} {}", child::describe(status));
@@ -131,23 +176,31 @@ pub fn run(target: &Target, args: &RunArgs) -> Result<u8> {
     Ok(child::exit_code(status))
 }
 
-/// The quota from `--memory` or `--memory-per-device`, or the usage error naming the flag.
-fn memory_limit(args: &RunArgs) -> Result<MemoryLimit> {
-    let (flag, text, parsed) = match (&args.memory, &args.memory_per_device) {
-        (Some(t), _) => ("--memory", t, MemoryLimit::parse(t)),
-        (None, Some(t)) => ("--memory-per-device", t, MemoryLimit::parse_per_device(t)),
-        (None, None) => {
-            return Err(Failure::Usage(
-                "give a quota: --memory SIZE or --memory-per-device ORDINAL=SIZE,...".into(),
-            ))
-        }
-    };
-    parsed.map_err(|e| {
-        let shown = if text.is_empty() || text.contains(char::is_whitespace) {
-            format!("{text:?}")
-        } else {
-            text.clone()
+/// A flag's value as error messages show it: quoted when empty or holding whitespace.
+fn shown(text: &str) -> String {
+    if text.is_empty() || text.contains(char::is_whitespace) {
+        format!("{text:?}")
+    } else {
+        text.to_string()
+    }
+}
+
+/// The quota from `--memory` or `--memory-per-device` (None: neither, which `--compute` allows),
+/// or the usage error naming the flag.
+fn memory_limit(args: &RunArgs) -> Result<Option<MemoryLimit>> {
+    let (flag, text, parsed) =
+        match (&args.memory, &args.memory_per_device) {
+            (Some(t), _) => ("--memory", t, MemoryLimit::parse(t)),
+            (None, Some(t)) => ("--memory-per-device", t, MemoryLimit::parse_per_device(t)),
+            (None, None) if args.compute.is_some() => return Ok(None),
+            (None, None) => return Err(Failure::Usage(
+                "give a quota: --memory SIZE, --memory-per-device ORDINAL=SIZE,..., or --compute \
+                 POLICY"
+                    .into(),
+            )),
         };
+    parsed.map(Some).map_err(|e| {
+        let shown = shown(text);
         let hint = match (&e, flag) {
             (LimitError::Size { ordinal: None, .. }, "--memory") if text.contains(',') => {
                 " (for one quota per GPU use --memory-per-device 0=6Gi,1=2Gi)"
@@ -156,6 +209,47 @@ fn memory_limit(args: &RunArgs) -> Result<MemoryLimit> {
         };
         Failure::Usage(format!("{flag} {shown}: {e}{hint}"))
     })
+}
+
+/// The policy from `--compute` (None when not given), or the usage error naming the flag.
+/// `share=memory` weighs the share by the memory quota, so it needs one.
+fn compute_policy(args: &RunArgs, has_quota: bool) -> Result<Option<ComputePolicy>> {
+    let Some(text) = &args.compute else {
+        return Ok(None);
+    };
+    let policy = compute::parse(text)
+        .map_err(|e| Failure::Usage(format!("--compute {}: {e}", shown(text))))?;
+    if policy == ComputePolicy::ShareMemory && !has_quota {
+        return Err(Failure::Usage(format!(
+            "--compute {}: a share weighted by the memory quota needs --memory or \
+             --memory-per-device too",
+            shown(text)
+        )));
+    }
+    Ok(Some(policy))
+}
+
+/// The simulated GPU's coordinator directory: `<state file>.coord`, beside the state file.
+fn coord_dir(state_file: &Path) -> PathBuf {
+    let mut name = state_file.as_os_str().to_os_string();
+    name.push(".coord");
+    PathBuf::from(name)
+}
+
+/// What `--verbose` says a policy means.
+fn compute_meaning(p: &ComputePolicy) -> String {
+    match p {
+        ComputePolicy::None => "launches are not throttled".into(),
+        ComputePolicy::Limit(pct) => {
+            format!("at most {pct} % of each GPU's time, even when it is idle")
+        }
+        ComputePolicy::Share(w) => {
+            format!("weight {w} among the containers busy on a GPU, idle time lent")
+        }
+        ComputePolicy::ShareMemory => {
+            "a share weighted by the memory quota's fraction of each GPU".into()
+        }
+    }
 }
 
 fn check_ordinals(model: &Model, per: &[(u32, u64)]) -> Result<()> {
@@ -279,12 +373,18 @@ struct SimSetup {
     dir: PathBuf,
     /// The state file to set; None: keep the CUVISOR_SIM_STATE already in the environment.
     state: Option<PathBuf>,
+    /// The coordinator directory to set (`<state file>.coord`); None: keep the
+    /// CUVISOR_COORD_DIR already in the environment.
+    coord: Option<PathBuf>,
 }
 
 /// Everything that decides the command's environment.
 struct Setup {
     library: PathBuf,
-    limit: MemoryLimit,
+    /// None: `--compute` alone, memory not limited.
+    limit: Option<MemoryLimit>,
+    /// None: not given, CUVISOR_COMPUTE left as it is.
+    compute: Option<ComputePolicy>,
     state_dir: PathBuf,
     log: Option<String>,
     sim: Option<SimSetup>,
@@ -303,17 +403,20 @@ fn prepend(first: &Path, existing: Option<OsString>) -> OsString {
 impl Setup {
     /// The variables to set for the command; `get` reads cuvisor's own environment.
     fn environment(&self, get: impl Fn(&str) -> Option<OsString>) -> Vec<(OsString, OsString)> {
-        let mut env: Vec<(OsString, OsString)> = vec![
-            (
-                "LD_PRELOAD".into(),
-                prepend(&self.library, get("LD_PRELOAD")),
-            ),
-            ("CUVISOR_MEMORY_LIMIT".into(), self.limit.to_string().into()),
-            (
-                "CUVISOR_STATE_DIR".into(),
-                self.state_dir.as_os_str().into(),
-            ),
-        ];
+        let mut env: Vec<(OsString, OsString)> = vec![(
+            "LD_PRELOAD".into(),
+            prepend(&self.library, get("LD_PRELOAD")),
+        )];
+        if let Some(limit) = &self.limit {
+            env.push(("CUVISOR_MEMORY_LIMIT".into(), limit.to_string().into()));
+        }
+        env.push((
+            "CUVISOR_STATE_DIR".into(),
+            self.state_dir.as_os_str().into(),
+        ));
+        if let Some(policy) = &self.compute {
+            env.push(("CUVISOR_COMPUTE".into(), policy.to_string().into()));
+        }
         if let Some(level) = &self.log {
             env.push(("CUVISOR_LOG".into(), level.into()));
         }
@@ -326,25 +429,60 @@ impl Setup {
             if let Some(state) = &sim.state {
                 env.push(("CUVISOR_SIM_STATE".into(), state.as_os_str().into()));
             }
+            if let Some(coord) = &sim.coord {
+                env.push(("CUVISOR_COORD_DIR".into(), coord.as_os_str().into()));
+            }
         }
         env
     }
 
-    /// What --verbose says before the command runs.
-    fn describe(&self, program: &str, state_removed: bool) -> Vec<String> {
-        let quota = match &self.limit {
-            MemoryLimit::All(b) => format!("{} per GPU", bytes(*b)),
-            MemoryLimit::PerDevice(v) => v
-                .iter()
-                .map(|(o, b)| format!("{} on GPU {o}", bytes(*b)))
-                .collect::<Vec<_>>()
-                .join(", "),
+    /// The variables to remove from the command's environment: an inherited memory limit when
+    /// `--compute` alone says memory is not limited.
+    fn unset(&self) -> Vec<&'static str> {
+        match self.limit {
+            None => vec!["CUVISOR_MEMORY_LIMIT"],
+            Some(_) => Vec::new(),
+        }
+    }
+
+    /// What --verbose says before the command runs; `get` reads cuvisor's own environment.
+    fn describe(
+        &self,
+        program: &str,
+        state_removed: bool,
+        get: impl Fn(&str) -> Option<OsString>,
+    ) -> Vec<String> {
+        let first = match &self.limit {
+            Some(limit) => {
+                let quota = match limit {
+                    MemoryLimit::All(b) => format!("{} per GPU", bytes(*b)),
+                    MemoryLimit::PerDevice(v) => v
+                        .iter()
+                        .map(|(o, b)| format!("{} on GPU {o}", bytes(*b)))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                };
+                format!("running {program} with a quota of {quota} (CUVISOR_MEMORY_LIMIT={limit})")
+            }
+            None => format!("running {program} with no memory quota (CUVISOR_MEMORY_LIMIT unset)"),
+        };
+        let compute = match (
+            &self.compute,
+            get("CUVISOR_COMPUTE").filter(|c| !c.is_empty()),
+        ) {
+            (Some(p), _) => format!("compute {p}: {} (CUVISOR_COMPUTE={p})", compute_meaning(p)),
+            (None, Some(c)) => format!(
+                "compute: CUVISOR_COMPUTE={} from the environment",
+                c.to_string_lossy()
+            ),
+            (None, None) => {
+                "compute: CUVISOR_COMPUTE not set, the library's default applies (share=memory)"
+                    .into()
+            }
         };
         let mut lines = vec![
-            format!(
-                "running {program} with a quota of {quota} (CUVISOR_MEMORY_LIMIT={})",
-                self.limit
-            ),
+            first,
+            compute,
             format!("LD_PRELOAD={}", self.library.display()),
             format!(
                 "ledger in {}{}",
@@ -359,7 +497,7 @@ impl Setup {
         if let Some(sim) = &self.sim {
             let state = match &sim.state {
                 Some(s) => s.display().to_string(),
-                None => std::env::var_os("CUVISOR_SIM_STATE")
+                None => get("CUVISOR_SIM_STATE")
                     .map(|s| s.to_string_lossy().into_owned())
                     .unwrap_or_default(),
             };
@@ -368,6 +506,19 @@ impl Setup {
                 sim.spec,
                 sim.dir.display()
             ));
+            lines.push(match &sim.coord {
+                Some(c) => format!(
+                    "compute coordinator in {} (CUVISOR_COORD_DIR: shared by every run on this \
+                     state file)",
+                    c.display()
+                ),
+                None => format!(
+                    "compute coordinator in {} (CUVISOR_COORD_DIR from the environment)",
+                    get("CUVISOR_COORD_DIR")
+                        .map(|s| s.to_string_lossy().into_owned())
+                        .unwrap_or_default()
+                ),
+            });
         }
         lines
     }
@@ -426,10 +577,26 @@ fn ledger_summary(state_dir: &Path) -> Vec<String> {
         .map(|(_, uuid, e)| {
             use std::sync::atomic::Ordering::Acquire;
             let denied = e.denied.load(Acquire);
+            let quota = match e.limit.load(Acquire) {
+                // --compute alone: the library's "not limited".
+                u64::MAX => "no quota".to_string(),
+                l => format!("quota {}", bytes(l)),
+            };
+            let launches = e.launches.load(Acquire);
+            // Counted only under a compute policy.
+            let compute = if launches > 0 {
+                format!(
+                    "; {launches} launch{}, GPU time {:.2} s, throttled {:.2} s",
+                    if launches == 1 { "" } else { "es" },
+                    e.gpu_ns.load(Acquire) as f64 / 1e9,
+                    e.throttled_ns.load(Acquire) as f64 / 1e9
+                )
+            } else {
+                String::new()
+            };
             format!(
-                "{}: quota {}, peak {}, in use {}, {denied} allocation{} refused",
+                "{}: {quota}, peak {}, in use {}, {denied} allocation{} refused{compute}",
                 uuid_text(uuid),
-                bytes(e.limit.load(Acquire)),
                 bytes(e.peak.load(Acquire)),
                 bytes(e.used.load(Acquire)),
                 if denied == 1 { "" } else { "s" }
@@ -450,6 +617,7 @@ mod tests {
         RunArgs {
             memory: memory.map(String::from),
             memory_per_device: per_device.map(String::from),
+            compute: None,
             state_dir: None,
             keep_state: false,
             library: None,
@@ -459,7 +627,7 @@ mod tests {
         }
     }
 
-    fn usage(r: Result<MemoryLimit>) -> String {
+    fn usage<T: std::fmt::Debug>(r: Result<T>) -> String {
         match r {
             Err(Failure::Usage(m)) => m,
             other => panic!("{other:?}"),
@@ -470,7 +638,7 @@ mod tests {
     fn quotas_are_checked_and_named_by_their_flag() {
         assert_eq!(
             memory_limit(&args(Some("4G"), None)).ok(),
-            Some(MemoryLimit::All(4_000_000_000))
+            Some(Some(MemoryLimit::All(4_000_000_000)))
         );
         for (value, want) in [
             (
@@ -505,7 +673,90 @@ mod tests {
         // accepts it.
         assert_eq!(
             memory_limit(&args(Some("0=1Gi"), None)).ok(),
-            Some(MemoryLimit::PerDevice(vec![(0, 1 << 30)]))
+            Some(Some(MemoryLimit::PerDevice(vec![(0, 1 << 30)])))
+        );
+        // Neither: a usage error that names every way to give a quota, --compute included.
+        assert_eq!(
+            usage(memory_limit(&args(None, None))),
+            "give a quota: --memory SIZE, --memory-per-device ORDINAL=SIZE,..., or --compute \
+             POLICY"
+        );
+    }
+
+    fn with_compute(memory: Option<&str>, compute: &str) -> RunArgs {
+        RunArgs {
+            compute: Some(compute.into()),
+            ..args(memory, None)
+        }
+    }
+
+    #[test]
+    fn compute_policies_are_checked_named_by_their_flag_and_made_canonical() {
+        // --compute alone: no memory quota, and no usage error for it.
+        let a = with_compute(None, "share=1");
+        assert_eq!(memory_limit(&a).ok(), Some(None));
+        for (value, canonical) in [
+            ("limit=30", "limit=30"),
+            ("limit=30%", "limit=30"),
+            (" share = 1 ", "share=1"),
+            ("share=0.5", "share=0.5"),
+            ("none", "none"),
+        ] {
+            let p = compute_policy(&with_compute(None, value), false).unwrap();
+            assert_eq!(p.map(|p| p.to_string()).as_deref(), Some(canonical));
+        }
+        assert_eq!(
+            compute_policy(&args(Some("1Gi"), None), true).ok(),
+            Some(None)
+        );
+        for (value, want) in [
+            (
+                "limit=150",
+                "--compute limit=150: a limit is a percentage of GPU time, more than 0 and at \
+                 most 100",
+            ),
+            (
+                "limit=0",
+                "--compute limit=0: a limit is a percentage of GPU time, more than 0 and at most \
+                 100",
+            ),
+            (
+                "share=0",
+                "--compute share=0: a share is a weight, more than 0 and at most 1000000 (or \
+                 share=memory)",
+            ),
+            (
+                "fair=2",
+                "--compute fair=2: expected limit=P, share=W, share=memory or none",
+            ),
+            (
+                "",
+                "--compute \"\": expected limit=P, share=W, share=memory or none",
+            ),
+            (
+                "share=memory",
+                "--compute share=memory: a share weighted by the memory quota needs --memory or \
+                 --memory-per-device too",
+            ),
+        ] {
+            assert_eq!(
+                usage(compute_policy(&with_compute(None, value), false)),
+                want
+            );
+        }
+        let p = compute_policy(&with_compute(Some("1Gi"), "share=memory"), true).unwrap();
+        assert_eq!(p, Some(ComputePolicy::ShareMemory));
+    }
+
+    #[test]
+    fn the_coordinator_sits_beside_the_state_file() {
+        assert_eq!(
+            coord_dir(Path::new("/tmp/gpu")),
+            PathBuf::from("/tmp/gpu.coord")
+        );
+        assert_eq!(
+            coord_dir(Path::new("/run/x/sim.state")),
+            PathBuf::from("/run/x/sim.state.coord")
         );
     }
 
@@ -525,7 +776,8 @@ mod tests {
     fn setup(sim: Option<SimSetup>) -> Setup {
         Setup {
             library: "/opt/cuvisor/libcuvisor.so".into(),
-            limit: MemoryLimit::All(6 << 30),
+            limit: Some(MemoryLimit::All(6 << 30)),
+            compute: None,
             state_dir: "/tmp/cuvisor-run-abc".into(),
             log: Some("debug".into()),
             sim,
@@ -558,10 +810,18 @@ mod tests {
             Some("/tmp/cuvisor-run-abc")
         );
         assert_eq!(lookup(&env, "CUVISOR_LOG").as_deref(), Some("debug"));
-        // Without the simulator, the library path and the simulator's variables are left alone.
-        for k in ["LD_LIBRARY_PATH", "CUVISOR_SIM", "CUVISOR_SIM_STATE"] {
+        // Without the simulator, the library path and the simulator's variables are left alone,
+        // and so is the compute policy without --compute.
+        for k in [
+            "LD_LIBRARY_PATH",
+            "CUVISOR_SIM",
+            "CUVISOR_SIM_STATE",
+            "CUVISOR_COORD_DIR",
+            "CUVISOR_COMPUTE",
+        ] {
             assert_eq!(lookup(&env, k), None, "{k}");
         }
+        assert_eq!(setup(None).unset(), Vec::<&str>::new());
         let env = setup(None).environment(|k| (k == "LD_PRELOAD").then(OsString::new));
         assert_eq!(
             lookup(&env, "LD_PRELOAD").as_deref(),
@@ -575,6 +835,7 @@ mod tests {
             spec: "dgx1-v100".into(),
             dir: "/w/target/debug/sim".into(),
             state: state.map(PathBuf::from),
+            coord: state.map(|s| coord_dir(Path::new(s))),
         };
         let env = setup(Some(sim(Some("/tmp/cuvisor-run-abc/sim.state"))))
             .environment(|k| (k == "LD_LIBRARY_PATH").then(|| "/usr/lib64".into()));
@@ -587,13 +848,48 @@ mod tests {
             lookup(&env, "CUVISOR_SIM_STATE").as_deref(),
             Some("/tmp/cuvisor-run-abc/sim.state")
         );
-        // A state file already in the environment is kept (not overridden).
+        assert_eq!(
+            lookup(&env, "CUVISOR_COORD_DIR").as_deref(),
+            Some("/tmp/cuvisor-run-abc/sim.state.coord")
+        );
+        // A state file (and a coordinator directory) already in the environment is kept (not
+        // overridden).
         let env = setup(Some(sim(None))).environment(|_| None);
         assert_eq!(
             lookup(&env, "LD_LIBRARY_PATH").as_deref(),
             Some("/w/target/debug/sim")
         );
         assert_eq!(lookup(&env, "CUVISOR_SIM_STATE"), None);
+        assert_eq!(lookup(&env, "CUVISOR_COORD_DIR"), None);
+    }
+
+    #[test]
+    fn compute_alone_sets_the_policy_and_unsets_the_memory_limit() {
+        let s = Setup {
+            limit: None,
+            compute: Some(ComputePolicy::Share(3.0)),
+            ..setup(None)
+        };
+        let env = s.environment(|_| None);
+        assert_eq!(lookup(&env, "CUVISOR_COMPUTE").as_deref(), Some("share=3"));
+        assert_eq!(lookup(&env, "CUVISOR_MEMORY_LIMIT"), None);
+        assert_eq!(s.unset(), ["CUVISOR_MEMORY_LIMIT"]);
+        let said = s.describe("app", true, |_| None);
+        assert_eq!(
+            said[..2],
+            [
+                "running app with no memory quota (CUVISOR_MEMORY_LIMIT unset)",
+                "compute share=3: weight 3 among the containers busy on a GPU, idle time lent \
+                 (CUVISOR_COMPUTE=share=3)"
+            ]
+        );
+        let said = setup(None).describe("app", true, |k| {
+            (k == "CUVISOR_COMPUTE").then(|| "limit=50".into())
+        });
+        assert_eq!(
+            said[1],
+            "compute: CUVISOR_COMPUTE=limit=50 from the environment"
+        );
     }
 
     #[test]

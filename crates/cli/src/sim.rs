@@ -1,4 +1,5 @@
-//! `cuvisor sim presets` and `cuvisor sim reset`.
+//! `cuvisor sim presets` and `cuvisor sim reset` (`sim fault` is in fault.rs, `sim load` in
+//! load.rs).
 
 use crate::args::Target;
 use crate::machine;

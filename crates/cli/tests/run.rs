@@ -117,6 +117,8 @@ fn command(args: &[&str], scratch: &Scratch, env: &[(&str, &str)]) -> Command {
         "CUVISOR_MEMORY_LIMIT",
         "CUVISOR_STATE_DIR",
         "CUVISOR_LOG",
+        "CUVISOR_COMPUTE",
+        "CUVISOR_COORD_DIR",
         "LD_PRELOAD",
     ] {
         cmd.env_remove(k);
@@ -555,7 +557,12 @@ fn bad_input_is_refused_before_anything_runs() {
             vec!["--memory", "1Gi", "--memory-per-device", "0=1Gi"],
             "cannot be used with".into(),
         ),
-        (vec![], "--memory <SIZE>".into()),
+        (
+            vec![],
+            "error: give a quota: --memory SIZE, --memory-per-device ORDINAL=SIZE,..., or \
+             --compute POLICY"
+                .into(),
+        ),
         (
             vec!["--memory", "1Gi", "--library", "/nonexistent/libcuvisor.so"],
             "error: --library /nonexistent/libcuvisor.so: no such file".into(),

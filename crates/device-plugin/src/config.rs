@@ -381,28 +381,12 @@ fn valid_resource_name(name: &str) -> bool {
     domain.contains('.') && ok(domain) && ok(rest)
 }
 
-/// The limits file's compute values: `limit=P` (0 < P <= 100), `share=W` (0 < W), `none`.
+/// The limits file's compute values, as the library reads them (crates/shm's `compute`):
+/// `limit=P` (0 < P <= 100), `share=W`, `share=memory`, `none`.
 fn check_compute(text: &str) -> Result<(), String> {
-    let t = text.trim();
-    if t == "none" {
-        return Ok(());
-    }
-    let (k, v) = t
-        .split_once('=')
-        .ok_or("expected limit=PERCENT, share=WEIGHT or none")?;
-    let n: f64 = v
-        .trim()
-        .parse()
-        .map_err(|_| format!("{v:?} is not a number"))?;
-    match k.trim() {
-        "limit" if n > 0.0 && n <= 100.0 => Ok(()),
-        "limit" => Err("the limit must be in (0, 100] percent".into()),
-        "share" if n > 0.0 && n <= 1e6 => Ok(()),
-        "share" => Err("the share weight must be in (0, 1000000]".into()),
-        other => Err(format!(
-            "unknown policy {other:?} (limit=PERCENT, share=WEIGHT or none)"
-        )),
-    }
+    cuvisor_shm::compute::parse(text)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
