@@ -60,33 +60,15 @@ pub enum Compute {
 /// The weight a malformed compute value is read as.
 pub const MIN_SHARE: f64 = 0.001;
 
-/// "limit=30", "share=2", "share=memory" (weighted by the memory quota's fraction), "none".
+/// "limit=30", "share=2", "share=memory" (weighted by the memory quota's fraction), "none": the
+/// grammar every part of cuvisor reads (crates/shm's `compute`).
 pub fn parse_compute(text: &str) -> Result<Compute, String> {
-    let t = text.trim();
-    if t == "none" {
-        return Ok(Compute::None);
-    }
-    if t.replace(' ', "") == "share=memory" {
-        return Ok(Compute::FromMemory);
-    }
-    let (k, v) = t
-        .split_once('=')
-        .ok_or_else(|| format!("{text:?}: expected limit=PERCENT, share=WEIGHT or none"))?;
-    let n: f64 = v
-        .trim()
-        .trim_end_matches('%')
-        .parse()
-        .map_err(|_| format!("{text:?}: {v:?} is not a number"))?;
-    match k.trim() {
-        "limit" if n > 0.0 && n <= 100.0 => Ok(Compute::Limit(n / 100.0)),
-        "limit" => Err(format!("{text:?}: the limit must be in (0, 100] percent")),
-        "share" if n > 0.0 && n <= 1e6 => Ok(Compute::Share(n)),
-        "share" => Err(format!(
-            "{text:?}: the share weight must be in (0, 1000000]"
-        )),
-        other => Err(format!(
-            "{text:?}: unknown policy {other:?} (limit=PERCENT, share=WEIGHT or none)"
-        )),
+    use cuvisor_shm::compute::{parse, ComputePolicy as P};
+    match parse(text).map_err(|e| format!("{text:?}: {e}"))? {
+        P::None => Ok(Compute::None),
+        P::Limit(p) => Ok(Compute::Limit(p / 100.0)),
+        P::Share(w) => Ok(Compute::Share(w)),
+        P::ShareMemory => Ok(Compute::FromMemory),
     }
 }
 
@@ -122,11 +104,9 @@ pub struct ComputeConfig {
 
 /// The compute settings, once [`load`] has accepted the configuration.
 pub fn load_compute(env: impl Fn(&str) -> Option<String>) -> ComputeConfig {
-    // No compute control unless configured. (The share weighted by the memory fraction,
-    // `share=memory`, is meant to become the default once share mode holds its weights reliably
-    // under saturation: see the README's "Compute time slices".)
+    // Not configured: a share weighted by the memory fraction on each GPU.
     let mut cc = ComputeConfig {
-        compute: Compute::None,
+        compute: Compute::FromMemory,
         coord_dir: default_coord_dir(),
         errors: Vec::new(),
     };
@@ -365,8 +345,8 @@ mod tests {
         let e = env(&[("CUVISOR_MEMORY_LIMIT", "1Gi")]);
         assert_eq!(
             load_compute(e).compute,
-            Compute::None,
-            "memory only: no compute control (yet)"
+            Compute::FromMemory,
+            "memory only: a share weighted by the memory fraction"
         );
         assert_eq!(parse_compute("share=memory").unwrap(), Compute::FromMemory);
         let e = env(&[("CUVISOR_COMPUTE", "limit=30")]);

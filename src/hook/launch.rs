@@ -8,7 +8,7 @@
 //! tokens, and the elapsed time goes to `timeslice` as the launch's run time.
 
 use super::{hooks, Lib, Real};
-use crate::timeslice::{estimate::Entry, now_ns, Compute, Gpu, Ticket};
+use crate::timeslice::{estimate::Entry, fast_ns, now_ns, Compute, Gpu, Ticket};
 use cuvisor_cuda_abi::cuda::*;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
@@ -336,7 +336,7 @@ fn sampled(
     p.queued.store(t.ahead, Relaxed);
     p.ends.store(t.ends, Relaxed);
     p.idle_at
-        .store(if idle(s, ptsz) { now_ns() } else { 0 }, Relaxed);
+        .store(if idle(s, ptsz) { fast_ns() } else { 0 }, Relaxed);
     // SAFETY: cuEventRecord(CUevent, CUstream) with events we created in the current context and
     // the program's own stream.
     if unsafe { record(e0, s) } != SUCCESS {

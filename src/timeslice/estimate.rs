@@ -27,8 +27,13 @@ use std::sync::Mutex;
 pub const RING: usize = 16;
 /// What an unknown kernel is charged until it has been measured.
 pub const DEFAULT_NS: u64 = 100_000;
-/// One launch in this many is measured, once a key has an estimate.
+/// One launch in this many is measured, once a key has an estimate...
 pub const SAMPLE_EVERY: u32 = 16;
+/// ...and, while its samples keep agreeing with the estimate (within 1/8), the interval
+/// doubles up to this; a sample that disagrees brings it back to [`SAMPLE_EVERY`]. A sample
+/// costs two event records and a read-back (on a real driver about a microsecond): a steady
+/// kernel pays a few ns per launch for it, a changing one gets measured often. (Powers of two.)
+pub const SAMPLE_EVERY_MAX: u32 = 256;
 
 pub struct Entry {
     key: AtomicU64,
@@ -43,6 +48,8 @@ pub struct Entry {
     raw: [AtomicU64; RING],
     /// Launches charged the default that a measurement has settled, and at what estimate.
     bulk: Mutex<Bulk>,
+    /// One launch in this many is measured (see [`SAMPLE_EVERY_MAX`]).
+    every: AtomicU32,
 }
 
 #[derive(Default)]
@@ -61,6 +68,7 @@ impl Entry {
             ring: std::array::from_fn(|_| AtomicU64::new(0)),
             raw: std::array::from_fn(|_| AtomicU64::new(0)),
             bulk: Mutex::new(Bulk::default()),
+            every: AtomicU32::new(SAMPLE_EVERY),
         }
     }
 
@@ -104,16 +112,25 @@ impl Entry {
     /// the sample (`ahead >= raw`) is rejected as implausible.
     pub fn record(&self, raw: u64, ahead: u64, charged: u64, was_unmeasured: bool) -> i64 {
         let raw = raw.max(1);
-        if ahead < raw {
+        let run = raw.checked_sub(ahead).filter(|&v| v > 0);
+        if let Some(v) = run {
             let i = self.next.fetch_add(1, Relaxed) as usize % RING;
-            let v = (raw - ahead) | if ahead == 0 { CLEAN } else { 0 };
             self.raw[i].store(raw, Relaxed);
-            self.ring[i].store(v, Relaxed);
+            self.ring[i].store(v | if ahead == 0 { CLEAN } else { 0 }, Relaxed);
         }
         let est = match self.filtered() {
             0 => self.est.load(Relaxed), // every sample so far implausible: keep what we have
             e => e,
         };
+        let agrees = run.is_some_and(|v| v.abs_diff(est) <= est / 4);
+        self.every.store(
+            if agrees {
+                (self.every.load(Relaxed) * 2).min(SAMPLE_EVERY_MAX)
+            } else {
+                SAMPLE_EVERY
+            },
+            Relaxed,
+        );
         if est == 0 {
             // Not measured yet and this sample was implausible: settle nothing (the launches
             // stay charged the default until a usable sample comes back).
@@ -145,6 +162,12 @@ impl Entry {
     #[inline]
     pub fn learning(&self) -> bool {
         self.next.load(Relaxed) < RING as u32
+    }
+
+    /// One launch in this many is measured now (a power of two).
+    #[inline]
+    pub fn every(&self) -> u32 {
+        self.every.load(Relaxed)
     }
 
     /// The estimate from the ring (0: no sample): the 25th percentile of the clean samples if
@@ -330,6 +353,28 @@ mod tests {
         assert_eq!(e.estimate(), 0);
         assert_eq!(e.record(400_000, 0, DEFAULT_NS, true), 2 * 300_000);
         assert_eq!(e.estimate(), 400_000);
+    }
+
+    #[test]
+    fn a_steady_kernel_is_sampled_less_and_a_changing_one_more() {
+        let t = Estimates::new(64);
+        let e = t.entry(13);
+        e.charge();
+        e.record(100_000, 0, DEFAULT_NS, true);
+        let mut seen = vec![e.every()];
+        for _ in 0..8 {
+            e.record(101_000, 0, 100_000, false);
+            seen.push(e.every());
+        }
+        assert_eq!(seen, [32, 64, 128, 256, 256, 256, 256, 256, 256]);
+        // A sample far from the estimate (the kernel changed, or it queued): back to often.
+        e.record(300_000, 0, 100_000, false);
+        assert_eq!(e.every(), SAMPLE_EVERY);
+        // An implausible one (the predicted wait covers it all) too.
+        e.record(101_000, 0, 100_000, false);
+        assert_eq!(e.every(), 2 * SAMPLE_EVERY);
+        e.record(100_000, 200_000, 100_000, false);
+        assert_eq!(e.every(), SAMPLE_EVERY);
     }
 
     #[test]

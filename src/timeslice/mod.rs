@@ -3,7 +3,8 @@
 //!
 //! - A launch draws its estimated run time ([`estimate`]) from the container's bucket (one atomic
 //!   in the coordinator slot, shared by all the container's processes). A bucket that owes more
-//!   than [`LEAD_NS`] makes the launching thread sleep until the refill has paid it; never a spin.
+//!   than two such launches (at most [`LEAD_NS`]) makes the launching thread sleep until the
+//!   refill has paid it; never a spin.
 //! - A sampled fraction of launches is measured (`hook` records events around them and hands the
 //!   elapsed time in later, [`Compute::measured`]); the difference between what was measured and
 //!   what was charged is settled on the bucket, so long-run accounting follows the measurements.
@@ -13,8 +14,11 @@
 //! Hot path (a launch under the cap): a clock read, a few relaxed loads, one fetch_sub on the
 //! bucket and thread-local counters. No lock, no syscall, no allocation.
 
+pub mod clock;
 pub mod estimate;
 pub mod share;
+
+pub use clock::{fast_ns, now_ns};
 
 use crate::config::{Compute as Spec, ComputeConfig, Config};
 use cuvisor_shm::coordinator::{self, Coordinator, Slot, POLICY_LIMIT, POLICY_SHARE};
@@ -32,9 +36,9 @@ pub const ACTIVE_NS: u64 = 200_000_000;
 pub const THROTTLED_NS: u64 = 50_000_000;
 /// The bucket holds at most this much GPU time: the burst a container may queue after a pause.
 pub const BURST_NS: i64 = 5_000_000;
-/// A launch goes ahead while the bucket owes at most this much: each container keeps this much
-/// work queued on the GPU, so a launching thread that the CPU scheduler wakes late does not leave
-/// the GPU idle (the long-run rate is still the refill rate).
+/// A launch goes ahead while the bucket owes at most two of its own run time and at most this
+/// much: each container keeps some work queued on the GPU, so a launching thread that the CPU
+/// scheduler wakes late does not leave the GPU idle (the long-run rate is still the refill rate).
 const LEAD_NS: i64 = 2_000_000;
 /// The bucket is refilled at most this often (per container, any process).
 const REFILL_NS: u64 = 50_000;
@@ -47,18 +51,6 @@ const FLUSH_LAUNCHES: u64 = 32;
 const FLUSH_NS: i64 = 1_000_000;
 /// CUDA ordinals we keep a GPU state for.
 pub const MAX_ORDINALS: usize = 64;
-
-/// CLOCK_MONOTONIC in ns (vDSO: no syscall).
-#[inline]
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 /// What the process knows about one GPU.
 pub struct Gpu {
@@ -227,7 +219,7 @@ impl Compute {
                 next_reclaim: now,
             }),
         });
-        self.recompute(&g, now);
+        self.recompute(&g);
         crate::log::info(&format!(
             "compute on GPU {ordinal}: {} {}, coordinator {}",
             if policy == POLICY_LIMIT {
@@ -249,9 +241,9 @@ impl Compute {
     /// waits ([`Compute::wait`]) before launching when the ticket owes.
     #[inline]
     pub fn admit(&self, g: &Gpu, entry: &Entry) -> Ticket {
-        let now = now_ns();
+        let now = fast_ns();
         if now >= g.next_rate_at.load(Relaxed) {
-            self.recompute(g, now);
+            self.recompute(g);
         }
         let s = g.slot();
         if now.wrapping_sub(s.last_active.load(Relaxed)) > 1_000_000 {
@@ -259,8 +251,12 @@ impl Compute {
         }
         let (cost, unmeasured) = entry.charge();
         let after = refill(g, s, now, cost as i64);
+        // How far ahead of its refill the container may run: two of these launches, at most
+        // LEAD_NS. Enough queued work that a late wake-up leaves the GPU busy; few enough
+        // kernels that the others' measurements do not queue behind a long line of them.
+        let lead = (2 * cost as i64).min(LEAD_NS);
         self.count(g, 1, cost as i64);
-        let owed_ns = (-after - LEAD_NS).max(0) as u64;
+        let owed_ns = (-after - lead).max(0) as u64;
         // Queued now unless the thread must wait first (then when it wakes: see `wait`).
         let (ahead, ends) = if owed_ns == 0 {
             queue(&g.coord, s, now, cost)
@@ -298,7 +294,7 @@ impl Compute {
             s.throttled_at.store(now, Relaxed);
             poll();
             if now >= g.next_rate_at.load(Relaxed) {
-                self.recompute(g, now);
+                self.recompute(g);
             }
             owed = owed.min(-refill(g, s, now, 0) as f64);
         }
@@ -318,8 +314,8 @@ impl Compute {
         self.count(g, u64::MAX, -(t.charged as i64)); // launches - 1
     }
 
-    /// Whether this launch should be measured: every launch of a key not measured yet, then one
-    /// in [`estimate::SAMPLE_EVERY`] per thread.
+    /// Whether this launch should be measured: every launch of a key still being learned, then
+    /// one in [`Entry::every`] per thread.
     #[inline]
     pub fn sample(&self, t: &Ticket, entry: &Entry) -> bool {
         t.unmeasured
@@ -327,7 +323,7 @@ impl Compute {
             || TICK.with(|c| {
                 let n = c.get().wrapping_add(1);
                 c.set(n);
-                n % estimate::SAMPLE_EVERY == 0
+                n & (entry.every() - 1) == 0
             })
     }
 
@@ -428,10 +424,12 @@ impl Compute {
 
     /// Recomputes this container's refill rate on `g` from every slot (at most one thread of the
     /// process at a time; the others keep the current rate).
-    fn recompute(&self, g: &Gpu, now: u64) {
+    fn recompute(&self, g: &Gpu) {
         let Ok(mut u) = g.usage.try_lock() else {
             return;
         };
+        let now = now_ns();
+        clock::calibrate(now);
         if now < g.next_rate_at.load(Relaxed) {
             return;
         }

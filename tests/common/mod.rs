@@ -31,6 +31,10 @@ pub fn ledger_dir(tag: &str) -> PathBuf {
 pub fn cuvisor_env(cmd: &mut Command, ledger: &Path, limit: Option<&str>) {
     cmd.env("LD_PRELOAD", libcuvisor())
         .env("CUVISOR_STATE_DIR", ledger)
+        // Compute shares are on by default: a coordinator of this container's own, so tests on
+        // other simulator states (same GPU UUIDs) never share a GPU's time with it. Tests of
+        // compute set a common one after this.
+        .env("CUVISOR_COORD_DIR", ledger.join("coord"))
         .env_remove("CUVISOR_CONFIG")
         .env_remove("CUVISOR_MEMORY_LIMIT");
     if let Some(l) = limit {
