@@ -103,10 +103,11 @@ impl Run {
             .env("CUVISOR_SIM", "dgx1-v100")
             .env("CUVISOR_SIM_STATE", &self.state)
             .env("LD_LIBRARY_PATH", common::sim_dir())
-            .env("CUVISOR_COORD_DIR", &self.coord)
             .stdout(Stdio::piped());
         common::cuvisor_env(&mut c, &ledger, Some("4Gi"));
-        c.env("CUVISOR_COMPUTE", compute);
+        // After cuvisor_env, which gives each container a coordinator of its own.
+        c.env("CUVISOR_COMPUTE", compute)
+            .env("CUVISOR_COORD_DIR", &self.coord);
         c.spawn().unwrap()
     }
 }
