@@ -12,8 +12,9 @@
 //! where they have to, which is what keeps two tenants that together saturate the GPU from
 //! feeding each other's errors (one estimate too high, the other's predicted waits too large,
 //! its estimate too low, and so on). The estimate is the 25th percentile of the samples used,
-//! robust against a few inflated ones. Limitation: a function whose run time varies with its
-//! arguments is charged that quantile.
+//! robust against a few inflated ones. Clean samples are kept apart from the others and decide
+//! for [`CLEAN_TTL_NS`] after the last one, however many queued samples came since. Limitation:
+//! a function whose run time varies with its arguments is charged that quantile.
 //!
 //! Until the first measurement of a key returns, its launches are charged [`DEFAULT_NS`] and
 //! counted; the first measurement settles the difference for all of them, and while the key is
@@ -42,10 +43,15 @@ pub struct Entry {
     /// Launches charged DEFAULT_NS before the first measurement came back.
     unmeasured: AtomicU64,
     next: AtomicU32,
-    /// Samples: run time (raw minus the predicted wait), [`CLEAN`] when nothing was predicted.
+    /// Samples: run time (raw minus the predicted wait).
     ring: [AtomicU64; RING],
     /// The raw (event-measured) time of each sample.
     raw: [AtomicU64; RING],
+    /// The clean samples (nothing predicted ahead: raw), kept apart so that a run of samples
+    /// that queued behind other containers does not push them out, and when the last came.
+    clean: [AtomicU64; RING],
+    clean_next: AtomicU32,
+    clean_at: AtomicU64,
     /// Launches charged the default that a measurement has settled, and at what estimate.
     bulk: Mutex<Bulk>,
     /// One launch in this many is measured (see [`SAMPLE_EVERY_MAX`]).
@@ -67,6 +73,9 @@ impl Entry {
             next: AtomicU32::new(0),
             ring: std::array::from_fn(|_| AtomicU64::new(0)),
             raw: std::array::from_fn(|_| AtomicU64::new(0)),
+            clean: std::array::from_fn(|_| AtomicU64::new(0)),
+            clean_next: AtomicU32::new(0),
+            clean_at: AtomicU64::new(0),
             bulk: Mutex::new(Bulk::default()),
             every: AtomicU32::new(SAMPLE_EVERY),
         }
@@ -111,14 +120,24 @@ impl Entry {
     /// clean sample uses raw minus the predicted wait, and a prediction that leaves nothing of
     /// the sample (`ahead >= raw`) is rejected as implausible.
     pub fn record(&self, raw: u64, ahead: u64, charged: u64, was_unmeasured: bool) -> i64 {
+        self.record_at(super::now_ns(), raw, ahead, charged, was_unmeasured)
+    }
+
+    /// [`Entry::record`] at host time `now`.
+    fn record_at(&self, now: u64, raw: u64, ahead: u64, charged: u64, was_unmeasured: bool) -> i64 {
         let raw = raw.max(1);
         let run = raw.checked_sub(ahead).filter(|&v| v > 0);
         if let Some(v) = run {
             let i = self.next.fetch_add(1, Relaxed) as usize % RING;
             self.raw[i].store(raw, Relaxed);
-            self.ring[i].store(v | if ahead == 0 { CLEAN } else { 0 }, Relaxed);
+            self.ring[i].store(v, Relaxed);
+            if ahead == 0 {
+                let i = self.clean_next.fetch_add(1, Relaxed) as usize % RING;
+                self.clean[i].store(v, Relaxed);
+                self.clean_at.store(now, Relaxed);
+            }
         }
-        let est = match self.filtered() {
+        let est = match self.filtered(now) {
             0 => self.est.load(Relaxed), // every sample so far implausible: keep what we have
             e => e,
         };
@@ -170,24 +189,35 @@ impl Entry {
         self.every.load(Relaxed)
     }
 
-    /// The estimate from the ring (0: no sample): the 25th percentile of the clean samples if
-    /// there are any, else of all; never above the least raw sample.
-    fn filtered(&self) -> u64 {
-        let (mut clean, mut all) = ([0u64; RING], [0u64; RING]);
-        let (mut nc, mut na) = (0, 0);
+    /// The estimate (0: no sample): the 25th percentile of the clean samples if one came within
+    /// [`CLEAN_TTL_NS`], else of the last [`RING`] samples; never above the least raw sample of
+    /// those. (On a GPU saturated by several containers a kernel may go seconds without a clean
+    /// sample; its clean ones stay the estimate meanwhile. Seen with four tenants: the last 16
+    /// samples all queued, the predicted waits short of the real ones, and the estimate from them
+    /// twice the run time, which halved the tenant's share.)
+    fn filtered(&self, now: u64) -> u64 {
         let mut least_raw = u64::MAX;
+        let mut all = [0u64; RING];
+        let mut na = 0;
         for (s, r) in self.ring.iter().zip(&self.raw) {
             let x = s.load(Relaxed);
-            if x == 0 {
-                continue;
+            if x != 0 {
+                least_raw = least_raw.min(r.load(Relaxed).max(1));
+                all[na] = x;
+                na += 1;
             }
-            least_raw = least_raw.min(r.load(Relaxed).max(1));
-            let v = (x & !CLEAN).max(1);
-            all[na] = v;
-            na += 1;
-            if x & CLEAN != 0 {
-                clean[nc] = v;
-                nc += 1;
+        }
+        let mut clean = [0u64; RING];
+        let mut nc = 0;
+        let at = self.clean_at.load(Relaxed);
+        if at != 0 && now.saturating_sub(at) < CLEAN_TTL_NS {
+            for s in &self.clean {
+                let x = s.load(Relaxed);
+                if x != 0 {
+                    least_raw = least_raw.min(x);
+                    clean[nc] = x;
+                    nc += 1;
+                }
             }
         }
         let v = if nc > 0 {
@@ -203,8 +233,8 @@ impl Entry {
     }
 }
 
-/// Marks a clean sample in the ring (see [`Entry::record`]).
-const CLEAN: u64 = 1 << 63;
+/// How long clean samples decide a key's estimate after the last one came.
+pub const CLEAN_TTL_NS: u64 = 5_000_000_000;
 
 /// An open-addressing table, fixed size, lock-free: key -> entry. Keys are never removed (a
 /// process has a bounded number of kernels; when full, launches are charged by a shared
@@ -375,6 +405,33 @@ mod tests {
         assert_eq!(e.every(), 2 * SAMPLE_EVERY);
         e.record(100_000, 200_000, 100_000, false);
         assert_eq!(e.every(), SAMPLE_EVERY);
+    }
+
+    /// Four tenants on a saturated GPU: after its first clean samples a kernel's launches all
+    /// queued behind others, with predicted waits short of the real ones.
+    #[test]
+    fn clean_samples_outlast_a_run_of_queued_ones_until_they_are_old() {
+        let t = Estimates::new(64);
+        let e = t.entry(21);
+        let s = 1_000_000_000u64;
+        e.charge();
+        e.record_at(s, 1_000_000, 0, DEFAULT_NS, true);
+        for _ in 0..3 {
+            e.record_at(s, 1_000_000, 0, 1_000_000, false);
+        }
+        for i in 0..2 * RING as u64 {
+            e.record_at(s + i * 10_000_000, 10_000_000, 7_800_000, 1_000_000, false);
+        }
+        assert_eq!(e.estimate(), 1_000_000, "the clean samples decide");
+        // Five seconds without a clean sample: the queued ones (2.2 ms each) decide.
+        e.record_at(
+            s + CLEAN_TTL_NS + 1,
+            10_000_000,
+            7_800_000,
+            1_000_000,
+            false,
+        );
+        assert_eq!(e.estimate(), 2_200_000);
     }
 
     #[test]
