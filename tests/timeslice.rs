@@ -31,6 +31,8 @@ fn workload() {
     let secs: f64 = env("SECONDS").unwrap().parse().unwrap();
     let idle_after: f64 = env("IDLE_AFTER").map_or(secs, |s| s.parse().unwrap());
     let how = env("HOW").unwrap_or_else(|| "plain".into());
+    // Synchronize the stream after every this many launches (0: never).
+    let step: u64 = env("STEP_KERNELS").map_or(0, |s| s.parse().unwrap());
     let (mut ctx, mut m, mut f, mut s) = (
         std::ptr::null_mut(),
         std::ptr::null_mut(),
@@ -45,6 +47,9 @@ fn workload() {
         ok(cu::cuModuleLoadData(&mut m, c"image".as_ptr() as *const _));
         ok(cu::cuModuleGetFunction(&mut f, m, c"sim_busy".as_ptr()));
         ok(cu::cuStreamCreate(&mut s, 1));
+    }
+    if env("NULL_STREAM").is_some() {
+        s = std::ptr::null_mut();
     }
     let mut ns = kernel_ns;
     let mut args = [&mut ns as *mut u64 as *mut std::ffi::c_void];
@@ -98,6 +103,10 @@ fn workload() {
             other => panic!("HOW={other}"),
         }
         launches += 1;
+        if step > 0 && launches.is_multiple_of(step) {
+            // SAFETY: see the file-level note.
+            ok(unsafe { cu::cuStreamSynchronize(s) });
+        }
     }
     println!("launched {launches}");
     let rest = secs - (now_ns() - t0) as f64 / 1e9;
@@ -302,9 +311,14 @@ fn a_lone_limit_of_30_percent_holds_on_an_idle_gpu() {
 
 /// Tenants of `weights` saturate one GPU with 1 ms kernels; each gets weight/sum of its time.
 fn shares_hold(test: &str, weights: &[u32]) {
+    shares_hold_with(test, weights, &[]);
+}
+
+fn shares_hold_with(test: &str, weights: &[u32], vars: &[(&str, &str)]) {
     let _l = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let gpu = Gpu::new(test);
-    let v = [("KERNEL_NS", "1000000"), ("SECONDS", "3.5")];
+    let mut v = vec![("KERNEL_NS", "1000000"), ("SECONDS", "3.5")];
+    v.extend_from_slice(vars);
     let tenants: Vec<Tenant> = weights
         .iter()
         .enumerate()
@@ -338,6 +352,54 @@ fn shares_of_1_and_3_converge_to_25_and_75_percent() {
         return workload();
     }
     shares_hold(T, &[1, 3]);
+}
+
+/// Programs that wait for the GPU at every step (20 kernels, then cuStreamSynchronize) are split
+/// by weight too, although neither keeps work queued all the time.
+#[test]
+fn shares_of_1_and_3_hold_for_programs_that_synchronize_every_step() {
+    const T: &str = "shares_of_1_and_3_hold_for_programs_that_synchronize_every_step";
+    if common::is_child() {
+        return workload();
+    }
+    shares_hold_with(T, &[1, 3], &[("STEP_KERNELS", "20")]);
+}
+
+/// With steps of only 2 kernels, the weight-3 program uses less than its part not because it has
+/// nothing to run but because its every step waits behind the other's work: it must not lend
+/// its part (it did: 42/58). Weight 1 gets its 25 %; weight 3 the rest, less the gaps its own
+/// synchronizations leave (the GPU stays at least 95 % busy).
+#[test]
+fn a_program_that_waits_on_the_gpu_every_step_does_not_lend_its_share() {
+    const T: &str = "a_program_that_waits_on_the_gpu_every_step_does_not_lend_its_share";
+    if common::is_child() {
+        return workload();
+    }
+    let _l = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let gpu = Gpu::new(T);
+    let v = [
+        ("KERNEL_NS", "1000000"),
+        ("SECONDS", "3.5"),
+        ("STEP_KERNELS", "2"),
+    ];
+    let a = gpu.tenant(T, 0, "share=1", &v);
+    let b = gpu.tenant(T, 1, "share=3", &v);
+    std::thread::sleep(WARMUP + Duration::from_millis(300));
+    let s = gpu.shares(&[&a, &b], WINDOW);
+    println!(
+        "2-kernel steps, 1:3: {:.1} % / {:.1} % (GPU busy {:.1} %)",
+        s[0] * 100.0,
+        s[1] * 100.0,
+        (s[0] + s[1]) * 100.0
+    );
+    within(s[0], 0.25, "share=1 next to a synchronizing share=3");
+    assert!(
+        s[0] + s[1] >= 0.95,
+        "GPU busy {:.1} %",
+        (s[0] + s[1]) * 100.0
+    );
+    finish(a);
+    finish(b);
 }
 
 #[test]

@@ -34,6 +34,9 @@ pub const RATE_PERIOD_NS: u64 = 10_000_000;
 pub const ACTIVE_NS: u64 = 200_000_000;
 /// A container that had to wait within this window wants more than it gets.
 pub const THROTTLED_NS: u64 = 50_000_000;
+/// A slot whose work was queued on the GPU at more than this fraction of recent recomputations
+/// wants more than it gets (see `recompute`).
+const QUEUED_WANTING: f64 = 0.5;
 /// The bucket holds at most this much GPU time: the burst a container may queue after a pause.
 pub const BURST_NS: i64 = 5_000_000;
 /// A launch goes ahead while the bucket owes at most two of its own run time and at most this
@@ -72,6 +75,9 @@ struct Usage {
     ids: [u64; coordinator::MAX_SLOTS],
     consumed: [u64; coordinator::MAX_SLOTS],
     rate: [f64; coordinator::MAX_SLOTS],
+    /// Smoothed fraction of recomputations at which the slot had work queued on the GPU (by the
+    /// queue model).
+    queued: [f64; coordinator::MAX_SLOTS],
     next_reclaim: u64,
 }
 
@@ -216,6 +222,7 @@ impl Compute {
                 ids: [0; coordinator::MAX_SLOTS],
                 consumed: [0; coordinator::MAX_SLOTS],
                 rate: [0.0; coordinator::MAX_SLOTS],
+                queued: [0.0; coordinator::MAX_SLOTS],
                 next_reclaim: now,
             }),
         });
@@ -457,7 +464,7 @@ impl Compute {
         let idle = share::View {
             kind: share::Kind::Share(0.0),
             active: false,
-            throttled: false,
+            wanting: false,
             usage: 0.0,
         };
         let mut views = [idle; coordinator::MAX_SLOTS];
@@ -470,11 +477,14 @@ impl Compute {
                 u.ids[i] = id;
                 u.consumed[i] = consumed;
                 u.rate[i] = 0.0;
+                u.queued[i] = 0.0;
             }
             let inst = consumed.saturating_sub(u.consumed[i]) as f64 / dt;
             u.consumed[i] = consumed;
             // A smoothed use (time constant ~ 5 periods).
             u.rate[i] += 0.2 * (inst.min(1.5) - u.rate[i]);
+            let queued = s.queued_until.load(Relaxed) > now;
+            u.queued[i] += 0.2 * (f64::from(u8::from(queued)) - u.queued[i]);
             let param = s.param.load(Relaxed) as f64;
             let kind = if s.policy.load(Relaxed) == POLICY_LIMIT {
                 share::Kind::Limit(param / 1e6)
@@ -487,7 +497,12 @@ impl Compute {
             views[n] = share::View {
                 kind,
                 active: i == mine || now.saturating_sub(s.last_active.load(Relaxed)) < ACTIVE_NS,
-                throttled: now.saturating_sub(s.throttled_at.load(Relaxed)) < THROTTLED_NS,
+                // Wants more than it gets: it had to wait for tokens recently, or its work was
+                // queued on the GPU most of the time (a program that synchronizes every step
+                // uses less than its part because the others' work is ahead of its own, not
+                // because it has nothing to run: it must not lend its part).
+                wanting: now.saturating_sub(s.throttled_at.load(Relaxed)) < THROTTLED_NS
+                    || u.queued[i] > QUEUED_WANTING,
                 usage: u.rate[i],
             };
             n += 1;

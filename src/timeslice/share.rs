@@ -2,10 +2,10 @@
 //!
 //! - `limit` slots get their cap, always (even on an idle GPU).
 //! - `share` slots split what the active limit slots leave, by weight, among the slots active
-//!   recently; a share slot that is not being held back (it uses less than its fair part) lends
-//!   the part it does not use to the share slots that are held back, in proportion to their
-//!   weights (work-conserving). Once it needs its part again it is held back too and the loan
-//!   ends within one recomputation.
+//!   recently; a share slot that does not want more (it is not held back and does not keep work
+//!   queued on the GPU) lends the part it does not use to the share slots that want more, in
+//!   proportion to their weights (work-conserving). Once it needs its part again it wants more
+//!   too and the loan ends within one recomputation.
 
 /// What one slot looks like to the rate computation.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -13,8 +13,9 @@ pub struct View {
     pub kind: Kind,
     /// Launched within the activity window.
     pub active: bool,
-    /// A launching thread had to wait recently: it wants more than it gets.
-    pub throttled: bool,
+    /// It wants more than it gets: a launching thread had to wait recently, or its work was
+    /// queued on the GPU most of the time.
+    pub wanting: bool,
     /// Recent use, as a fraction of the GPU's time.
     pub usage: f64,
 }
@@ -45,7 +46,7 @@ pub fn rates_into(views: &[View], out: &mut [f64]) {
         .iter()
         .filter(|v| v.active)
         .map(|v| match v.kind {
-            Kind::Limit(cap) if v.throttled => cap,
+            Kind::Limit(cap) if v.wanting => cap,
             Kind::Limit(cap) => cap.min(v.usage),
             Kind::Share(_) => 0.0,
         })
@@ -69,7 +70,7 @@ pub fn rates_into(views: &[View], out: &mut [f64]) {
     let mut wanting_w = 0.0;
     for v in views.iter().filter(|v| v.active) {
         if let Kind::Share(_) = v.kind {
-            if v.throttled {
+            if v.wanting {
                 wanting_w += weight(v);
             } else {
                 spare += (fair(v) - v.usage).max(0.0);
@@ -80,7 +81,7 @@ pub fn rates_into(views: &[View], out: &mut [f64]) {
         *o = {
             let r = match v.kind {
                 Kind::Limit(cap) => cap,
-                Kind::Share(_) if v.active && v.throttled && wanting_w > 0.0 => {
+                Kind::Share(_) if v.active && v.wanting && wanting_w > 0.0 => {
                     fair(v) + spare * weight(v) / wanting_w
                 }
                 Kind::Share(_) => fair(v),
@@ -94,11 +95,11 @@ pub fn rates_into(views: &[View], out: &mut [f64]) {
 mod tests {
     use super::*;
 
-    fn share(w: f64, throttled: bool, usage: f64) -> View {
+    fn share(w: f64, wanting: bool, usage: f64) -> View {
         View {
             kind: Kind::Share(w),
             active: true,
-            throttled,
+            wanting,
             usage,
         }
     }
@@ -141,10 +142,10 @@ mod tests {
 
     #[test]
     fn limits_are_caps_and_shares_get_the_rest() {
-        let limit = |cap: f64, throttled: bool, usage: f64| View {
+        let limit = |cap: f64, wanting: bool, usage: f64| View {
             kind: Kind::Limit(cap),
             active: true,
-            throttled,
+            wanting,
             usage,
         };
         close(&rates(&[limit(0.3, true, 0.3)]), &[0.3]);
