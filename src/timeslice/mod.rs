@@ -50,7 +50,7 @@ const MAX_SLEEP_NS: u64 = 1_000_000_000;
 /// A waiting thread re-checks its debt (rate, settled measurements) at least this often.
 const WAIT_SLICE_NS: u64 = RATE_PERIOD_NS;
 /// Thread-local counts reach the shared counters after this many launches or this much time.
-const FLUSH_LAUNCHES: u64 = 32;
+const FLUSH_LAUNCHES: u64 = 128;
 const FLUSH_NS: i64 = 1_000_000;
 /// CUDA ordinals we keep a GPU state for.
 pub const MAX_ORDINALS: usize = 64;
@@ -388,7 +388,7 @@ impl Compute {
             v.launches = v.launches.wrapping_add(launches);
             v.ns += ns;
             if v.launches >= FLUSH_LAUNCHES || v.ns.abs() >= FLUSH_NS {
-                self.flush_batch(v);
+                self.flush_to(g, v);
                 v.launches = 0;
                 v.ns = 0;
             }
@@ -421,6 +421,11 @@ impl Compute {
         else {
             return;
         };
+        self.flush_to(g, v);
+    }
+
+    /// Adds batch `v` (of `g`) to the shared counters.
+    fn flush_to(&self, g: &Gpu, v: Batch) {
         add_signed(&g.slot().consumed_ns, v.ns);
         if let Some(e) = g.ledger_entry {
             let d = self.ledger.device(e);
