@@ -6,109 +6,13 @@
 //! The timed tests hold one lock, so that they do not compete for the CPU on small machines.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::Mutex;
 
-const EXE: &str = env!("CARGO_BIN_EXE_cuvisor");
+mod support;
+use support::*;
 
 static SERIAL: Mutex<()> = Mutex::new(());
-
-/// target/<profile>/, with libcuvisor.so and the simulated libraries built.
-fn built() -> &'static Path {
-    cuvisor_testkit::built(Path::new(EXE).parent().unwrap())
-}
-
-/// A directory of one test, removed when it ends; its runs use `tmp/` in it as TMPDIR.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let p =
-            std::env::temp_dir().join(format!("cuvisor-compute-test-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(p.join("tmp")).unwrap();
-        Scratch(p)
-    }
-    fn tmp(&self) -> PathBuf {
-        self.0.join("tmp")
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-    /// What `cuvisor run` left in TMPDIR.
-    fn leftovers(&self) -> Vec<PathBuf> {
-        std::fs::read_dir(self.tmp())
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .collect()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-struct Ran {
-    out: Output,
-    args: String,
-}
-
-impl Ran {
-    fn stdout(&self) -> String {
-        String::from_utf8_lossy(&self.out.stdout).into_owned()
-    }
-    fn stderr(&self) -> String {
-        String::from_utf8_lossy(&self.out.stderr).into_owned()
-    }
-    fn show(&self) -> String {
-        format!(
-            "cuvisor {}: {:?}\n--- stdout\n{}--- stderr\n{}",
-            self.args,
-            self.out.status,
-            self.stdout(),
-            self.stderr()
-        )
-    }
-    fn exits(self, code: i32) -> Ran {
-        assert_eq!(self.out.status.code(), Some(code), "{}", self.show());
-        self
-    }
-}
-
-/// `cuvisor ARGS` with TMPDIR in `scratch`, none of cuvisor's variables inherited from the
-/// test's environment, plus `env`.
-fn command(args: &[&str], scratch: &Scratch, env: &[(&str, &str)]) -> Command {
-    built();
-    let mut cmd = Command::new(EXE);
-    cmd.args(args).env("TMPDIR", scratch.tmp());
-    for k in [
-        "CUVISOR_SIM",
-        "CUVISOR_SIM_STATE",
-        "CUVISOR_CONFIG",
-        "CUVISOR_MEMORY_LIMIT",
-        "CUVISOR_STATE_DIR",
-        "CUVISOR_LOG",
-        "CUVISOR_COMPUTE",
-        "CUVISOR_COORD_DIR",
-        "LD_PRELOAD",
-        "LD_LIBRARY_PATH",
-    ] {
-        cmd.env_remove(k);
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd
-}
-
-fn cuvisor(args: &[&str], scratch: &Scratch, env: &[(&str, &str)]) -> Ran {
-    Ran {
-        out: command(args, scratch, env).output().expect("run cuvisor"),
-        args: args.join(" "),
-    }
-}
 
 /// `cuvisor run --sim single --state STATE --compute POLICY -- cuvisor sim load LOAD...`,
 /// started (not waited for).

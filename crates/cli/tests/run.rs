@@ -6,17 +6,14 @@
 use cuvisor_shm::ledger::{Ledger, FILE_NAME};
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering::Acquire;
 use std::sync::OnceLock;
 
-const EXE: &str = env!("CARGO_BIN_EXE_cuvisor");
-const GIB: u64 = 1 << 30;
+mod support;
+use support::*;
 
-/// target/<profile>/, with libcuvisor.so and the simulated libraries built.
-fn built() -> &'static Path {
-    cuvisor_testkit::built(Path::new(EXE).parent().unwrap())
-}
+const GIB: u64 = 1 << 30;
 
 /// The twin, compiled once per test binary (per pid: other test runs may share the target dir).
 fn twin() -> &'static Path {
@@ -35,98 +32,6 @@ fn twin() -> &'static Path {
         assert!(status.success(), "compiling {}", src.display());
         out
     })
-}
-
-/// A directory of one test, removed when it ends; the runs of the test use it as TMPDIR, so
-/// that what `cuvisor run` leaves behind there can be checked.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let p = std::env::temp_dir().join(format!("cuvisor-run-test-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(p.join("tmp")).unwrap();
-        Scratch(p)
-    }
-    fn tmp(&self) -> PathBuf {
-        self.0.join("tmp")
-    }
-    /// What `cuvisor run` left in TMPDIR.
-    fn leftovers(&self) -> Vec<PathBuf> {
-        std::fs::read_dir(self.tmp())
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .collect()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-struct Ran {
-    out: Output,
-    args: String,
-}
-
-impl Ran {
-    fn stdout(&self) -> String {
-        String::from_utf8_lossy(&self.out.stdout).into_owned()
-    }
-    fn stderr(&self) -> String {
-        String::from_utf8_lossy(&self.out.stderr).into_owned()
-    }
-    fn code(&self) -> Option<i32> {
-        self.out.status.code()
-    }
-    fn show(&self) -> String {
-        format!(
-            "cuvisor {}: {:?}\n--- stdout\n{}--- stderr\n{}",
-            self.args,
-            self.out.status,
-            self.stdout(),
-            self.stderr()
-        )
-    }
-    fn exits(self, code: i32) -> Ran {
-        assert_eq!(self.code(), Some(code), "{}", self.show());
-        self
-    }
-}
-
-/// `cuvisor ARGS` with TMPDIR in `scratch` and none of cuvisor's variables inherited from the
-/// test's own environment, plus `env`.
-fn cuvisor(args: &[&str], scratch: &Scratch, env: &[(&str, &str)]) -> Ran {
-    let mut cmd = command(args, scratch, env);
-    Ran {
-        out: cmd.output().expect("run cuvisor"),
-        args: args.join(" "),
-    }
-}
-
-fn command(args: &[&str], scratch: &Scratch, env: &[(&str, &str)]) -> Command {
-    built();
-    let mut cmd = Command::new(EXE);
-    cmd.args(args).env("TMPDIR", scratch.tmp());
-    for k in [
-        "CUVISOR_SIM",
-        "CUVISOR_SIM_STATE",
-        "CUVISOR_CONFIG",
-        "CUVISOR_MEMORY_LIMIT",
-        "CUVISOR_STATE_DIR",
-        "CUVISOR_LOG",
-        "CUVISOR_COMPUTE",
-        "CUVISOR_COORD_DIR",
-        "LD_PRELOAD",
-    ] {
-        cmd.env_remove(k);
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd
 }
 
 /// Lines of the twin's table: "fraction 0.30: ...".
@@ -177,7 +82,7 @@ fn the_twin_alone_sees_the_whole_simulated_device() {
             .env("CUVISOR_SIM", "single")
             .env(
                 "CUVISOR_SIM_STATE",
-                scratch.0.join(format!("{resolve}.state")),
+                scratch.path(&format!("{resolve}.state")),
             )
             .env_remove("LD_PRELOAD")
             .output()
@@ -199,7 +104,7 @@ fn the_twin_alone_sees_the_whole_simulated_device() {
 fn the_twin_under_6gi_sees_a_6_gib_gpu_and_a_clean_refusal() {
     let scratch = Scratch::new("twin-6gi");
     for resolve in ["procaddress", "dlsym"] {
-        let state = scratch.0.join(format!("state-{resolve}"));
+        let state = scratch.path(&format!("state-{resolve}"));
         let twin = twin().to_str().unwrap();
         let ran = cuvisor(
             &[
@@ -380,7 +285,7 @@ fn the_exit_status_is_the_commands() {
         ran.stderr(),
         "error: cuvisor-no-such-command: command not found\n"
     );
-    let not_executable = scratch.0.join("data.txt");
+    let not_executable = scratch.path("data.txt");
     std::fs::write(&not_executable, "not a program").unwrap();
     let ran = run(&[not_executable.to_str().unwrap()]).exits(126);
     assert!(
@@ -480,8 +385,8 @@ fn the_command_gets_the_library_the_quota_and_a_fresh_state_directory() {
 
     // --state-dir is used as given (made absolute), created if missing, and kept; a
     // CUVISOR_SIM_STATE in the environment is kept too, so nothing temporary is needed.
-    let given = scratch.0.join("given/state");
-    let sim_state = scratch.0.join("sim.state");
+    let given = scratch.path("given/state");
+    let sim_state = scratch.path("sim.state");
     let ran = cuvisor(
         &[
             "run",
@@ -513,7 +418,7 @@ fn the_command_gets_the_library_the_quota_and_a_fresh_state_directory() {
 #[test]
 fn bad_input_is_refused_before_anything_runs() {
     let scratch = Scratch::new("bad");
-    let marker = scratch.0.join("ran");
+    let marker = scratch.path("ran");
     let touch = format!("touch {}", marker.display());
     let units = "(use Ki, Mi, Gi, Ti, k, M, G, T or plain bytes)";
     let cases: Vec<(Vec<&str>, String)> = vec![
@@ -590,10 +495,10 @@ fn bad_input_is_refused_before_anything_runs() {
 #[test]
 fn a_missing_library_is_a_clear_error() {
     let scratch = Scratch::new("no-lib");
-    let lonely = scratch.0.join("bin/cuvisor");
+    let lonely = scratch.path("bin/cuvisor");
     std::fs::create_dir_all(lonely.parent().unwrap()).unwrap();
     std::fs::copy(EXE, &lonely).unwrap();
-    let marker = scratch.0.join("ran");
+    let marker = scratch.path("ran");
     let out = Command::new(&lonely)
         .args(["run", "--memory", "1Gi", "--", "touch"])
         .arg(&marker)
@@ -635,7 +540,7 @@ fn fail_next_allocations(scratch: &Scratch, state: &Path, count: &str) {
 #[test]
 fn the_twin_fails_when_an_allocation_below_the_quota_is_refused() {
     let scratch = Scratch::new("twin-fault");
-    let state = scratch.0.join("sim.state");
+    let state = scratch.path("sim.state");
     fail_next_allocations(&scratch, &state, "1");
     let ran = cuvisor(
         &[
@@ -677,7 +582,7 @@ fn tf_stress_py_runs_its_table_with_a_stand_in_tensorflow() {
     let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fakes");
     let script =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tf_stress/tf_stress.py");
-    let state = scratch.0.join("sim.state");
+    let state = scratch.path("sim.state");
     let run = |scratch: &Scratch| {
         cuvisor(
             &[
@@ -760,7 +665,7 @@ fn gpu_check_sh_runs_its_table_on_the_simulator_with_stand_ins() {
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .env("LD_LIBRARY_PATH", &sim)
             .env("CUVISOR_SIM", "single")
-            .env("CUVISOR_SIM_STATE", scratch.0.join("sim.state"))
+            .env("CUVISOR_SIM_STATE", scratch.path("sim.state"))
             .env_remove("LD_PRELOAD")
             .env_remove("CUVISOR_CONFIG")
             .output()
@@ -820,7 +725,7 @@ fn the_probes_ledger_reader_matches_the_ledger() {
         return;
     }
     let scratch = Scratch::new("probe-ledger");
-    let state = scratch.0.join("state");
+    let state = scratch.path("state");
     cuvisor(
         &[
             "run",
