@@ -104,6 +104,8 @@ pub struct Ticket {
     pub ahead: u64,
     /// When the launch's work should end on the queue model (see `queue`; 0: not queued yet).
     pub ends: u64,
+    /// The launching thread's launch count (see [`Compute::sample`]).
+    pub tick: u32,
 }
 
 pub struct Compute {
@@ -123,11 +125,12 @@ struct Batch {
     gpu: usize,
     launches: u64,
     ns: i64,
+    /// The thread's launches, every GPU, never reset: picks the sampled ones.
+    tick: u32,
 }
 
 thread_local! {
-    static BATCH: Cell<Batch> = const { Cell::new(Batch { gpu: 0, launches: 0, ns: 0 }) };
-    static TICK: Cell<u32> = const { Cell::new(0) };
+    static BATCH: Cell<Batch> = const { Cell::new(Batch { gpu: 0, launches: 0, ns: 0, tick: 0 }) };
 }
 
 impl Compute {
@@ -262,7 +265,7 @@ impl Compute {
         // LEAD_NS. Enough queued work that a late wake-up leaves the GPU busy; few enough
         // kernels that the others' measurements do not queue behind a long line of them.
         let lead = (2 * cost as i64).min(LEAD_NS);
-        self.count(g, 1, cost as i64);
+        let tick = self.count(g, 1, cost as i64);
         let owed_ns = (-after - lead).max(0) as u64;
         // Queued now unless the thread must wait first (then when it wakes: see `wait`).
         let (ahead, ends) = if owed_ns == 0 {
@@ -276,6 +279,7 @@ impl Compute {
             ahead,
             ends,
             owed_ns,
+            tick,
         }
     }
 
@@ -325,13 +329,7 @@ impl Compute {
     /// one in [`Entry::every`] per thread.
     #[inline]
     pub fn sample(&self, t: &Ticket, entry: &Entry) -> bool {
-        t.unmeasured
-            || entry.learning()
-            || TICK.with(|c| {
-                let n = c.get().wrapping_add(1);
-                c.set(n);
-                n & (entry.every() - 1) == 0
-            })
+        t.unmeasured || entry.learning() || t.tick & (entry.every() - 1) == 0
     }
 
     /// A measurement came back: `raw` ns between the events around a launch of `key` on
@@ -369,9 +367,10 @@ impl Compute {
         }
     }
 
-    /// Adds to the thread's counts; flushes them to the shared counters now and then.
+    /// Adds to the thread's counts; flushes them to the shared counters now and then. Returns the
+    /// thread's launch tick (one thread-local access for both).
     #[inline]
-    fn count(&self, g: &Gpu, launches: u64, ns: i64) {
+    fn count(&self, g: &Gpu, launches: u64, ns: i64) -> u32 {
         let key = g as *const Gpu as usize;
         BATCH.with(|b| {
             let mut v = b.get();
@@ -383,17 +382,22 @@ impl Compute {
                     gpu: key,
                     launches: 0,
                     ns: 0,
+                    tick: v.tick,
                 };
             }
             v.launches = v.launches.wrapping_add(launches);
             v.ns += ns;
+            if launches == 1 {
+                v.tick = v.tick.wrapping_add(1);
+            }
             if v.launches >= FLUSH_LAUNCHES || v.ns.abs() >= FLUSH_NS {
                 self.flush_to(g, v);
                 v.launches = 0;
                 v.ns = 0;
             }
             b.set(v);
-        });
+            v.tick
+        })
     }
 
     /// Flushes this thread's counts (before it sleeps, at exit).
@@ -407,6 +411,7 @@ impl Compute {
                 gpu: 0,
                 launches: 0,
                 ns: 0,
+                tick: v.tick,
             });
         });
     }
