@@ -11,8 +11,9 @@
 //! - Refill rates ([`share`]) are recomputed by each process every [`RATE_PERIOD_NS`] from every
 //!   slot of the GPU's coordinator: policy, recent use, whether it is held back, last launch.
 //!
-//! Hot path (a launch under the cap): a clock read, a few relaxed loads, one fetch_sub on the
-//! bucket and thread-local counters. No lock, no syscall, no allocation.
+//! Hot path (a launch under the cap): a TSC read ([`clock::fast_ns`]), a few relaxed loads, a
+//! fetch_sub on the bucket, a CAS on the queue model's timeline and one thread-local access (the
+//! count batch, which also picks the sampled launches). No lock, no syscall, no allocation.
 
 pub mod clock;
 pub mod estimate;
