@@ -16,8 +16,9 @@
 //! LD_PRELOAD only at start): this binary re-runs itself with a role.
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "../tests/common/workload.rs"]
+mod workload;
 
-use cudarc::driver::sys as cu;
 use cuvisor_sim::state::{now_ns, Shared};
 use std::ffi::c_void;
 use std::io::BufRead;
@@ -33,68 +34,6 @@ const BAR_PP: f64 = 2.0;
 const BUSY_BAR: f64 = 95.0;
 /// Added cost per cuLaunchKernel under the cap (ns).
 const LAUNCH_TARGET_NS: f64 = 60.0;
-
-// SAFETY (for every `unsafe` block in this file): driver calls with valid out-pointers and live
-// handles, as the driver API's contract asks.
-
-fn ok(r: cu::CUresult) {
-    assert_eq!(r, cu::CUresult::CUDA_SUCCESS);
-}
-
-// ---- role "tenant": saturate the GPU ---------------------------------------------------------
-
-/// Launches `sim_busy` kernels of KERNEL_NS on one stream for SECONDS (IDLE_AFTER: stop
-/// launching then, print "stopped", and sleep until SECONDS).
-fn tenant() {
-    let env = |k: &str| std::env::var(k).ok();
-    let kernel_ns: u64 = env("KERNEL_NS").unwrap().parse().unwrap();
-    let secs: f64 = env("SECONDS").unwrap().parse().unwrap();
-    let idle_after: f64 = env("IDLE_AFTER").map_or(secs, |s| s.parse().unwrap());
-    let (mut ctx, mut m, mut f, mut s) = (
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-    );
-    // SAFETY: see the file-level note.
-    unsafe {
-        ok(cu::cuInit(0));
-        ok(cu::cuDevicePrimaryCtxRetain(&mut ctx, 0));
-        ok(cu::cuCtxSetCurrent(ctx));
-        ok(cu::cuModuleLoadData(&mut m, c"image".as_ptr() as *const _));
-        ok(cu::cuModuleGetFunction(&mut f, m, c"sim_busy".as_ptr()));
-        ok(cu::cuStreamCreate(&mut s, 1));
-    }
-    let mut ns = kernel_ns;
-    let mut args = [&mut ns as *mut u64 as *mut c_void];
-    let start = Instant::now();
-    let mut launches = 0u64;
-    while start.elapsed().as_secs_f64() < idle_after {
-        // SAFETY: see the file-level note.
-        ok(unsafe {
-            cu::cuLaunchKernel(
-                f,
-                1,
-                1,
-                1,
-                32,
-                1,
-                1,
-                0,
-                s,
-                args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        });
-        launches += 1;
-    }
-    // Line-buffered: the parent sees this line when the tenant stops launching.
-    println!("stopped after {launches} launches");
-    let rest = secs - start.elapsed().as_secs_f64();
-    if rest > 0.0 {
-        std::thread::sleep(Duration::from_secs_f64(rest));
-    }
-}
 
 // ---- part A: accuracy ------------------------------------------------------------------------
 
@@ -614,7 +553,7 @@ type Scenario = Box<dyn Fn(&str) -> Vec<Row>>;
 
 fn main() {
     match std::env::var("CUVISOR_BENCH_ROLE").as_deref() {
-        Ok("tenant") => return tenant(),
+        Ok("tenant") => return workload::run(),
         Ok("launch") => return measure_launch(),
         _ => {}
     }

@@ -6,114 +6,15 @@
 //! Windows are 2 s (the benchmark uses 5 s) with the issue's +/- 2 pp bar. The tests share one
 //! lock so that they do not compete for CPU time on small CI machines.
 mod common;
+#[path = "common/workload.rs"]
+mod workload;
 
-use cudarc::driver::sys as cu;
 use cuvisor_sim::state::{now_ns, Shared};
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
-// SAFETY (for every `unsafe` block in this file): calls into the driver (through libcuvisor)
-// with arguments that follow the driver API's contract: valid out-pointers, live handles.
-
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn ok(r: cu::CUresult) {
-    assert_eq!(r, cu::CUresult::CUDA_SUCCESS);
-}
-
-/// The child's workload: launches `sim_busy` kernels of KERNEL_NS on one stream, by the path in
-/// HOW (plain, ex, coop, graph), until SECONDS have passed (IDLE_AFTER: stop launching then,
-/// and sleep until SECONDS).
-fn workload() {
-    let env = |k: &str| std::env::var(k).ok();
-    let kernel_ns: u64 = env("KERNEL_NS").unwrap().parse().unwrap();
-    let secs: f64 = env("SECONDS").unwrap().parse().unwrap();
-    let idle_after: f64 = env("IDLE_AFTER").map_or(secs, |s| s.parse().unwrap());
-    let how = env("HOW").unwrap_or_else(|| "plain".into());
-    // Synchronize the stream after every this many launches (0: never).
-    let step: u64 = env("STEP_KERNELS").map_or(0, |s| s.parse().unwrap());
-    let (mut ctx, mut m, mut f, mut s) = (
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-    );
-    // SAFETY: see the file-level note.
-    unsafe {
-        ok(cu::cuInit(0));
-        ok(cu::cuDevicePrimaryCtxRetain(&mut ctx, 0));
-        ok(cu::cuCtxSetCurrent(ctx));
-        ok(cu::cuModuleLoadData(&mut m, c"image".as_ptr() as *const _));
-        ok(cu::cuModuleGetFunction(&mut f, m, c"sim_busy".as_ptr()));
-        ok(cu::cuStreamCreate(&mut s, 1));
-    }
-    if env("NULL_STREAM").is_some() {
-        s = std::ptr::null_mut();
-    }
-    let mut ns = kernel_ns;
-    let mut args = [&mut ns as *mut u64 as *mut std::ffi::c_void];
-    let params = args.as_mut_ptr();
-    let plain = || {
-        // SAFETY: see the file-level note.
-        ok(unsafe { cu::cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, s, params, std::ptr::null_mut()) })
-    };
-    // A graph of four kernels of a quarter each.
-    let mut exec = std::ptr::null_mut();
-    if how == "graph" {
-        let mut quarter = kernel_ns / 4;
-        let mut qargs = [&mut quarter as *mut u64 as *mut std::ffi::c_void];
-        let mut g = std::ptr::null_mut();
-        // SAFETY: see the file-level note.
-        unsafe {
-            ok(cu::cuStreamBeginCapture_v2(
-                s,
-                cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
-            ));
-            for _ in 0..4 {
-                ok(cu::cuLaunchKernel(
-                    f,
-                    1,
-                    1,
-                    1,
-                    32,
-                    1,
-                    1,
-                    0,
-                    s,
-                    qargs.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                ));
-            }
-            ok(cu::cuStreamEndCapture(s, &mut g));
-            ok(cu::cuGraphInstantiateWithFlags(&mut exec, g, 0));
-        }
-    }
-    let t0 = now_ns();
-    let mut launches = 0u64;
-    while (now_ns() - t0) as f64 / 1e9 < idle_after {
-        match how.as_str() {
-            "plain" => plain(),
-            // SAFETY: see the file-level note.
-            "coop" => {
-                ok(unsafe { cu::cuLaunchCooperativeKernel(f, 1, 1, 1, 32, 1, 1, 0, s, params) })
-            }
-            // SAFETY: see the file-level note.
-            "graph" => ok(unsafe { cu::cuGraphLaunch(exec, s) }),
-            other => panic!("HOW={other}"),
-        }
-        launches += 1;
-        if step > 0 && launches.is_multiple_of(step) {
-            // SAFETY: see the file-level note.
-            ok(unsafe { cu::cuStreamSynchronize(s) });
-        }
-    }
-    println!("launched {launches}");
-    let rest = secs - (now_ns() - t0) as f64 / 1e9;
-    if rest > 0.0 {
-        std::thread::sleep(Duration::from_secs_f64(rest));
-    }
-}
 
 /// One tenant: a container of its own (ledger directory), on the shared simulator state and
 /// coordinator directory.
@@ -228,7 +129,7 @@ fn limits_30_70(test: &str, kernel_ns: &str) {
 #[test]
 fn limits_of_30_and_70_percent_hold_with_1ms_kernels() {
     if common::is_child() {
-        return workload();
+        return workload::run();
     }
     limits_30_70(
         "limits_of_30_and_70_percent_hold_with_1ms_kernels",
@@ -239,7 +140,7 @@ fn limits_of_30_and_70_percent_hold_with_1ms_kernels() {
 #[test]
 fn limits_of_30_and_70_percent_hold_with_50us_kernels() {
     if common::is_child() {
-        return workload();
+        return workload::run();
     }
     limits_30_70(
         "limits_of_30_and_70_percent_hold_with_50us_kernels",
@@ -253,7 +154,7 @@ fn limits_of_30_and_70_percent_hold_with_50us_kernels() {
 fn a_lone_limit_of_30_percent_holds_on_an_idle_gpu() {
     const T: &str = "a_lone_limit_of_30_percent_holds_on_an_idle_gpu";
     if common::is_child() {
-        return workload();
+        return workload::run();
     }
     let _l = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let gpu = Gpu::new(T);
@@ -297,9 +198,10 @@ fn a_lone_limit_of_30_percent_holds_on_an_idle_gpu() {
     let launched: u64 = ran
         .stdout()
         .lines()
-        .find_map(|l| l.split("launched ").nth(1))
+        // (The child's test harness may have written "test NAME ... " ahead on the line.)
+        .find_map(|l| l.split("stopped after ").nth(1))
+        .and_then(|l| l.split_whitespace().next())
         .unwrap()
-        .trim()
         .parse()
         .unwrap();
     assert!(
@@ -349,7 +251,7 @@ fn shares_hold_with(test: &str, weights: &[u32], vars: &[(&str, &str)]) {
 fn shares_of_1_and_3_converge_to_25_and_75_percent() {
     const T: &str = "shares_of_1_and_3_converge_to_25_and_75_percent";
     if common::is_child() {
-        return workload();
+        return workload::run();
     }
     shares_hold(T, &[1, 3]);
 }
@@ -360,7 +262,7 @@ fn shares_of_1_and_3_converge_to_25_and_75_percent() {
 fn shares_of_1_and_3_hold_for_programs_that_synchronize_every_step() {
     const T: &str = "shares_of_1_and_3_hold_for_programs_that_synchronize_every_step";
     if common::is_child() {
-        return workload();
+        return workload::run();
     }
     shares_hold_with(T, &[1, 3], &[("STEP_KERNELS", "20")]);
 }
@@ -373,7 +275,7 @@ fn shares_of_1_and_3_hold_for_programs_that_synchronize_every_step() {
 fn a_program_that_waits_on_the_gpu_every_step_does_not_lend_its_share() {
     const T: &str = "a_program_that_waits_on_the_gpu_every_step_does_not_lend_its_share";
     if common::is_child() {
-        return workload();
+        return workload::run();
     }
     let _l = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let gpu = Gpu::new(T);
@@ -406,7 +308,7 @@ fn a_program_that_waits_on_the_gpu_every_step_does_not_lend_its_share() {
 fn four_tenants_of_weights_1_to_4_get_10_20_30_40_percent() {
     const T: &str = "four_tenants_of_weights_1_to_4_get_10_20_30_40_percent";
     if common::is_child() {
-        return workload();
+        return workload::run();
     }
     shares_hold(T, &[1, 2, 3, 4]);
 }
@@ -415,7 +317,7 @@ fn four_tenants_of_weights_1_to_4_get_10_20_30_40_percent() {
 fn eight_tenants_of_mixed_weights_each_get_weight_over_sum() {
     const T: &str = "eight_tenants_of_mixed_weights_each_get_weight_over_sum";
     if common::is_child() {
-        return workload();
+        return workload::run();
     }
     shares_hold(T, &[1, 1, 2, 2, 3, 3, 4, 4]);
 }
@@ -426,7 +328,7 @@ fn eight_tenants_of_mixed_weights_each_get_weight_over_sum() {
 fn an_idle_tenants_time_goes_to_the_busy_one_within_a_second() {
     const T: &str = "an_idle_tenants_time_goes_to_the_busy_one_within_a_second";
     if common::is_child() {
-        return workload();
+        return workload::run();
     }
     let _l = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let gpu = Gpu::new(T);
@@ -468,7 +370,7 @@ fn an_idle_tenants_time_goes_to_the_busy_one_within_a_second() {
 fn a_lone_share_tenant_gets_the_whole_gpu() {
     const T: &str = "a_lone_share_tenant_gets_the_whole_gpu";
     if common::is_child() {
-        return workload();
+        return workload::run();
     }
     let _l = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let gpu = Gpu::new(T);
@@ -491,7 +393,7 @@ fn a_lone_share_tenant_gets_the_whole_gpu() {
 fn graph_and_cooperative_launches_are_throttled_too() {
     const T: &str = "graph_and_cooperative_launches_are_throttled_too";
     if common::is_child() {
-        return workload();
+        return workload::run();
     }
     let _l = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let gpu = Gpu::new(T);
@@ -525,7 +427,7 @@ fn graph_and_cooperative_launches_are_throttled_too() {
 fn a_killed_tenants_share_is_released_within_a_second() {
     const T: &str = "a_killed_tenants_share_is_released_within_a_second";
     if common::is_child() {
-        return workload();
+        return workload::run();
     }
     let _l = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let gpu = Gpu::new(T);
