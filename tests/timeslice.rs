@@ -217,6 +217,20 @@ fn shares_hold(test: &str, weights: &[u32]) {
 }
 
 fn shares_hold_with(test: &str, weights: &[u32], vars: &[(&str, &str)]) {
+    let s = saturate(test, weights, vars);
+    let sum: u32 = weights.iter().sum();
+    for (i, (w, got)) in weights.iter().zip(&s).enumerate() {
+        within(
+            *got,
+            *w as f64 / sum as f64,
+            &format!("tenant {i}, share={w} of {sum}"),
+        );
+    }
+}
+
+/// Tenants of `weights` running 1 ms kernels (and `vars`) on one GPU: what each got over the
+/// window, once they have all ended well.
+fn saturate(test: &str, weights: &[u32], vars: &[(&str, &str)]) -> Vec<f64> {
     let _l = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let gpu = Gpu::new(test);
     let mut v = vec![("KERNEL_NS", "1000000"), ("SECONDS", "3.5")];
@@ -229,22 +243,15 @@ fn shares_hold_with(test: &str, weights: &[u32], vars: &[(&str, &str)]) {
     // Eight debug-build processes start on two cores in about half a second.
     std::thread::sleep(WARMUP + Duration::from_millis(300));
     let s = gpu.shares(&tenants.iter().collect::<Vec<_>>(), WINDOW);
-    let sum: u32 = weights.iter().sum();
     println!(
-        "{weights:?}: {:?} % (GPU busy {:.1} %)",
+        "{weights:?} {vars:?}: {:?} % (GPU busy {:.1} %)",
         s.iter()
             .map(|x| (x * 1000.0).round() / 10.0)
             .collect::<Vec<_>>(),
         s.iter().sum::<f64>() * 100.0
     );
-    for (i, (w, got)) in weights.iter().zip(&s).enumerate() {
-        within(
-            *got,
-            *w as f64 / sum as f64,
-            &format!("tenant {i}, share={w} of {sum}"),
-        );
-    }
     tenants.into_iter().for_each(finish);
+    s
 }
 
 #[test]
@@ -277,31 +284,13 @@ fn a_program_that_waits_on_the_gpu_every_step_does_not_lend_its_share() {
     if common::is_child() {
         return workload::run();
     }
-    let _l = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let gpu = Gpu::new(T);
-    let v = [
-        ("KERNEL_NS", "1000000"),
-        ("SECONDS", "3.5"),
-        ("STEP_KERNELS", "2"),
-    ];
-    let a = gpu.tenant(T, 0, "share=1", &v);
-    let b = gpu.tenant(T, 1, "share=3", &v);
-    std::thread::sleep(WARMUP + Duration::from_millis(300));
-    let s = gpu.shares(&[&a, &b], WINDOW);
-    println!(
-        "2-kernel steps, 1:3: {:.1} % / {:.1} % (GPU busy {:.1} %)",
-        s[0] * 100.0,
-        s[1] * 100.0,
-        (s[0] + s[1]) * 100.0
-    );
+    let s = saturate(T, &[1, 3], &[("STEP_KERNELS", "2")]);
     within(s[0], 0.25, "share=1 next to a synchronizing share=3");
     assert!(
         s[0] + s[1] >= 0.95,
         "GPU busy {:.1} %",
         (s[0] + s[1]) * 100.0
     );
-    finish(a);
-    finish(b);
 }
 
 #[test]
