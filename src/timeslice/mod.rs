@@ -326,11 +326,11 @@ impl Compute {
         self.count(g, u64::MAX, -(t.charged as i64)); // launches - 1
     }
 
-    /// Whether this launch should be measured: every launch of a key still being learned, then
-    /// one in [`Entry::every`] per thread.
+    /// Whether this launch should be measured: every launch of a key still being learned (an
+    /// unmeasured key is), then one in [`Entry::every`] per thread.
     #[inline]
     pub fn sample(&self, t: &Ticket, entry: &Entry) -> bool {
-        t.unmeasured || entry.learning() || t.tick & (entry.every() - 1) == 0
+        entry.learning() || t.tick & (entry.every() - 1) == 0
     }
 
     /// A measurement came back: `raw` ns between the events around a launch of `key` on
