@@ -12,20 +12,7 @@ use std::ffi::c_void;
 use std::process::Command;
 use std::time::Instant;
 
-type R = u32;
-type Launch = extern "C" fn(
-    *mut c_void,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    *mut c_void,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> R;
+use common::{global_sym as sym, Launch, R};
 
 /// The driver entry points, resolved through the global scope: libcuvisor's wrappers when it is
 /// preloaded, the simulator's own functions otherwise.
@@ -34,15 +21,6 @@ struct Api {
     free: extern "C" fn(u64) -> R,
     launch: Launch,
     func: *mut c_void,
-}
-
-fn sym<T>(name: &std::ffi::CStr) -> T {
-    // SAFETY: looking up a driver export in the global scope; T is its function-pointer type.
-    unsafe {
-        let p = libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr());
-        assert!(!p.is_null(), "{name:?} not found");
-        std::mem::transmute_copy(&p)
-    }
 }
 
 fn setup() -> Api {

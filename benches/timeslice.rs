@@ -311,29 +311,7 @@ fn print_table(rows: &[Row]) {
 
 // ---- part B: cost per launch under the cap ---------------------------------------------------
 
-type R = u32;
-type Launch = extern "C" fn(
-    *mut c_void,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    *mut c_void,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> R;
-
-fn sym<T>(name: &std::ffi::CStr) -> T {
-    // SAFETY: looking up a driver export in the global scope; T is its function-pointer type.
-    unsafe {
-        let p = libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr());
-        assert!(!p.is_null(), "{name:?} not found");
-        std::mem::transmute_copy(&p)
-    }
-}
+use common::{global_sym as sym, Launch, R};
 
 /// Role "launch": loads the simulated driver globally (as a program linked with -lcuda has it),
 /// resolves cuLaunchKernel through the global scope (libcuvisor's wrapper when preloaded), and

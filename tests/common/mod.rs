@@ -92,3 +92,31 @@ pub fn ledger_used(dir: &Path) -> Vec<u64> {
         .map(|(_, _, e)| e.used.load(Acquire))
         .collect()
 }
+
+/// A driver entry point's result (CUresult), for code that calls the driver through pointers.
+pub type R = u32;
+/// cuLaunchKernel's C signature.
+pub type Launch = extern "C" fn(
+    *mut std::ffi::c_void,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    *mut std::ffi::c_void,
+    *mut *mut std::ffi::c_void,
+    *mut *mut std::ffi::c_void,
+) -> R;
+
+/// A driver export looked up in the global scope (libcuvisor's wrapper when it is preloaded);
+/// `T` must be its function-pointer type.
+pub fn global_sym<T>(name: &std::ffi::CStr) -> T {
+    // SAFETY: dlsym with a NUL-terminated name; the caller names T as the export's C type.
+    unsafe {
+        let p = libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr());
+        assert!(!p.is_null(), "{name:?} not found");
+        std::mem::transmute_copy(&p)
+    }
+}
