@@ -228,7 +228,7 @@ fn main() {
     );
     println!(
         "{:<44} {:>8.1}ns {:>8.1}ns {:>8.1}ns {:>8}",
-        "cuLaunchKernel (no compute limit)",
+        "cuLaunchKernel (compute off: none)",
         dl,
         hl,
         hl - dl,
