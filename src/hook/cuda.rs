@@ -449,18 +449,7 @@ fn array_create(
 ) -> u32 {
     let bytes = read(desc)
         .and_then(|d| crate::quota::array_bytes(d.Width, d.Height, 1, d.Format, d.NumChannels, 1));
-    match bytes {
-        Some(b) if !a.is_null() => charged(
-            "cuArrayCreate_v2",
-            None,
-            b,
-            || real(a, desc),
-            || read(a).map_or(0, |x| x as u64),
-            true,
-        )
-        .unwrap_or_else(|| real(a, desc)),
-        _ => real(a, desc),
-    }
+    handle_alloc("cuArrayCreate_v2", bytes, a, || real(a, desc))
 }
 
 fn array3d_create(
@@ -471,18 +460,7 @@ fn array3d_create(
     let bytes = read(desc).and_then(|d| {
         crate::quota::array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, 1)
     });
-    match bytes {
-        Some(b) if !a.is_null() => charged(
-            "cuArray3DCreate_v2",
-            None,
-            b,
-            || real(a, desc),
-            || read(a).map_or(0, |x| x as u64),
-            true,
-        )
-        .unwrap_or_else(|| real(a, desc)),
-        _ => real(a, desc),
-    }
+    handle_alloc("cuArray3DCreate_v2", bytes, a, || real(a, desc))
 }
 
 fn mipmapped_create(
@@ -494,17 +472,24 @@ fn mipmapped_create(
     let bytes = read(desc).and_then(|d| {
         crate::quota::array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, levels)
     });
+    handle_alloc("cuMipmappedArrayCreate", bytes, a, || real(a, desc, levels))
+}
+
+/// An allocation that returns an opaque handle in `*out` (arrays, mipmapped arrays): charged
+/// `bytes` and recorded by handle; passed through when the size cannot be read or `out` is NULL
+/// (the driver's error then).
+fn handle_alloc<H>(call: &str, bytes: Option<u64>, out: *mut *mut H, go: impl Fn() -> u32) -> u32 {
     match bytes {
-        Some(b) if !a.is_null() => charged(
-            "cuMipmappedArrayCreate",
+        Some(b) if !out.is_null() => charged(
+            call,
             None,
             b,
-            || real(a, desc, levels),
-            || read(a).map_or(0, |x| x as u64),
+            &go,
+            || read(out).map_or(0, |x| x as u64),
             true,
         )
-        .unwrap_or_else(|| real(a, desc, levels)),
-        _ => real(a, desc, levels),
+        .unwrap_or_else(&go),
+        _ => go(),
     }
 }
 
