@@ -9,27 +9,11 @@ use cuvisor_device_plugin::config::Config;
 use cuvisor_device_plugin::registry::Kind;
 use cuvisor_device_plugin::server::Plugin;
 use cuvisor_device_plugin::topology::{Gpu, Link, Memory, PcieLevel, Topology};
+// The DGX-1 (V100) cube-mesh, as the simulator's preset has it.
+use cuvisor_sim::model::DGX1_LINKS as DGX1;
 use std::time::{Duration, Instant};
 
 const GIB: u64 = 1 << 30;
-const DGX1: &[(usize, usize, u32)] = &[
-    (0, 1, 1),
-    (0, 2, 1),
-    (0, 3, 2),
-    (0, 4, 2),
-    (1, 2, 2),
-    (1, 3, 1),
-    (1, 5, 2),
-    (2, 3, 2),
-    (2, 6, 1),
-    (3, 7, 1),
-    (4, 5, 1),
-    (4, 6, 1),
-    (4, 7, 2),
-    (5, 6, 2),
-    (5, 7, 1),
-    (6, 7, 2),
-];
 
 fn machine() -> Topology {
     let n = 16;
