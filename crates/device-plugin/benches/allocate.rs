@@ -153,8 +153,9 @@ fn main() {
     ok &= row(
         "Allocate memory, 6 units (writes host files)",
         time(&mut |i| {
-            let g = i % 16;
-            let k0 = (i / 16 % 13) as u32 * 6;
+            // GPUs 8-15: a GPU with memory units in use cannot be allocated whole (next row).
+            let g = 8 + i % 8;
+            let k0 = (i / 8 % 13) as u32 * 6;
             let ids: Vec<String> = (k0..k0 + 6).map(|k| inv.unit_id(g, k)).collect();
             plugin
                 .allocate(
@@ -167,7 +168,7 @@ fn main() {
     ok &= row(
         "Allocate gpu, 2 GPUs",
         time(&mut |i| {
-            let g = i % 8 * 2;
+            let g = i % 4 * 2;
             plugin
                 .allocate(
                     Kind::Gpu,
