@@ -97,10 +97,16 @@ impl Inventory {
 
     /// (GPU, k) of a memory unit's device ID.
     pub fn parse_unit_id(&self, id: &str) -> Option<(usize, u32)> {
-        let (uuid, k) = id.rsplit_once("-mem-")?;
+        let (uuid, digits) = id.rsplit_once("-mem-")?;
         let gpu = self.gpu_by_uuid(uuid)?;
-        let k: u32 = k.parse().ok()?;
-        (k < self.gpus[gpu].units && id == self.unit_id(gpu, k)).then_some((gpu, k))
+        // Only the form unit_id writes: plain decimal, no sign, no leading zero. (Checked in
+        // place: formatting the ID again to compare made GetPreferredAllocation over 1280 units
+        // take a millisecond.)
+        let canonical = !digits.is_empty()
+            && digits.bytes().all(|b| b.is_ascii_digit())
+            && (digits == "0" || !digits.starts_with('0'));
+        let k: u32 = digits.parse().ok().filter(|_| canonical)?;
+        (k < self.gpus[gpu].units).then_some((gpu, k))
     }
 
     fn topology_of(&self, gpu: usize) -> Option<api::TopologyInfo> {
@@ -142,5 +148,37 @@ impl Inventory {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::{Gpu, Link, Memory, PcieLevel};
+
+    #[test]
+    fn unit_ids_read_back_only_in_the_form_they_are_written() {
+        let mut g = Gpu::new(0);
+        g.uuid = Some("GPU-a".into());
+        g.memory = Some(Memory {
+            total: 16 << 30,
+            free: 16 << 30,
+        });
+        let t = Topology::new(vec![g], vec![vec![Link::pcie(PcieLevel::Single)]], 16.0).unwrap();
+        let inv = Inventory::new(t, 1 << 30).unwrap();
+        for k in [0, 7, 15] {
+            assert_eq!(inv.parse_unit_id(&inv.unit_id(0, k)), Some((0, k)));
+        }
+        for bad in [
+            "GPU-a-mem-16",
+            "GPU-a-mem-01",
+            "GPU-a-mem-+1",
+            "GPU-a-mem-",
+            "GPU-a-mem- 1",
+            "GPU-b-mem-1",
+            "GPU-a-1",
+        ] {
+            assert_eq!(inv.parse_unit_id(bad), None, "{bad}");
+        }
     }
 }
