@@ -4,7 +4,12 @@
  * Every CUDA process of a container, the device plugin and the cuvisor CLI share one file,
  * <state dir>/ledger, mapped MAP_SHARED. It holds, per GPU (keyed by UUID), the container's
  * limit, the bytes in use, the peak and the number of refused allocations, and per process a
- * slot (pid + start time) with the bytes that process holds on each GPU.
+ * slot with the bytes that process holds on each GPU.
+ *
+ * Who may map it: only the container's own processes (and tools of the same trust). The
+ * container can write the file, so it can truncate it under a mapping (SIGBUS) or make it say
+ * anything: a node daemon reads a bounded copy with pread(2) instead, opened with O_NOFOLLOW |
+ * O_NONBLOCK beneath the allocation's directory, and treats every value as a claim.
  *
  * The layout is defined in Rust (crates/shm/src/ledger.rs); this header mirrors it, and the test
  * crates/shm/tests/c_header.rs fails if the two differ. Any change to the layout bumps
@@ -34,10 +39,15 @@
  *      Two claimers racing for one GPU may briefly both show READY with the same UUID: the
  *      lower index is the real entry, the other goes back to EMPTY.
  *   4. Process slots: pid 0 is a free slot, CUVISOR_PID_RECLAIMING one whose owner died and
- *      whose charges are being given back; any other pid is a process of the container, and
- *      charged[i] is what it holds on devices[i]. A process is charged on the device's `used`
- *      first and on its own slot after, so the per-process sums can lag `used` for an instant;
- *      `used` is authoritative.
+ *      whose charges are being given back; any other pid is a process of the container (as
+ *      its own pid namespace numbers it: pid_ns says which), and charged[i] & CUVISOR_BYTES_MASK
+ *      is what it holds on devices[i]. The high 16 bits of charged[i] count operations in
+ *      flight, those of `used` count its changes. The per-process sums can differ from `used`
+ *      for an instant; `used` is authoritative.
+ *   5. Liveness is not the pid (it means nothing outside the slot's pid namespace): the owner of
+ *      slot i holds an open-file-description lock (F_OFD_SETLK) on byte (1 << 40) + i of the
+ *      file for as long as it lives. F_OFD_GETLK with F_WRLCK over that byte (or over all
+ *      CUVISOR_MAX_PROCS of them) tells, without waiting, whether it (any process) is alive.
  *
  * Example (prints each GPU's UUID, limit and use; give it the state directory):
  *
@@ -69,7 +79,7 @@
  *                (unsigned)(hi >> 32), (unsigned)(hi >> 16) & 0xffff, (unsigned)hi & 0xffff,
  *                (unsigned)(lo >> 48), (unsigned long long)lo & 0xffffffffffffULL,
  *                (unsigned long long)__atomic_load_n(&d->limit, __ATOMIC_ACQUIRE),
- *                (unsigned long long)__atomic_load_n(&d->used, __ATOMIC_ACQUIRE));
+ *                (unsigned long long)(__atomic_load_n(&d->used, __ATOMIC_ACQUIRE) & CUVISOR_BYTES_MASK));
  *     }
  *     munmap((void *)l, sizeof *l);
  *     return 0;
@@ -87,7 +97,7 @@ extern "C" {
 
 /* "CUVLEDG1" in a little-endian word. */
 #define CUVISOR_LEDGER_MAGIC UINT64_C(0x314744454C565543)
-#define CUVISOR_LEDGER_VERSION 2
+#define CUVISOR_LEDGER_VERSION 3
 /* The ledger's file name inside the state directory. */
 #define CUVISOR_LEDGER_FILE "ledger"
 #define CUVISOR_MAX_DEVICES 16
@@ -100,6 +110,9 @@ extern "C" {
 
 /* cuvisor_proc_entry.pid of a slot whose owner died and whose charges are being given back. */
 #define CUVISOR_PID_RECLAIMING UINT32_C(0xFFFFFFFF)
+
+/* The bytes of cuvisor_device_entry.used and cuvisor_proc_entry.charged[i] (low 48 bits). */
+#define CUVISOR_BYTES_MASK UINT64_C(0xFFFFFFFFFFFF)
 
 typedef struct cuvisor_ledger_header {
     uint64_t magic; /* atomic; CUVISOR_LEDGER_MAGIC once initialised, stored last (release) */
@@ -115,7 +128,7 @@ typedef struct cuvisor_device_entry {
     uint32_t _pad;
     uint64_t uuid_words[2]; /* atomic each; the GPU UUID as two big-endian words */
     uint64_t limit; /* atomic; bytes the container may hold on this GPU */
-    uint64_t used; /* atomic; bytes it holds now (all its processes) */
+    uint64_t used; /* atomic; & CUVISOR_BYTES_MASK: bytes it holds now (all its processes) */
     uint64_t peak; /* atomic; highest `used` seen */
     uint64_t denied; /* atomic; allocations refused for the quota */
     uint64_t gpu_ns; /* atomic; GPU time the container's launches used (ns) */
@@ -126,8 +139,9 @@ typedef struct cuvisor_device_entry {
 typedef struct cuvisor_proc_entry {
     uint32_t pid; /* atomic; 0 = free, CUVISOR_PID_RECLAIMING = being reclaimed */
     uint32_t _pad;
-    uint64_t start_time; /* atomic; /proc/PID/stat start time, 0 while being claimed */
-    uint64_t charged[CUVISOR_MAX_DEVICES]; /* atomic each; bytes held on devices[i] */
+    uint64_t start_time; /* atomic; /proc/PID/stat start time of the owner (informational) */
+    uint64_t pid_ns; /* atomic; inode of the owner's /proc/self/ns/pid (informational) */
+    uint64_t charged[CUVISOR_MAX_DEVICES]; /* atomic each; & CUVISOR_BYTES_MASK: bytes held */
 } cuvisor_proc_entry;
 
 /* The whole file. */

@@ -41,7 +41,7 @@ fn free(p: u64) {
 fn ledger_used(dir: &std::path::Path) -> u64 {
     let l = cuvisor_shm::ledger::Ledger::open_dir(dir).unwrap();
     l.reclaim_dead();
-    l.devices().map(|(_, _, e)| e.used.load(SeqCst)).sum()
+    l.devices().map(|(_, _, e)| e.used_bytes()).sum()
 }
 
 const QUOTA: u64 = GIB;

@@ -75,6 +75,10 @@ impl Quota {
     /// (CUDA itself is unusable in a forked child, so it holds no charges to carry over).
     pub fn after_fork(&self) {
         let (pid, start) = cuvisor_shm::process::me();
+        // The inherited descriptor holds the parent's lease; the child's slot needs its own.
+        if let Err(e) = self.ledger.after_fork() {
+            crate::log::error(&format!("ledger after fork: {e}"));
+        }
         if let Some(s) = self.ledger.claim_proc(pid, start) {
             self.proc_slot.store(s, Relaxed);
         }
@@ -170,12 +174,7 @@ impl Quota {
     /// Never wraps: usage above the quota (a lowered limit) shows as free 0.
     pub fn view(&self, e: usize, phys_free: u64, phys_total: u64) -> MemView {
         let d = self.ledger.device(e);
-        view(
-            d.limit.load(Acquire),
-            d.used.load(Acquire),
-            phys_free,
-            phys_total,
-        )
+        view(d.limit.load(Acquire), d.used_bytes(), phys_free, phys_total)
     }
 
     /// Reclaims dead processes' charges at most every 100 ms (for memory-info queries).

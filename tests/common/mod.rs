@@ -83,14 +83,10 @@ fn cc(name: &str, out: &Path, extra: &[&str]) {
 
 /// What `used` the container ledger in `dir` shows, per device entry in use.
 pub fn ledger_used(dir: &Path) -> Vec<u64> {
-    use std::sync::atomic::Ordering::Acquire;
     let ledger =
         cuvisor_shm::ledger::Ledger::open(&dir.join(cuvisor_shm::ledger::FILE_NAME), false)
             .expect("open the ledger");
-    ledger
-        .devices()
-        .map(|(_, _, e)| e.used.load(Acquire))
-        .collect()
+    ledger.devices().map(|(_, _, e)| e.used_bytes()).collect()
 }
 
 /// A driver entry point's result (CUresult), for code that calls the driver through pointers.

@@ -598,7 +598,7 @@ fn ledger_summary(state_dir: &Path) -> Vec<String> {
                 "{}: {quota}, peak {}, in use {}, {denied} allocation{} refused{compute}",
                 uuid_text(uuid),
                 bytes(e.peak.load(Acquire)),
-                bytes(e.used.load(Acquire)),
+                bytes(e.used_bytes()),
                 if denied == 1 { "" } else { "s" }
             )
         })

@@ -398,7 +398,7 @@ fn runtime_failures_exit_1() {
     cuvisor(&["smi", "--sim", "pcie-8"], &state, &[]).fails(
         1,
         &format!(
-            "error: simulator state {} belongs to another machine model",
+            "error: simulator state {}: belongs to another machine model",
             state.0.display()
         ),
     );

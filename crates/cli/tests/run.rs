@@ -137,7 +137,7 @@ fn the_twin_under_6gi_sees_a_6_gib_gpu_and_a_clean_refusal() {
         assert_eq!(devices.len(), 1, "one GPU in the ledger");
         let (_, _, e) = devices[0];
         assert_eq!(e.limit.load(Acquire), 6 * GIB);
-        assert_eq!(e.used.load(Acquire), 0, "everything given back");
+        assert_eq!(e.used_bytes(), 0, "everything given back");
         assert_eq!(e.peak.load(Acquire), 6 * GIB);
         assert_eq!(e.denied.load(Acquire), 1);
     }
@@ -751,7 +751,7 @@ fn the_probes_ledger_reader_matches_the_ledger() {
             format!(
                 "limit {} used {} peak {} denied {}\n",
                 e.limit.load(Acquire),
-                e.used.load(Acquire),
+                e.used_bytes(),
                 e.peak.load(Acquire),
                 e.denied.load(Acquire)
             )

@@ -5,19 +5,20 @@
 //! consumed. Every process derives the refill rates from the slots on its own (see
 //! `src/timeslice`); nothing here blocks, so no dead process can hold anyone up.
 //!
-//! A slot is claimed per (container id) under the file's flock (once per container per GPU) and
-//! lists up to [`SLOT_PROCS`] of the container's live processes; a slot none of whose listed
-//! processes lives, and which has not launched for [`STALE_NS`], is reclaimed. A container that
-//! stops launching (SIGKILL included) drops out of the share computation by its `last_active`
-//! alone, long before that.
+//! A slot is claimed per (container id) under the file's flock (once per container per GPU, the
+//! lock waited for a bounded time) and every process of the container that uses the GPU holds a
+//! shared lease on the slot (see `lease`: a lock the kernel drops when the process dies, valid
+//! across pid namespaces, where the pids the slot lists for people mean nothing); a slot whose
+//! lease nobody holds, and which has not launched for [`STALE_NS`], is reclaimed. A container
+//! that stops launching (SIGKILL included) drops out of the share computation by its
+//! `last_active` alone, long before that.
 //!
 //! The layout is mirrored in `include/cuvisor.h`; bump [`COORD_VERSION`] on any change.
 
-use crate::process;
-use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering::*};
+use crate::lease;
+use crate::mapped::{self, Flock, Mapped};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::*};
 
 /// "CUVCORD1"
 pub const COORD_MAGIC: u64 = 0x3144_524f_4356_5543;
@@ -103,26 +104,17 @@ pub struct CoordLayout {
 
 /// A mapped coordinator file.
 pub struct Coordinator {
-    layout: *const CoordLayout,
-    path: PathBuf,
-    file: File,
+    map: Mapped<CoordLayout>,
+    /// Slots this process holds the lease of (its own container's).
+    mine: [AtomicBool; MAX_SLOTS],
 }
 
-// SAFETY: CoordLayout is made of atomics and integers written before the magic is published; the
-// mapping stays valid for the life of the value.
-unsafe impl Send for Coordinator {}
-// SAFETY: as above; shared mutation goes through atomics only.
-unsafe impl Sync for Coordinator {}
-
-impl Drop for Coordinator {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly what `open` mapped; no reference into it outlives self.
-        unsafe {
-            libc::munmap(
-                self.layout as *mut libc::c_void,
-                std::mem::size_of::<CoordLayout>(),
-            )
-        };
+// SAFETY: atomics and integers only; zero bytes are a file not yet initialised.
+unsafe impl mapped::Layout for CoordLayout {
+    const MAGIC: u64 = COORD_MAGIC;
+    const WHAT: &'static str = "coordinator";
+    fn magic(&self) -> &AtomicU64 {
+        &self.header.magic
     }
 }
 
@@ -132,118 +124,58 @@ pub fn file_name(uuid: [u8; 16]) -> String {
     format!("gpu-{hex}")
 }
 
-fn io_err(path: &Path, what: &str, e: std::io::Error) -> String {
-    format!("coordinator {}: {what}: {e}", path.display())
-}
-
-struct Flock<'a>(&'a File);
-impl<'a> Flock<'a> {
-    fn new(f: &'a File) -> Flock<'a> {
-        // SAFETY: our own open descriptor; the kernel drops the lock if we die holding it.
-        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-        Flock(f)
-    }
-}
-impl Drop for Flock<'_> {
-    fn drop(&mut self) {
-        // SAFETY: as above.
-        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
-    }
-}
-
 impl Coordinator {
     /// Opens (creating and initialising if needed) the coordinator of GPU `uuid` in `dir`.
     pub fn open_dir(dir: &Path, uuid: [u8; 16]) -> Result<Coordinator, String> {
         if !dir.is_dir() {
-            std::fs::create_dir_all(dir).map_err(|e| io_err(dir, "create directory", e))?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("coordinator {}: create directory: {e}", dir.display()))?;
         }
         let path = dir.join(file_name(uuid));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| io_err(&path, "open", e))?;
         let size = std::mem::size_of::<CoordLayout>();
-        let layout = {
-            let _lock = Flock::new(&file);
-            let len = file.metadata().map_err(|e| io_err(&path, "stat", e))?.len();
-            if len < size as u64 {
-                if len != 0 {
-                    return Err(format!(
-                        "coordinator {}: {len} bytes, expected {size}: not a cuvisor coordinator of this version",
-                        path.display()
-                    ));
+        let (hi, lo) = uuid.split_at(8);
+        let words = [
+            u64::from_be_bytes(hi.try_into().unwrap_or_default()),
+            u64::from_be_bytes(lo.try_into().unwrap_or_default()),
+        ];
+        let map = mapped::open::<CoordLayout>(
+            &path,
+            // Every uid's containers on the GPU share it.
+            mapped::Open {
+                create: true,
+                mode: 0o666,
+            },
+            |l| {
+                // SAFETY: a new file, the flock held, the magic unset: no reader trusts it yet.
+                unsafe {
+                    (*l).header.version = COORD_VERSION;
+                    (*l).header.size = size as u32;
+                    (*l).header.max_slots = MAX_SLOTS as u32;
+                    (*l).header.slot_procs = SLOT_PROCS as u32;
+                    (*l).header.uuid_words = words;
                 }
-                file.set_len(size as u64)
-                    .map_err(|e| io_err(&path, "resize", e))?;
-            }
-            // SAFETY: mapping `size` bytes of a file at least that long, shared between processes.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    size,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    file.as_raw_fd(),
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                return Err(io_err(&path, "mmap", std::io::Error::last_os_error()));
-            }
-            let layout = p as *mut CoordLayout;
-            // SAFETY: the mapping is valid, page aligned, zero-filled when new; zero bytes are
-            // valid for every field.
-            let header = unsafe { &(*layout).header };
-            let (hi, lo) = uuid.split_at(8);
-            let words = [
-                u64::from_be_bytes(hi.try_into().unwrap_or_default()),
-                u64::from_be_bytes(lo.try_into().unwrap_or_default()),
-            ];
-            match header.magic.load(Acquire) {
-                0 => {
-                    // SAFETY: exclusive (flock held, magic unset): no reader trusts these yet.
-                    unsafe {
-                        (*layout).header.version = COORD_VERSION;
-                        (*layout).header.size = size as u32;
-                        (*layout).header.max_slots = MAX_SLOTS as u32;
-                        (*layout).header.slot_procs = SLOT_PROCS as u32;
-                        (*layout).header.uuid_words = words;
-                    }
-                    header.magic.store(COORD_MAGIC, Release);
+            },
+            |l| {
+                let h = &l.header;
+                if h.version == COORD_VERSION && h.size as usize == size && h.uuid_words == words {
+                    Ok(())
+                } else {
+                    Err("another version or another GPU's file".into())
                 }
-                COORD_MAGIC
-                    if header.version == COORD_VERSION
-                        && header.size == size as u32
-                        && header.uuid_words == words => {}
-                m => {
-                    // SAFETY: unmapping what we just mapped before reporting.
-                    unsafe { libc::munmap(p, size) };
-                    return Err(format!(
-                        "coordinator {}: {}",
-                        path.display(),
-                        if m == COORD_MAGIC {
-                            "another version or another GPU's file"
-                        } else {
-                            "not a cuvisor coordinator"
-                        }
-                    ));
-                }
-            }
-            layout as *const CoordLayout
-        };
-        Ok(Coordinator { layout, path, file })
+            },
+        )?;
+        Ok(Coordinator {
+            map,
+            mine: std::array::from_fn(|_| AtomicBool::new(false)),
+        })
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        self.map.path()
     }
 
     fn layout(&self) -> &CoordLayout {
-        // SAFETY: valid while self lives (see Coordinator).
-        unsafe { &*self.layout }
+        &self.map
     }
 
     pub fn header(&self) -> &CoordHeader {
@@ -278,7 +210,7 @@ impl Coordinator {
         let i = match self.find(container) {
             Some(i) => i,
             None => {
-                let _lock = Flock::new(&self.file);
+                let _lock = Flock::exclusive(self.map.file(), mapped::LOCK_WAIT).ok()?;
                 match self.find(container) {
                     Some(i) => i,
                     None => {
@@ -320,6 +252,10 @@ impl Coordinator {
             s.param.fetch_min(param, AcqRel);
         }
         s.last_active.fetch_max(now, AcqRel);
+        if !self.mine[i].swap(true, AcqRel) {
+            // Shared: every process of the container holds it; a forked child inherits it.
+            let _ = lease::try_hold(self.map.file(), i, true);
+        }
         self.list_proc(i, pid, start);
         Some(i)
     }
@@ -330,7 +266,8 @@ impl Coordinator {
         })
     }
 
-    /// Lists (pid, start) in slot `i` (a dead process's entry is reused).
+    /// Lists (pid, start) in slot `i`, for people (a pid from another pid namespace means
+    /// nothing here, so nothing is decided by it; a listed pid that is gone is overwritten).
     pub fn list_proc(&self, i: usize, pid: u32, start: u64) {
         let s = &self.layout().slots[i];
         if s.procs
@@ -339,25 +276,14 @@ impl Coordinator {
         {
             return;
         }
-        for pass in 0..2 {
-            for p in &s.procs {
-                if p.pid.compare_exchange(0, pid, AcqRel, Relaxed).is_ok() {
-                    p.start_time.store(start, Release);
-                    return;
-                }
-            }
-            if pass == 0 {
-                for p in &s.procs {
-                    let (q, st) = (p.pid.load(Acquire), p.start_time.load(Acquire));
-                    if q != 0 && st != 0 && !process::alive(q, st) {
-                        let _ = p.pid.compare_exchange(q, 0, AcqRel, Relaxed);
-                    }
-                }
-            }
-        }
+        let free = s.procs.iter().find(|p| p.pid.load(Acquire) == 0);
+        let p = free.unwrap_or(&s.procs[(pid as usize) % SLOT_PROCS]);
+        p.pid.store(pid, Release);
+        p.start_time.store(start, Release);
     }
 
-    /// Takes (pid, start) off slot `i` (at a normal exit).
+    /// Takes (pid, start) off slot `i`'s list (at a normal exit). The lease stays held until
+    /// the process's descriptors close: a forked child still running shares it.
     pub fn leave(&self, i: usize, pid: u32, start: u64) {
         for p in &self.layout().slots[i].procs {
             if p.pid.load(Acquire) == pid && p.start_time.load(Acquire) == start {
@@ -367,25 +293,23 @@ impl Coordinator {
         }
     }
 
-    /// Gives back the slots of containers with no live listed process that have not launched
-    /// for [`STALE_NS`]. Returns how many. Call with the flock held or accept a benign race
-    /// (a slot is only freed from READY by a CAS).
+    /// Gives back the slots of containers none of whose processes holds the slot's lease and
+    /// that have not launched for [`STALE_NS`]. Returns how many. Never this process's own.
+    /// Call with the flock held or accept a benign race (a slot is only freed from READY by a
+    /// CAS).
     pub fn reclaim_dead(&self, now: u64) -> usize {
         let mut n = 0;
-        for s in self.layout().slots.iter() {
+        for (i, s) in self.layout().slots.iter().enumerate() {
             if s.state.load(Acquire) != SLOT_READY
+                || self.mine[i].load(Acquire)
                 || now.saturating_sub(s.last_active.load(Acquire)) < STALE_NS
+                || lease::held(self.map.file(), i, 1).unwrap_or(true)
             {
                 continue;
             }
-            let live = s.procs.iter().any(|p| {
-                let (q, st) = (p.pid.load(Acquire), p.start_time.load(Acquire));
-                q != 0 && (st == 0 || process::alive(q, st))
-            });
-            if !live
-                && s.state
-                    .compare_exchange(SLOT_READY, SLOT_FREE, AcqRel, Relaxed)
-                    .is_ok()
+            if s.state
+                .compare_exchange(SLOT_READY, SLOT_FREE, AcqRel, Relaxed)
+                .is_ok()
             {
                 n += 1;
             }
@@ -397,8 +321,9 @@ impl Coordinator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::process;
 
-    fn temp(tag: &str) -> (PathBuf, Coordinator) {
+    fn temp(tag: &str) -> (std::path::PathBuf, Coordinator) {
         let dir = std::env::temp_dir().join(format!("cuvisor-coord-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let c = Coordinator::open_dir(&dir, [7; 16]).unwrap();
@@ -428,20 +353,49 @@ mod tests {
     }
 
     #[test]
-    fn a_dead_containers_slot_is_reclaimed_once_stale() {
+    fn a_dead_containers_slot_is_reclaimed_once_stale_whatever_its_pids_say() {
         let (dir, c) = temp("reclaim");
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id();
-        child.wait().unwrap();
-        let s = c.join(33, POLICY_SHARE, 1_000, pid, 4242, 10).unwrap();
-        assert_eq!(c.reclaim_dead(10 + STALE_NS / 2), 0, "not stale yet");
         let (me, start) = process::me();
-        let t = c.join(44, POLICY_SHARE, 1_000, me, start, 10).unwrap();
-        assert_eq!(c.reclaim_dead(10 + STALE_NS), 1, "only the dead one");
+        // A container whose process is gone, though the pid it listed is a live one here (ours):
+        // as a pid of another pid namespace would look.
+        let gone = Coordinator::open_dir(&dir, [7; 16]).unwrap();
+        let s = gone.join(33, POLICY_SHARE, 1_000, me, start, 10).unwrap();
+        drop(gone);
+        // (A forking thread elsewhere in this test binary can hold the closed description's
+        // lock for an instant: wait for it to go.)
+        let t = std::time::Instant::now();
+        while lease::held(c.map.file(), s, 1).unwrap() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(2));
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // A live container whose listed pid means nothing here.
+        let live = Coordinator::open_dir(&dir, [7; 16]).unwrap();
+        let t = live.join(44, POLICY_SHARE, 1_000, 999_999, 1, 10).unwrap();
+        assert_eq!(c.reclaim_dead(10 + STALE_NS / 2), 0, "not stale yet");
+        assert_eq!(
+            c.reclaim_dead(10 + STALE_NS),
+            1,
+            "only the one without a lease"
+        );
         assert_eq!(c.slot(s).state.load(Relaxed), SLOT_FREE);
         assert_eq!(c.slot(t).state.load(Relaxed), SLOT_READY);
-        c.leave(t, me, start);
-        assert_eq!(c.reclaim_dead(10 + STALE_NS), 1, "nobody listed any more");
+        live.leave(t, 999_999, 1);
+        assert_eq!(
+            c.reclaim_dead(10 + STALE_NS),
+            0,
+            "off the list, but still holding the lease"
+        );
+        drop(live);
+        let since = std::time::Instant::now();
+        while lease::held(c.map.file(), t, 1).unwrap() {
+            assert!(since.elapsed() < std::time::Duration::from_secs(2));
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(c.reclaim_dead(10 + STALE_NS), 1);
+        // Our own slot is never reclaimed by us.
+        let u = c.join(55, POLICY_SHARE, 1_000, me, start, 10).unwrap();
+        assert_eq!(c.reclaim_dead(10 + 10 * STALE_NS), 0);
+        assert_eq!(c.slot(u).state.load(Relaxed), SLOT_READY);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -12,15 +12,15 @@
 //!
 //! The layout is mirrored in `include/cuvisor.h`; bump [`VERSION`] on any change.
 
-use crate::process;
-use std::fs::{File, OpenOptions};
+use crate::mapped::{self, Flock, Mapped};
+use crate::{lease, process};
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 
 /// "CUVLEDG1"
 pub const MAGIC: u64 = 0x3147_4445_4c56_5543;
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 pub const MAX_DEVICES: usize = 16;
 pub const MAX_PROCS: usize = 1024;
 pub const FILE_NAME: &str = "ledger";
@@ -32,6 +32,12 @@ pub const DEV_READY: u32 = 2;
 
 /// A process slot whose owner died and whose charges are being given back.
 pub const PID_RECLAIMING: u32 = u32::MAX;
+
+/// `DeviceEntry::used` and `ProcEntry::charged` keep bytes in their low 48 bits (256 TiB); the
+/// high 16 bits count changes (`used`) or operations in flight (`charged`).
+pub const BYTES_MASK: u64 = (1 << 48) - 1;
+/// One in the high 16 bits.
+const TOP_ONE: u64 = 1 << 48;
 
 #[repr(C)]
 pub struct Header {
@@ -54,7 +60,8 @@ pub struct DeviceEntry {
     pub uuid_words: [AtomicU64; 2],
     /// Bytes this container may hold on the device.
     pub limit: AtomicU64,
-    /// Bytes it holds now (all its processes).
+    /// Bytes it holds now (all its processes) in the low 48 bits ([`BYTES_MASK`]); the high 16
+    /// bits count changes, so a repair can tell that nothing moved while it summed the slots.
     pub used: AtomicU64,
     pub peak: AtomicU64,
     /// Allocations refused for the quota.
@@ -85,17 +92,31 @@ impl DeviceEntry {
             Release,
         );
     }
+    /// Bytes in use (all the container's processes).
+    pub fn used_bytes(&self) -> u64 {
+        self.used.load(Acquire) & BYTES_MASK
+    }
 }
 
 #[repr(C)]
 pub struct ProcEntry {
-    /// 0 = free, PID_RECLAIMING while its charges are given back.
+    /// 0 = free, PID_RECLAIMING while its charges are given back; else the owner's pid as its
+    /// own pid namespace numbers it (for people: liveness is the slot's lock, see `lease`).
     pub pid: AtomicU32,
     pub _pad: u32,
-    /// /proc/PID/stat start time; 0 while the slot is being claimed.
+    /// /proc/PID/stat start time of the owner (for people).
     pub start_time: AtomicU64,
-    /// Bytes held per device entry.
+    /// The owner's pid namespace (inode of /proc/self/ns/pid; for people).
+    pub pid_ns: AtomicU64,
+    /// Per device entry: bytes held in the low 48 bits, operations in flight in the high 16.
     pub charged: [AtomicU64; MAX_DEVICES],
+}
+
+impl ProcEntry {
+    /// Bytes this process holds on device entry `d`.
+    pub fn charged_bytes(&self, d: usize) -> u64 {
+        self.charged[d].load(Acquire) & BYTES_MASK
+    }
 }
 
 #[repr(C)]
@@ -103,6 +124,15 @@ pub struct Layout {
     pub header: Header,
     pub devices: [DeviceEntry; MAX_DEVICES],
     pub procs: [ProcEntry; MAX_PROCS],
+}
+
+// SAFETY: atomics and integers only; zero bytes are a file not yet initialised.
+unsafe impl mapped::Layout for Layout {
+    const MAGIC: u64 = MAGIC;
+    const WHAT: &'static str = "ledger";
+    fn magic(&self) -> &AtomicU64 {
+        &self.header.magic
+    }
 }
 
 /// A refused charge: what was asked, what is in use, what the limit is.
@@ -113,126 +143,68 @@ pub struct Denied {
     pub limit: u64,
 }
 
-/// A mapped ledger. The mapping lives as long as the value (the library keeps it for good).
+/// A mapped ledger, for the processes of its own container (and the CLI that made it). The
+/// node daemon reads ledgers through [`Snapshot`] instead: a container can truncate its file.
 pub struct Ledger {
-    layout: *const Layout,
-    path: PathBuf,
-    _file: File,
+    map: Mapped<Layout>,
+    /// The slot this open file description holds the lease of (usize::MAX: none).
+    own: AtomicUsize,
 }
 
-// SAFETY: Layout is made only of atomics and plain integers written before publication; the
-// pointer stays valid (mapped) for the life of the Ledger.
-unsafe impl Send for Ledger {}
-// SAFETY: as above; all shared mutation goes through atomics.
-unsafe impl Sync for Ledger {}
-
-impl Drop for Ledger {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly what `open` mapped; no reference into it outlives self.
-        unsafe {
-            libc::munmap(
-                self.layout as *mut libc::c_void,
-                std::mem::size_of::<Layout>(),
-            )
-        };
+fn check(l: &Layout) -> Result<(), String> {
+    let h = &l.header;
+    if h.version != VERSION {
+        return Err(format!(
+            "version {} (this cuvisor speaks {VERSION})",
+            h.version
+        ));
     }
-}
-
-fn io_err(path: &Path, what: &str, e: std::io::Error) -> String {
-    format!("ledger {}: {what}: {e}", path.display())
+    if h.size as usize != std::mem::size_of::<Layout>()
+        || h.max_devices as usize != MAX_DEVICES
+        || h.max_procs as usize != MAX_PROCS
+    {
+        return Err("not a cuvisor ledger of this shape".into());
+    }
+    Ok(())
 }
 
 impl Ledger {
     /// Opens (creating and initialising if needed) `<dir>/ledger`.
     pub fn open_dir(dir: &Path) -> Result<Ledger, String> {
-        std::fs::create_dir_all(dir).map_err(|e| io_err(dir, "create directory", e))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("ledger {}: create directory: {e}", dir.display()))?;
         Self::open(&dir.join(FILE_NAME), true)
     }
 
     /// Opens an existing ledger file; `create`: make it if missing.
     pub fn open(path: &Path, create: bool) -> Result<Ledger, String> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(create)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| io_err(path, "open", e))?;
-        let fd = file.as_raw_fd();
-        let size = std::mem::size_of::<Layout>();
-        // SAFETY: fd is open for the duration; flock is released by the kernel if we die.
-        if unsafe { libc::flock(fd, libc::LOCK_EX) } != 0 {
-            return Err(io_err(path, "lock", std::io::Error::last_os_error()));
-        }
-        let mapped = (|| {
-            let len = file.metadata().map_err(|e| io_err(path, "stat", e))?.len();
-            if len < size as u64 {
-                if len != 0 {
-                    return Err(format!("ledger {}: {len} bytes, expected {size}: not a cuvisor ledger of this version", path.display()));
+        let map = mapped::open::<Layout>(
+            path,
+            mapped::Open {
+                create,
+                mode: 0o666,
+            },
+            |l| {
+                // SAFETY: `open` hands a new file over with the flock held and the magic unset:
+                // no other process trusts these fields yet.
+                unsafe {
+                    (*l).header.version = VERSION;
+                    (*l).header.size = std::mem::size_of::<Layout>() as u32;
+                    (*l).header.max_devices = MAX_DEVICES as u32;
+                    (*l).header.max_procs = MAX_PROCS as u32;
+                    (*l).header.container_id = random_id();
                 }
-                file.set_len(size as u64)
-                    .map_err(|e| io_err(path, "resize", e))?;
-            }
-            // SAFETY: mapping `size` bytes of a file at least that long, shared between processes.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    size,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    fd,
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                return Err(io_err(path, "mmap", std::io::Error::last_os_error()));
-            }
-            let layout = p as *mut Layout;
-            // SAFETY: the mapping is valid, page aligned and zero-filled when new; every field is
-            // an atomic or integer for which zero bytes are valid. We hold the flock, so nobody
-            // else initialises concurrently.
-            let header = unsafe { &(*layout).header };
-            match header.magic.load(Acquire) {
-                0 => {
-                    // SAFETY: exclusive (flock held, magic unset): no reader trusts these yet.
-                    unsafe {
-                        (*layout).header.version = VERSION;
-                        (*layout).header.size = size as u32;
-                        (*layout).header.max_devices = MAX_DEVICES as u32;
-                        (*layout).header.max_procs = MAX_PROCS as u32;
-                        (*layout).header.container_id = random_id();
-                    }
-                    header.magic.store(MAGIC, Release);
-                }
-                MAGIC if header.version == VERSION && header.size == size as u32 => {}
-                MAGIC => {
-                    // SAFETY: unmapping what we just mapped before reporting.
-                    unsafe { libc::munmap(p, size) };
-                    return Err(format!(
-                        "ledger {}: version {} (this cuvisor speaks {VERSION})",
-                        path.display(),
-                        header.version
-                    ));
-                }
-                _ => {
-                    // SAFETY: as above.
-                    unsafe { libc::munmap(p, size) };
-                    return Err(format!("ledger {}: not a cuvisor ledger", path.display()));
-                }
-            }
-            Ok(layout as *const Layout)
-        })();
-        // SAFETY: fd still open.
-        unsafe { libc::flock(fd, libc::LOCK_UN) };
+            },
+            check,
+        )?;
         Ok(Ledger {
-            layout: mapped?,
-            path: path.to_path_buf(),
-            _file: file,
+            map,
+            own: AtomicUsize::new(usize::MAX),
         })
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        self.map.path()
     }
 
     /// The container's id (random, made with the file; never 0).
@@ -241,8 +213,7 @@ impl Ledger {
     }
 
     fn layout(&self) -> &Layout {
-        // SAFETY: valid while self lives (see Ledger).
-        unsafe { &*self.layout }
+        &self.map
     }
 
     pub fn device(&self, d: usize) -> &DeviceEntry {
@@ -265,18 +236,17 @@ impl Ledger {
 
     /// The entry for a GPU, claimed with `limit` if the ledger has none yet. An existing entry
     /// keeps its limit unless `limit` is lower (a process can tighten, never loosen, its
-    /// container's limit). None when all entries are taken.
+    /// container's limit). None when all entries are taken (or the file's lock cannot be had).
     ///
     /// Finding an entry is lock-free; claiming a new one (once per GPU per container) holds the
     /// file's flock, so two processes cannot claim the same GPU twice.
     pub fn device_for(&self, uuid: [u8; 16], limit: u64) -> Option<usize> {
+        let limit = limit.min(BYTES_MASK);
         if let Some(i) = self.find_device(uuid) {
             self.layout().devices[i].limit.fetch_min(limit, AcqRel);
             return Some(i);
         }
-        let fd = self._file.as_raw_fd();
-        // SAFETY: our own open descriptor; the kernel drops the lock if we die holding it.
-        unsafe { libc::flock(fd, libc::LOCK_EX) };
+        let lock = Flock::exclusive(self.map.file(), mapped::LOCK_WAIT).ok()?;
         let found = self.find_device(uuid).or_else(|| {
             let devs = &self.layout().devices;
             let i = devs
@@ -295,8 +265,7 @@ impl Ledger {
             e.state.store(DEV_READY, Release);
             Some(i)
         });
-        // SAFETY: as above.
-        unsafe { libc::flock(fd, libc::LOCK_UN) };
+        drop(lock);
         let i = found?;
         self.layout().devices[i].limit.fetch_min(limit, AcqRel);
         Some(i)
@@ -309,17 +278,29 @@ impl Ledger {
             .position(|e| e.state.load(Acquire) == DEV_READY && e.uuid() == uuid)
     }
 
-    /// Claims a process slot for (pid, start). Reclaims dead processes' slots if all are taken.
+    /// Claims a process slot for this process (`pid`, `start` and the pid namespace are written
+    /// for people; the slot's lease lock, held on this ledger's open file description for as
+    /// long as the process lives, is what makes it live). Reclaims dead processes' slots if all
+    /// are taken.
     pub fn claim_proc(&self, pid: u32, start: u64) -> Option<usize> {
+        let f = self.map.file();
         for pass in 0..2 {
             for (i, s) in self.layout().procs.iter().enumerate() {
-                if s.pid.load(Acquire) == pid && s.start_time.load(Acquire) == start {
-                    return Some(i);
+                if s.pid.load(Acquire) != 0 {
+                    continue;
+                }
+                // The lock first: a slot whose pid is set and whose lock nobody holds is dead,
+                // so the lock must be held before the pid is published.
+                if !lease::try_hold(f, i, false).unwrap_or(false) {
+                    continue;
                 }
                 if s.pid.compare_exchange(0, pid, AcqRel, Relaxed).is_ok() {
                     s.start_time.store(start, Release);
+                    s.pid_ns.store(process::pid_namespace(), Release);
+                    self.own.store(i, Relaxed);
                     return Some(i);
                 }
+                lease::release(f, i);
             }
             if pass == 0 {
                 self.reclaim_dead();
@@ -328,23 +309,56 @@ impl Ledger {
         None
     }
 
+    /// In a forked child: the parent's open file description (and so its slot's lease) is the
+    /// parent's; the child takes a description of its own before it claims a slot.
+    pub fn after_fork(&self) -> std::io::Result<()> {
+        self.own.store(usize::MAX, Relaxed);
+        self.map.reopen_own()
+    }
+
+    /// Whether slot `p`'s owner is alive: its lease is held (by another open file description,
+    /// or it is this one's own slot). Without a definite answer, alive: nothing is reclaimed on
+    /// doubt.
+    pub fn proc_alive(&self, p: usize) -> bool {
+        p == self.own.load(Relaxed) || lease::held(self.map.file(), p, 1).unwrap_or(true)
+    }
+
     /// Charges `bytes` on device entry `d` to process slot `p`, if the limit allows.
+    ///
+    /// Crash safety: the slot marks an operation in flight, then the device's `used` is raised
+    /// (the commit, never above the limit), then the slot takes the bytes and clears the mark.
+    /// A process killed anywhere in between leaves `used` at most `bytes` too high, which
+    /// [`Ledger::reclaim_dead`] repairs; never too low.
     pub fn try_charge(&self, d: usize, p: usize, bytes: u64) -> Result<(), Denied> {
         let e = &self.layout().devices[d];
+        let slot = &self.layout().procs[p].charged[d];
         let limit = e.limit.load(Acquire);
+        slot.fetch_add(TOP_ONE, AcqRel);
+        step(1);
         match e.used.fetch_update(AcqRel, Acquire, |u| {
-            u.checked_add(bytes).filter(|&n| n <= limit)
+            (u & BYTES_MASK)
+                .checked_add(bytes)
+                .filter(|&n| n <= limit)
+                .map(|n| n | ((u & !BYTES_MASK).wrapping_add(TOP_ONE)))
         }) {
             Ok(prev) => {
-                self.layout().procs[p].charged[d].fetch_add(bytes, AcqRel);
-                e.peak.fetch_max(prev + bytes, Relaxed);
+                step(2);
+                slot.fetch_add(bytes.wrapping_sub(TOP_ONE), AcqRel);
+                step(3);
+                let now = (prev & BYTES_MASK) + bytes;
+                if now > e.peak.load(Relaxed) {
+                    e.peak.fetch_max(now, Relaxed);
+                }
                 Ok(())
             }
-            Err(used) => Err(Denied {
-                requested: bytes,
-                used,
-                limit,
-            }),
+            Err(used) => {
+                slot.fetch_sub(TOP_ONE, AcqRel);
+                Err(Denied {
+                    requested: bytes,
+                    used: used & BYTES_MASK,
+                    limit,
+                })
+            }
         }
     }
 
@@ -353,60 +367,300 @@ impl Ledger {
         self.layout().devices[d].denied.fetch_add(1, Relaxed);
     }
 
+    /// Gives back `bytes` of slot `p` on device entry `d`. Crash safety as in `try_charge`: the
+    /// slot lets go first (marking the operation in flight), `used` after, so a kill in
+    /// between over-counts, never under-counts.
     pub fn uncharge(&self, d: usize, p: usize, bytes: u64) {
-        saturating_sub(&self.layout().procs[p].charged[d], bytes);
-        saturating_sub(&self.layout().devices[d].used, bytes);
+        let slot = &self.layout().procs[p].charged[d];
+        let mut took = 0;
+        let _ = slot.fetch_update(AcqRel, Acquire, |c| {
+            took = bytes.min(c & BYTES_MASK);
+            Some((c - took).wrapping_add(TOP_ONE))
+        });
+        step(4);
+        sub_used(&self.layout().devices[d].used, took);
+        step(5);
+        slot.fetch_sub(TOP_ONE, AcqRel);
     }
 
     /// Gives back everything slot `p` holds and frees it (normal exit).
     pub fn release_proc(&self, p: usize) {
         let s = &self.layout().procs[p];
-        self.drain(s);
+        let unsure = self.drain(s);
         s.start_time.store(0, Relaxed);
+        s.pid_ns.store(0, Relaxed);
         s.pid.store(0, Release);
-    }
-
-    fn drain(&self, s: &ProcEntry) {
-        for (d, c) in s.charged.iter().enumerate() {
-            let bytes = c.swap(0, AcqRel);
-            if bytes > 0 {
-                saturating_sub(&self.layout().devices[d].used, bytes);
-            }
+        if self.own.swap(usize::MAX, Relaxed) == p {
+            lease::release(self.map.file(), p);
+        }
+        if unsure {
+            self.repair();
         }
     }
 
-    /// Gives back the charges of every process that has died. Returns how many.
+    /// Gives the slot's bytes back to the devices. Each device's part is taken and marked in
+    /// flight in one swap, given back, then unmarked, so a repair never sums it half way and a
+    /// drainer killed half way leaves a mark (and `used` too high) that the next one repairs.
+    /// True when the slot was marked already (its owner, or a drainer, died inside an
+    /// operation): `used` may then be too high until a repair.
+    fn drain(&self, s: &ProcEntry) -> bool {
+        let mut unsure = false;
+        for (d, c) in s.charged.iter().enumerate() {
+            if c.load(Acquire) == 0 {
+                continue;
+            }
+            let v = c.swap(TOP_ONE, AcqRel);
+            step(6);
+            unsure |= v & !BYTES_MASK != 0;
+            sub_used(&self.layout().devices[d].used, v & BYTES_MASK);
+            step(7);
+            c.fetch_sub(TOP_ONE, AcqRel);
+        }
+        unsure
+    }
+
+    /// Gives back the charges of every process that has died, then repairs what a process
+    /// killed inside an operation left over-counted. Returns how many slots were reclaimed.
+    ///
+    /// Runs under the file's flock, taken without waiting (someone else is reclaiming: 0), so a
+    /// slot found in PID_RECLAIMING belongs to a reclaimer that died half way: this one
+    /// finishes it.
     pub fn reclaim_dead(&self) -> usize {
+        let Some(_lock) = Flock::try_exclusive(self.map.file()) else {
+            return 0;
+        };
         let mut n = 0;
-        for s in self.layout().procs.iter() {
+        let mut unsure = false;
+        for (i, s) in self.layout().procs.iter().enumerate() {
             let pid = s.pid.load(Acquire);
-            if pid == 0 || pid == PID_RECLAIMING {
+            if pid == 0 || (pid != PID_RECLAIMING && self.proc_alive(i)) {
                 continue;
             }
-            let start = s.start_time.load(Acquire);
-            if start == 0 || process::alive(pid, start) {
-                continue;
-            }
-            if s.pid
-                .compare_exchange(pid, PID_RECLAIMING, AcqRel, Relaxed)
-                .is_ok()
+            if pid == PID_RECLAIMING
+                || s.pid
+                    .compare_exchange(pid, PID_RECLAIMING, AcqRel, Relaxed)
+                    .is_ok()
             {
-                self.drain(s);
+                step(8);
+                unsure |= self.drain(s) || pid == PID_RECLAIMING;
                 s.start_time.store(0, Relaxed);
+                s.pid_ns.store(0, Relaxed);
                 s.pid.store(0, Release);
                 n += 1;
             }
         }
+        if unsure {
+            self.repair();
+        }
         n
     }
 
-    /// Live process slots: (pid, entry).
+    /// Sets each device's `used` to the sum of what the slots hold, when that sum can be had
+    /// consistently: no operation in flight in any slot, and no change to `used` while summing
+    /// (its change count; 65536 changes during one sum would fool it). Only after a process died
+    /// inside an operation; bounded: it gives up after 100 tries and the next reclaim tries again.
+    fn repair(&self) {
+        for (d, e) in self.layout().devices.iter().enumerate() {
+            if e.state.load(Acquire) != DEV_READY {
+                continue;
+            }
+            for _ in 0..100 {
+                let before = e.used.load(Acquire);
+                let mut sum = 0u64;
+                let mut busy = false;
+                for s in self.layout().procs.iter() {
+                    let c = s.charged[d].load(Acquire);
+                    busy |= c & !BYTES_MASK != 0;
+                    sum += c & BYTES_MASK;
+                }
+                if busy || e.used.load(Acquire) != before {
+                    std::thread::yield_now();
+                    continue;
+                }
+                let after = sum.min(BYTES_MASK) | ((before & !BYTES_MASK).wrapping_add(TOP_ONE));
+                if sum == before & BYTES_MASK
+                    || e.used
+                        .compare_exchange(before, after, AcqRel, Acquire)
+                        .is_ok()
+                {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Live process slots: (pid as its namespace numbers it, entry).
     pub fn live_procs(&self) -> impl Iterator<Item = (u32, &ProcEntry)> {
-        self.layout().procs.iter().filter_map(|s| {
+        self.layout().procs.iter().enumerate().filter_map(|(i, s)| {
             let pid = s.pid.load(Acquire);
-            (pid != 0 && pid != PID_RECLAIMING).then_some((pid, s))
+            (pid != 0 && pid != PID_RECLAIMING && self.proc_alive(i)).then_some((pid, s))
         })
     }
+}
+
+/// A point where a test may kill this process (SIGKILL) to prove that no instant of a charge,
+/// free or reclaim leaks for good; nothing outside this crate's unit tests.
+#[cfg(test)]
+fn step(n: u32) {
+    if tests::KILL_AT.load(Relaxed) == n {
+        // SAFETY: raise has no preconditions.
+        unsafe { libc::raise(libc::SIGKILL) };
+    }
+}
+#[cfg(not(test))]
+#[inline(always)]
+fn step(_: u32) {}
+
+fn sub_used(used: &AtomicU64, v: u64) {
+    if v == 0 {
+        return;
+    }
+    let _ = used.fetch_update(AcqRel, Relaxed, |u| {
+        Some((u & BYTES_MASK).saturating_sub(v) | ((u & !BYTES_MASK).wrapping_add(TOP_ONE)))
+    });
+}
+
+/// One GPU entry of a ledger, as read by someone who does not trust it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceUsage {
+    pub uuid: [u8; 16],
+    pub limit: u64,
+    pub used: u64,
+    pub peak: u64,
+    pub denied: u64,
+    pub gpu_ns: u64,
+    pub throttled_ns: u64,
+    pub launches: u64,
+}
+
+/// A ledger as the node daemon reads it: a checked copy, never a mapping.
+///
+/// A container can write its ledger: truncate it (a mapping of it would raise SIGBUS), replace
+/// it by a symlink, a FIFO or a directory, hold its locks, or write any bytes. So the file is
+/// opened beneath its directory without following a symlink or blocking, must be a regular
+/// file, is read with one bounded `pread` into memory of our own, and every value in it is a
+/// claim (entries with other states are ignored; numbers are shown as the container wrote
+/// them, never used to grant anything).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub container_id: u64,
+    pub devices: Vec<DeviceUsage>,
+    /// Some process of the container holds a slot's lease (see `lease`): the container is
+    /// running a CUDA process now.
+    pub alive: bool,
+}
+
+impl Snapshot {
+    /// Reads `<dir>/ledger`. `dir` is a directory the caller trusts (made by it); the ledger in
+    /// it is not trusted.
+    pub fn read(dir: &Path) -> Result<Snapshot, String> {
+        use std::os::unix::fs::FileExt;
+        let shown = dir.join(FILE_NAME);
+        let e =
+            |what: &str, err: std::io::Error| format!("ledger {}: {what}: {err}", shown.display());
+        let file = open_beneath(dir, FILE_NAME).map_err(|err| e("open", err))?;
+        let mut copy = Box::<Layout>::new_uninit();
+        let size = std::mem::size_of::<Layout>();
+        // SAFETY: the box is `size` bytes we own; u8 has no invalid values and we only write.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(copy.as_mut_ptr().cast::<u8>(), size) };
+        bytes.fill(0);
+        let mut got = 0;
+        while got < size {
+            match file.read_at(&mut bytes[got..], got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(err) => return Err(e("read", err)),
+            }
+        }
+        if got < size {
+            return Err(format!(
+                "ledger {}: {got} bytes, expected {size}: not a cuvisor ledger of this version",
+                shown.display()
+            ));
+        }
+        // SAFETY: every byte was written above, and any bytes are a valid Layout (atomics and
+        // integers only).
+        let l = unsafe { copy.assume_init() };
+        if l.header.magic.load(Relaxed) != MAGIC {
+            return Err(format!("ledger {}: not a cuvisor ledger", shown.display()));
+        }
+        check(&l).map_err(|err| format!("ledger {}: {err}", shown.display()))?;
+        let devices = l
+            .devices
+            .iter()
+            .filter(|d| d.state.load(Relaxed) == DEV_READY)
+            .map(|d| DeviceUsage {
+                uuid: d.uuid(),
+                limit: d.limit.load(Relaxed),
+                used: d.used_bytes(),
+                peak: d.peak.load(Relaxed),
+                denied: d.denied.load(Relaxed),
+                gpu_ns: d.gpu_ns.load(Relaxed),
+                throttled_ns: d.throttled_ns.load(Relaxed),
+                launches: d.launches.load(Relaxed),
+            })
+            .collect();
+        Ok(Snapshot {
+            container_id: l.header.container_id,
+            devices,
+            alive: lease::held(&file, 0, MAX_PROCS).unwrap_or(true),
+        })
+    }
+}
+
+/// Whether some process of the container whose ledger directory is `dir` is alive (holds a
+/// slot's lease), asked without reading or mapping the ledger and without waiting. No ledger
+/// file: Ok(false) (no CUDA process ever ran). A ledger that is not a regular file: an error.
+pub fn any_alive(dir: &Path) -> std::io::Result<bool> {
+    match open_beneath(dir, FILE_NAME) {
+        Ok(f) => lease::held(&f, 0, MAX_PROCS),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Opens `name` inside `dir` read-only: no symlink followed (in `name`; `dir` itself is opened
+/// with O_NOFOLLOW too), no blocking on a special file, a regular file only.
+pub fn open_beneath(dir: &Path, name: &str) -> std::io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let cdir = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let cname = std::ffi::CString::new(name)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    if name.contains('/') {
+        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    }
+    // SAFETY: valid NUL-terminated paths; each descriptor is owned by a File at once.
+    let d = unsafe {
+        libc::open(
+            cdir.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if d < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: d was just opened.
+    let dirf = unsafe { std::fs::File::from_raw_fd(d) };
+    // SAFETY: as above.
+    let fd = unsafe {
+        libc::openat(
+            dirf.as_raw_fd(),
+            cname.as_ptr(),
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd was just opened.
+    let f = unsafe { std::fs::File::from_raw_fd(fd) };
+    if !f.metadata()?.file_type().is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok(f)
 }
 
 /// A random, non-zero 64-bit id (getrandom; the clock and pid if that fails).
@@ -428,19 +682,45 @@ pub fn random_id() -> u64 {
     v.max(1)
 }
 
-fn saturating_sub(a: &AtomicU64, v: u64) {
-    let _ = a.fetch_update(AcqRel, Relaxed, |x| Some(x.saturating_sub(v)));
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
 
-    fn temp_ledger(tag: &str) -> Ledger {
+    /// The kill point this process dies at (see `step`); 0: none.
+    pub(super) static KILL_AT: AtomicU32 = AtomicU32::new(0);
+
+    fn temp_dir(tag: &str) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!("cuvisor-ledger-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        Ledger::open_dir(&dir).unwrap()
+        dir
+    }
+
+    fn temp_ledger(tag: &str) -> Ledger {
+        Ledger::open_dir(&temp_dir(tag)).unwrap()
+    }
+
+    fn cleanup(l: &Ledger) {
+        let _ = std::fs::remove_dir_all(l.path().parent().unwrap());
+    }
+
+    /// Waits (at most 2 s) until `cond` holds. A closed description's locks can outlive the
+    /// close while another thread of this test binary forks to spawn a child (the child holds
+    /// copies of every descriptor until it execs).
+    fn eventually(what: &str, cond: impl Fn() -> bool) {
+        let t = std::time::Instant::now();
+        while !cond() {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(2),
+                "never: {what}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    fn sum_slots(l: &Ledger, d: usize) -> u64 {
+        l.procs().iter().map(|s| s.charged_bytes(d)).sum()
     }
 
     #[test]
@@ -459,7 +739,7 @@ mod tests {
                         if l.try_charge(d, p, bytes).is_ok() {
                             held += bytes;
                         }
-                        assert!(l.device(d).used.load(Relaxed) <= 1000);
+                        assert!(l.device(d).used_bytes() <= 1000);
                         if i % 3 == 0 && held > 0 {
                             l.uncharge(d, p, held);
                             held = 0;
@@ -472,9 +752,14 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        assert_eq!(l.device(d).used.load(Relaxed), 0);
+        assert_eq!(l.device(d).used_bytes(), 0);
+        assert_eq!(
+            l.procs()[p].charged[d].load(Relaxed),
+            0,
+            "nothing in flight"
+        );
         assert!(l.device(d).peak.load(Relaxed) <= 1000);
-        let _ = std::fs::remove_dir_all(l.path().parent().unwrap());
+        cleanup(&l);
     }
 
     #[test]
@@ -492,7 +777,7 @@ mod tests {
             })
         );
         l.try_charge(d, p, 40).unwrap();
-        let _ = std::fs::remove_dir_all(l.path().parent().unwrap());
+        cleanup(&l);
     }
 
     #[test]
@@ -510,39 +795,223 @@ mod tests {
         l.device_for([3; 16], 50).unwrap();
         assert_eq!(l.device(a).limit.load(Relaxed), 50);
         assert_eq!(l.devices().count(), 2);
-        let _ = std::fs::remove_dir_all(l.path().parent().unwrap());
+        cleanup(&l);
     }
 
     #[test]
-    fn a_dead_process_charges_come_back_and_pid_reuse_does_not_fool_it() {
-        let l = temp_ledger("dead");
+    fn a_process_is_judged_by_its_lease_never_by_its_pid() {
+        let dir = temp_dir("lease");
+        let l = Ledger::open_dir(&dir).unwrap();
         let d = l.device_for([5; 16], 1 << 30).unwrap();
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id();
-        child.wait().unwrap();
-        let p = l.claim_proc(pid, 424242).unwrap();
-        l.try_charge(d, p, 600).unwrap();
-        // Our own pid with a start time that is not ours: a "reused pid" slot, also dead.
         let (me, start) = process::me();
-        let q = l.claim_proc(me, start + 7).unwrap();
-        l.try_charge(d, q, 400).unwrap();
-        assert_eq!(l.reclaim_dead(), 2);
-        assert_eq!(l.device(d).used.load(Relaxed), 0);
-        let r = l.claim_proc(me, start).unwrap();
-        l.try_charge(d, r, 1).unwrap();
-        assert_eq!(l.reclaim_dead(), 0, "we are alive");
-        let _ = std::fs::remove_dir_all(l.path().parent().unwrap());
+        // A process that died, whose pid names a live process here (ours): as a pid from
+        // another namespace would. Its lease went with its open file description.
+        let gone = Ledger::open_dir(&dir).unwrap();
+        let p = gone.claim_proc(me, start).unwrap();
+        gone.try_charge(d, p, 600).unwrap();
+        drop(gone);
+        eventually("the lease goes with its description", || !l.proc_alive(p));
+        // A live process whose pid means nothing here (another namespace's pid 999999).
+        let live = Ledger::open_dir(&dir).unwrap();
+        let q = live.claim_proc(999_999, 1).unwrap();
+        live.try_charge(d, q, 400).unwrap();
+        assert!(!l.proc_alive(p) && l.proc_alive(q));
+        assert_eq!(l.reclaim_dead(), 1, "only the one without a lease");
+        assert_eq!(l.device(d).used_bytes(), 400);
+        assert_eq!(l.live_procs().count(), 1);
+        assert!(any_alive(&dir).unwrap());
+        assert_eq!(Snapshot::read(&dir).unwrap().devices[0].used, 400);
+        drop(live);
+        assert!(
+            !any_alive(&dir).unwrap(),
+            "no process of the container lives"
+        );
+        assert_eq!(l.reclaim_dead(), 1);
+        assert_eq!(l.device(d).used_bytes(), 0);
+        cleanup(&l);
     }
 
     #[test]
-    fn a_file_of_another_shape_is_refused() {
-        let dir = std::env::temp_dir().join(format!("cuvisor-ledger-bad-{}", std::process::id()));
+    fn a_forked_child_takes_a_lease_of_its_own() {
+        let dir = temp_dir("fork");
+        let l = Ledger::open_dir(&dir).unwrap();
+        let (me, start) = process::me();
+        let p = l.claim_proc(me, start).unwrap();
+        // What `after_fork` does in the child, done here on a second handle of the same
+        // description: the fresh description claims another slot and the first one stays ours.
+        let child_view = Ledger::open_dir(&dir).unwrap();
+        child_view.after_fork().unwrap();
+        let c = child_view.claim_proc(me, start + 1).unwrap();
+        assert_ne!(c, p);
+        drop(child_view);
+        eventually("the child's lease goes with it", || !l.proc_alive(c));
+        assert!(l.proc_alive(p));
+        cleanup(&l);
+    }
+
+    #[test]
+    fn a_file_of_another_shape_or_version_is_refused_not_a_crash() {
+        let dir = temp_dir("bad");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(FILE_NAME), b"not a ledger").unwrap();
         assert!(Ledger::open_dir(&dir)
             .err()
             .unwrap()
             .contains("not a cuvisor ledger of this version"));
+        assert!(Snapshot::read(&dir).is_err());
+        std::fs::remove_file(dir.join(FILE_NAME)).unwrap();
+        drop(Ledger::open_dir(&dir).unwrap());
+        // The right magic and version 4: once a use after munmap (SIGSEGV) while reporting it.
+        let mut bytes = std::fs::read(dir.join(FILE_NAME)).unwrap();
+        bytes[8..12].copy_from_slice(&4u32.to_ne_bytes());
+        std::fs::write(dir.join(FILE_NAME), &bytes).unwrap();
+        let e = Ledger::open_dir(&dir).err().unwrap();
+        assert!(e.contains("version 4"), "{e}");
+        assert!(Snapshot::read(&dir).err().unwrap().contains("version 4"));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_snapshot_reader_refuses_what_a_container_can_plant() {
+        let dir = temp_dir("plant");
+        std::fs::create_dir_all(&dir).unwrap();
+        let t = std::time::Instant::now();
+        // A FIFO: opening it for reading would block until a writer came.
+        let c = std::ffi::CString::new(dir.join(FILE_NAME).to_str().unwrap()).unwrap();
+        // SAFETY: a valid path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+        assert!(Snapshot::read(&dir).is_err());
+        assert!(any_alive(&dir).is_err());
+        std::fs::remove_file(dir.join(FILE_NAME)).unwrap();
+        // A symlink to a host file.
+        std::os::unix::fs::symlink("/etc/passwd", dir.join(FILE_NAME)).unwrap();
+        assert!(Snapshot::read(&dir).is_err());
+        std::fs::remove_file(dir.join(FILE_NAME)).unwrap();
+        // A directory.
+        std::fs::create_dir(dir.join(FILE_NAME)).unwrap();
+        assert!(Snapshot::read(&dir).is_err());
+        std::fs::remove_dir(dir.join(FILE_NAME)).unwrap();
+        // A truncated ledger: an error, not SIGBUS.
+        drop(Ledger::open_dir(&dir).unwrap());
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join(FILE_NAME))
+            .unwrap();
+        f.set_len(4096).unwrap();
+        assert!(Snapshot::read(&dir).err().unwrap().contains("4096 bytes"));
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(1),
+            "nothing blocked"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn repairs_race_with_charges_and_never_undercount() {
+        let l = Arc::new(temp_ledger("repair"));
+        let d = l.device_for([6; 16], 1 << 40).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers: Vec<_> = (0..4u64)
+            .map(|w| {
+                let l = l.clone();
+                std::thread::spawn(move || {
+                    let p = l.claim_proc(100 + w as u32, 1).unwrap();
+                    l.try_charge(d, p, 1_000_000).unwrap(); // a base that saturation never hides
+                    for i in 0..50_000u64 {
+                        let b = 512 * (1 + (i * 7 + w) % 13);
+                        l.try_charge(d, p, b).unwrap();
+                        l.uncharge(d, p, b);
+                    }
+                })
+            })
+            .collect();
+        let repairer = {
+            let (l, stop) = (l.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Relaxed) {
+                    l.repair();
+                }
+            })
+        };
+        for w in workers {
+            w.join().unwrap();
+        }
+        stop.store(true, Relaxed);
+        repairer.join().unwrap();
+        assert_eq!(l.device(d).used_bytes(), 4_000_000);
+        assert_eq!(sum_slots(&l, d), 4_000_000);
+        cleanup(&l);
+    }
+
+    /// Run by `killed_at_every_step` in a child process: one charge, one free and one reclaim,
+    /// killed at the kill point CUVISOR_TEST_KILL_AT.
+    #[test]
+    #[ignore = "a child process of killed_at_every_step, not a test of its own"]
+    fn killpoint_child() {
+        let dir = std::env::var("CUVISOR_TEST_LEDGER").expect("run by killed_at_every_step");
+        let at = std::env::var("CUVISOR_TEST_KILL_AT").unwrap();
+        KILL_AT.store(at.parse().unwrap(), Relaxed);
+        let l = Ledger::open_dir(Path::new(&dir)).unwrap();
+        let d = l.device_for([9; 16], 1 << 30).unwrap();
+        let (pid, start) = process::me();
+        let p = l.claim_proc(pid, start).unwrap();
+        l.try_charge(d, p, 1000).unwrap();
+        l.uncharge(d, p, 400);
+        l.reclaim_dead(); // the victim's slot
+        l.release_proc(p);
+    }
+
+    #[test]
+    fn killed_at_every_step_nothing_leaks_for_good() {
+        for at in 0..=8u32 {
+            let dir = temp_dir(&format!("kill{at}"));
+            let l = Ledger::open_dir(&dir).unwrap();
+            let d = l.device_for([9; 16], 1 << 30).unwrap();
+            let (me, start) = process::me();
+            let mine = l.claim_proc(me, start).unwrap();
+            l.try_charge(d, mine, 300).unwrap();
+            // A process that died holding 700, for the child to reclaim.
+            let victim = Ledger::open_dir(&dir).unwrap();
+            let v = victim.claim_proc(1, 1).unwrap();
+            victim.try_charge(d, v, 700).unwrap();
+            drop(victim);
+            eventually("the victim is dead", || !l.proc_alive(v));
+            let status = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--ignored",
+                    "--exact",
+                    "ledger::tests::killpoint_child",
+                    "--test-threads=1",
+                ])
+                .env("CUVISOR_TEST_LEDGER", &dir)
+                .env("CUVISOR_TEST_KILL_AT", at.to_string())
+                .stdout(std::process::Stdio::null())
+                .status()
+                .unwrap();
+            use std::os::unix::process::ExitStatusExt;
+            if at == 0 {
+                assert!(status.success(), "{status:?}");
+            } else {
+                assert_eq!(
+                    status.signal(),
+                    Some(libc::SIGKILL),
+                    "kill point {at} reached"
+                );
+            }
+            // Whatever the child left, at most an over-count, which the next reclaim repairs.
+            assert!(
+                l.device(d).used_bytes() >= 300,
+                "kill point {at}: under-counted"
+            );
+            l.reclaim_dead();
+            assert_eq!(
+                l.device(d).used_bytes(),
+                300,
+                "kill point {at}: exact after the next reclaim"
+            );
+            assert_eq!(sum_slots(&l, d), 300);
+            assert_eq!(l.live_procs().count(), 1);
+            cleanup(&l);
+        }
     }
 }

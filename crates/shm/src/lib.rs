@@ -7,9 +7,15 @@
 //! `include/cuvisor.h` (a test keeps the two in step). This crate holds no hooks: the plugin and
 //! the CLI link it without interposing anything.
 
+/// Where the device plugin mounts a container's limits file (read-only). Where it exists, the
+/// library takes its limits from it alone; the environment can only lower them.
+pub const CONTAINER_LIMITS: &str = "/var/run/cuvisor/limits.conf";
+
 pub mod compute;
 pub mod coordinator;
+pub mod lease;
 pub mod ledger;
+pub mod mapped;
 pub mod process;
 pub mod quantity;
 pub mod uuid;

@@ -15,6 +15,13 @@ pub fn start_time(pid: u32) -> Option<u64> {
     fields.nth(18)?.parse().ok() // field 22
 }
 
+/// This process's pid namespace: the inode of /proc/self/ns/pid (0 when it cannot be read).
+/// Pids mean something only between processes of one namespace.
+pub fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+}
+
 /// This process's identity.
 pub fn me() -> (u32, u64) {
     let pid = std::process::id();

@@ -98,6 +98,7 @@ fn rust_structs() -> Vec<Struct> {
             pid: AtomicU32 => "uint32_t",
             _pad: u32 => "uint32_t",
             start_time: AtomicU64 => "uint64_t",
+            pid_ns: AtomicU64 => "uint64_t",
             charged: [AtomicU64; D] => "uint64_t[CUVISOR_MAX_DEVICES]",
         }),
         rust_struct!(Layout => "cuvisor_ledger" {
@@ -177,6 +178,10 @@ fn rust_defines() -> BTreeMap<&'static str, (&'static str, String)> {
         (
             "PID_RECLAIMING",
             ("CUVISOR_PID_RECLAIMING", ledger::PID_RECLAIMING.to_string()),
+        ),
+        (
+            "BYTES_MASK",
+            ("CUVISOR_BYTES_MASK", ledger::BYTES_MASK.to_string()),
         ),
         (
             "COORD_MAGIC",
@@ -421,7 +426,7 @@ static int read_ledger(const char *dir) {
         }
         printf(" %llu %llu %llu %llu\n",
                (unsigned long long)__atomic_load_n(&d->limit, __ATOMIC_ACQUIRE),
-               (unsigned long long)__atomic_load_n(&d->used, __ATOMIC_ACQUIRE),
+               (unsigned long long)(__atomic_load_n(&d->used, __ATOMIC_ACQUIRE) & CUVISOR_BYTES_MASK),
                (unsigned long long)__atomic_load_n(&d->peak, __ATOMIC_ACQUIRE),
                (unsigned long long)__atomic_load_n(&d->denied, __ATOMIC_ACQUIRE));
     }
@@ -432,7 +437,7 @@ static int read_ledger(const char *dir) {
         printf("proc %d %u %llu", p, (unsigned)pid,
                (unsigned long long)__atomic_load_n(&s->start_time, __ATOMIC_ACQUIRE));
         for (int i = 0; i < CUVISOR_MAX_DEVICES; i++) {
-            uint64_t c = __atomic_load_n(&s->charged[i], __ATOMIC_ACQUIRE);
+            uint64_t c = __atomic_load_n(&s->charged[i], __ATOMIC_ACQUIRE) & CUVISOR_BYTES_MASK;
             if (c) printf(" %d:%llu", i, (unsigned long long)c);
         }
         printf("\n");
@@ -654,9 +659,9 @@ fn write_ledger(tag: &str) -> Written {
     l.note_denied(b);
     l.uncharge(a, p0, 12_345);
     // What the C side must see, as Rust sees it.
-    assert_eq!(l.device(a).used.load(Relaxed), 3 * GIB + 1_000);
+    assert_eq!(l.device(a).used_bytes(), 3 * GIB + 1_000);
     assert_eq!(l.device(a).peak.load(Relaxed), 3 * GIB + 13_345);
-    assert_eq!(l.device(b).used.load(Relaxed), 777);
+    assert_eq!(l.device(b).used_bytes(), 777);
     Written {
         dir,
         a,

@@ -10,8 +10,8 @@
 //!   when anyone next looks.
 
 use crate::model::{Model, MAX_DEVICES};
-use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
+use cuvisor_shm::lease;
+use cuvisor_shm::mapped::{self, Mapped};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
@@ -89,10 +89,19 @@ pub struct Layout {
 }
 
 /// The mapped state. Lives for the life of the process once attached.
+// SAFETY: atomics and integers only; zero bytes are a file not yet initialised.
+unsafe impl mapped::Layout for Layout {
+    const MAGIC: u64 = MAGIC;
+    const WHAT: &'static str = "simulator state";
+    fn magic(&self) -> &AtomicU64 {
+        &self.header.magic
+    }
+}
+
 pub struct Shared {
     layout: &'static Layout,
     pub path: PathBuf,
-    _file: File,
+    map: &'static Mapped<Layout>,
 }
 
 /// CLOCK_MONOTONIC in ns: one clock for every process on the machine.
@@ -146,79 +155,38 @@ impl Shared {
     }
 
     pub fn attach_at(model: &Model, path: &Path) -> Result<Shared, String> {
-        let err = |what: &str, e: std::io::Error| {
-            format!("simulator state {}: {what}: {e}", path.display())
-        };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| err("open", e))?;
-        let fd = file.as_raw_fd();
-        let size = std::mem::size_of::<Layout>();
-        // flock is released by the kernel if we die, so a crashed initialiser blocks nobody.
-        // SAFETY: fd is a valid open descriptor for the duration of these calls.
-        unsafe {
-            if libc::flock(fd, libc::LOCK_EX) != 0 {
-                return Err(err("lock", std::io::Error::last_os_error()));
-            }
-        }
-        let result = (|| {
-            let len = file.metadata().map_err(|e| err("stat", e))?.len();
-            if len < size as u64 {
-                file.set_len(size as u64).map_err(|e| err("resize", e))?;
-            }
-            // SAFETY: mapping `size` bytes of a file we just made at least that long; MAP_SHARED so
-            // every process sees the same atomics. The mapping is never unmapped (lives as 'static).
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    size,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    fd,
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                return Err(err("mmap", std::io::Error::last_os_error()));
-            }
-            // SAFETY: the mapping is page aligned, `size` long, zero-filled when new, and every field
-            // of Layout is an atomic or plain integer for which all-zero bytes are valid.
-            let layout: &'static Layout = unsafe { &*(p as *const Layout) };
-            let h = &layout.header;
-            match h.magic.load(Acquire) {
-                0 => {
-                    // SAFETY: we hold the exclusive flock and the magic is unset, so no other
-                    // process reads these two plain fields yet.
-                    unsafe {
-                        let hp = p as *mut Header;
-                        (*hp).version = LAYOUT_VERSION;
-                        (*hp).device_count = model.devices.len() as u32;
-                        (*hp).fingerprint = model.fingerprint();
-                    }
-                    h.magic.store(MAGIC, Release);
+        let fingerprint = model.fingerprint();
+        let devices = model.devices.len() as u32;
+        // Every uid shares the simulated GPU, as every uid opens /dev/nvidia* on a real node.
+        let map = mapped::open::<Layout>(
+            path,
+            mapped::Open {
+                create: true,
+                mode: 0o666,
+            },
+            |l| {
+                // SAFETY: a new file, the flock held, the magic unset: nobody reads these yet.
+                unsafe {
+                    (*l).header.version = LAYOUT_VERSION;
+                    (*l).header.device_count = devices;
+                    (*l).header.fingerprint = fingerprint;
                 }
-                MAGIC if h.version == LAYOUT_VERSION && h.fingerprint == model.fingerprint() => {}
-                MAGIC => {
-                    return Err(format!(
-                        "simulator state {} belongs to another machine model (set CUVISOR_SIM_STATE to a new file, or remove it)",
-                        path.display()
-                    ))
+            },
+            |l| {
+                if l.header.version == LAYOUT_VERSION && l.header.fingerprint == fingerprint {
+                    Ok(())
+                } else {
+                    Err("belongs to another machine model (set CUVISOR_SIM_STATE to a new file, or remove it)".into())
                 }
-                _ => return Err(format!("simulator state {} is not a cuvisor simulator file", path.display())),
-            }
-            h.attach_count.fetch_add(1, Relaxed);
-            Ok(layout)
-        })();
-        // SAFETY: fd is still open; unlocking is always allowed.
-        unsafe { libc::flock(fd, libc::LOCK_UN) };
+            },
+        )?;
+        // The state lives as long as the process (the simulated driver never detaches).
+        let map: &'static Mapped<Layout> = Box::leak(Box::new(map));
+        map.header.attach_count.fetch_add(1, Relaxed);
         Ok(Shared {
-            layout: result?,
+            layout: map,
+            map,
             path: path.to_path_buf(),
-            _file: file,
         })
     }
 
@@ -235,18 +203,31 @@ impl Shared {
     }
 
     /// Claims a slot for this process. None when all slots are taken by live processes.
+    ///
+    /// A slot is live while its owner holds its lease (see crates/shm's `lease`): processes in
+    /// other pid namespaces (containers) share the simulated GPU as they share a real one, and
+    /// their pids mean nothing here. The pid and start time are kept for NVML's process list.
     pub fn claim_slot(&self) -> Option<usize> {
         let pid = std::process::id();
         let start = process_start_time(pid).unwrap_or(1);
+        let f = self.map.file();
         for pass in 0..2 {
             for (i, s) in self.layout.procs.iter().enumerate() {
-                if s.pid.load(Relaxed) == pid && s.start_time.load(Relaxed) == start {
+                if s.pid.load(Relaxed) == pid
+                    && s.start_time.load(Relaxed) == start
+                    && !lease::held(f, i, 1).unwrap_or(true)
+                    && lease::try_hold(f, i, false).unwrap_or(false)
+                {
                     return Some(i); // already ours (a second attach in one process)
+                }
+                if s.pid.load(Acquire) != 0 || !lease::try_hold(f, i, false).unwrap_or(false) {
+                    continue;
                 }
                 if s.pid.compare_exchange(0, pid, AcqRel, Relaxed).is_ok() {
                     s.start_time.store(start, Release);
                     return Some(i);
                 }
+                lease::release(f, i);
             }
             if pass == 0 {
                 self.reclaim_dead();
@@ -261,6 +242,7 @@ impl Shared {
         self.drain_slot(s);
         s.start_time.store(0, Relaxed);
         s.pid.store(0, Release);
+        lease::release(self.map.file(), i);
     }
 
     fn drain_slot(&self, s: &ProcSlot) {
@@ -272,20 +254,22 @@ impl Shared {
         }
     }
 
+    /// Whether slot `i`'s owner lives: someone holds its lease (this process's own slots
+    /// included: its own description never conflicts with itself, so those are asked apart).
+    fn slot_alive(&self, i: usize) -> bool {
+        let s = &self.layout.procs[i];
+        let ours = s.pid.load(Acquire) == std::process::id()
+            && process_start_time(std::process::id()) == Some(s.start_time.load(Acquire));
+        ours || lease::held(self.map.file(), i, 1).unwrap_or(true)
+    }
+
     /// Gives back the memory of every process that has died. Returns how many were reclaimed.
     pub fn reclaim_dead(&self) -> usize {
         let mut n = 0;
-        for s in self.layout.procs.iter() {
+        for (i, s) in self.layout.procs.iter().enumerate() {
             let pid = s.pid.load(Acquire);
-            if pid == 0 || pid == RECLAIMING {
+            if pid == 0 || pid == RECLAIMING || self.slot_alive(i) {
                 continue;
-            }
-            let start = s.start_time.load(Acquire);
-            if start == 0 {
-                continue; // still being claimed
-            }
-            if process_start_time(pid) == Some(start) {
-                continue; // alive
             }
             if s.pid
                 .compare_exchange(pid, RECLAIMING, AcqRel, Relaxed)
@@ -497,22 +481,23 @@ mod tests {
     }
 
     #[test]
-    fn a_dead_process_slot_is_reclaimed() {
+    fn a_dead_process_slot_is_reclaimed_whatever_its_pid_says() {
         let (m, s) = temp_state("dead");
-        // A child that exits at once stands in for a killed process: write a slot for its pid.
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id();
-        let start = process_start_time(pid);
-        child.wait().unwrap();
+        // A slot written for a live pid (ours) whose lease nobody holds: a process of another
+        // pid namespace that died, as far as anyone can tell.
         let slot = &s.procs()[7];
-        slot.pid.store(pid, Relaxed);
-        slot.start_time.store(start.unwrap_or(12345), Relaxed);
+        slot.pid.store(std::process::id(), Relaxed);
+        slot.start_time.store(12345, Relaxed);
         slot.mem[2].store(1000, Relaxed);
         s.device(2).mem_used.store(1000, Relaxed);
         assert_eq!(s.reclaim_dead(), 1);
         assert_eq!(s.device(2).mem_used.load(Relaxed), 0);
         assert_eq!(slot.pid.load(Relaxed), 0);
-        let _ = m;
+        // A claimed slot is leased: another attachment (another description) leaves it alone.
+        let mine = s.claim_slot().unwrap();
+        s.procs()[mine].pid.store(999_999, Relaxed); // a pid of another namespace
+        let other = Shared::attach_at(&m, &s.path).unwrap();
+        assert_eq!(other.reclaim_dead(), 0);
         let _ = std::fs::remove_file(&s.path);
     }
 

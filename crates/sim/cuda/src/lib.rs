@@ -159,7 +159,14 @@ pub(crate) fn drv() -> Result<&'static Driver, CUresult> {
 
 extern "C" fn release_slot_at_exit() {
     if let Some(Ok(d)) = DRIVER.get() {
-        d.sim.shared.release_slot(d.slot);
+        // A forked child runs its parent's atexit handlers too: only the owner gives it back.
+        if d.sim.shared.procs()[d.slot]
+            .pid
+            .load(std::sync::atomic::Ordering::Acquire)
+            == std::process::id()
+        {
+            d.sim.shared.release_slot(d.slot);
+        }
     }
 }
 
