@@ -1,19 +1,27 @@
 //! Removing the host directories of allocations whose container is gone.
 //!
 //! Kubelet never tells a device plugin that a container ended. Two rules say it is gone:
-//! - **No live processes** (built in): the allocation is older than the grace period and its
-//!   ledger has no live process slot (dead processes' slots are reclaimed first). A container
-//!   that never ran a CUDA process has no ledger file at all: the same.
-//! - **PodResources** (a hook): a [`Liveness`] that knows which device IDs kubelet still
-//!   assigns to pods (kubelet's PodResources API). Its answer wins when it has one.
+//! - **PodResources** (a hook, on by default): a [`Liveness`] that knows which device IDs
+//!   kubelet still assigns to pods (kubelet's PodResources API). When it is configured it alone
+//!   decides, and while it has no answer (kubelet restarting, the socket gone) nothing is
+//!   removed.
+//! - **No live processes** (only when no [`Liveness`] is configured): the allocation is older
+//!   than the grace period and no process of the container holds a lease in its ledger (a lock
+//!   the kernel drops when the process dies: `cuvisor_shm::lease`). A container that never ran
+//!   a CUDA process has no ledger file at all: the same. This rule cannot tell a container
+//!   that is idle between two CUDA programs from one that is gone; PodResources can.
 //!
-//! Neither rule removes an allocation younger than the grace period.
+//! Pids are never evidence here: the plugin runs in the host's pid namespace and every
+//! container has its own, so a pid a container recorded names nothing (or another process)
+//! from here. The plugin never gives back a container's charges either: only the container's
+//! own processes judge and reclaim its dead processes' slots. Neither rule removes an
+//! allocation younger than the grace period. The ledger is opened beneath the allocation's
+//! directory without following symlinks or blocking, and never mapped or locked.
 //!
 //! Whole-GPU allocations have no ledger: only a [`Liveness`] answer (or kubelet reusing their
 //! devices, see [`crate::registry`]) removes them.
 
 use crate::registry::{Allocation, Kind, Registry, ALLOCATIONS, RECORD};
-use cuvisor_shm::ledger::{Ledger, FILE_NAME};
 use std::path::Path;
 use std::time::Duration;
 
@@ -49,20 +57,11 @@ fn age(created_unix: u64) -> Duration {
     Duration::from_secs(now.saturating_sub(created_unix))
 }
 
-/// Live processes in the ledger of `dir` (0 when there is no ledger). Reclaims dead slots.
-pub fn live_processes(ledger_dir: &Path) -> usize {
-    let path = ledger_dir.join(FILE_NAME);
-    if !path.exists() {
-        return 0;
-    }
-    match Ledger::open(&path, false) {
-        Ok(l) => {
-            l.reclaim_dead();
-            l.live_procs().count()
-        }
-        // Unreadable (being created?): treat as in use.
-        Err(_) => 1,
-    }
+/// Whether some process of the container whose ledger directory is `ledger_dir` is alive (holds
+/// a lease in its ledger). No ledger: false. A ledger that cannot be asked (replaced by a FIFO,
+/// a directory, a symlink): true, so that nothing the container plants removes anything.
+pub fn has_live_process(ledger_dir: &Path) -> bool {
+    cuvisor_shm::ledger::any_alive(ledger_dir).unwrap_or(true)
 }
 
 impl Sweeper {
@@ -89,17 +88,17 @@ impl Sweeper {
             return None;
         }
         if let Some(l) = &self.liveness {
-            match l.in_use(a) {
-                Some(true) => return None,
-                Some(false) => return Some(Reason::Liveness),
-                None => {}
-            }
+            // Configured: it alone decides; no answer (an outage) removes nothing.
+            return match l.in_use(a) {
+                Some(false) => Some(Reason::Liveness),
+                Some(true) | None => None,
+            };
         }
         if a.kind == Kind::Gpu {
             return None;
         }
         let ledger = a.ledger_dir.clone().unwrap_or_else(|| a.dir.join("state"));
-        (live_processes(&ledger) == 0).then_some(Reason::NoLiveProcesses)
+        (!has_live_process(&ledger)).then_some(Reason::NoLiveProcesses)
     }
 
     /// One pass: removes what is over; returns (id, reason) of each removal.
@@ -131,12 +130,122 @@ impl Sweeper {
                     .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                     .map(|d| d.as_secs())
                     .unwrap_or(0);
-                if age(created) >= self.grace && live_processes(&dir.join("state")) == 0 {
+                if age(created) >= self.grace && !has_live_process(&dir.join("state")) {
                     let _ = std::fs::remove_dir_all(&dir);
                     removed.push((id, Reason::Orphan));
                 }
             }
         }
         removed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::GpuShare;
+    use cuvisor_shm::ledger::Ledger;
+    use std::path::PathBuf;
+
+    struct Fixed(Option<bool>);
+    impl Liveness for Fixed {
+        fn in_use(&self, _: &Allocation) -> Option<bool> {
+            self.0
+        }
+    }
+
+    fn scratch(tag: &str) -> (PathBuf, Registry, Allocation) {
+        let root =
+            std::env::temp_dir().join(format!("cuvisor-cleanup-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let registry = Registry::open(&root).unwrap();
+        let dir = registry.root().join("00000000000000a1");
+        std::fs::create_dir_all(dir.join("state")).unwrap();
+        let a = Allocation {
+            id: "00000000000000a1".into(),
+            kind: Kind::Memory,
+            resource: "cuvisor.io/gpu-memory".into(),
+            device_ids: vec!["u-0".into()],
+            gpus: vec![GpuShare {
+                uuid: "GPU-00000000-0000-0000-0000-000000000001".into(),
+                units: 1,
+                quota: Some(1 << 30),
+            }],
+            ledger_dir: Some(dir.join("state")),
+            dir,
+            created_unix: 0, // long past the grace period
+        };
+        registry.insert(a.clone()).unwrap();
+        (root, registry, a)
+    }
+
+    #[test]
+    fn pid_evidence_never_removes_or_drains_a_live_container() {
+        let (root, registry, a) = scratch("pid");
+        let state = a.ledger_dir.clone().unwrap();
+        // A process of the container: its pid (as its own namespace numbers it) names nothing
+        // in ours, but it holds its slot's lease.
+        let tenant = Ledger::open_dir(&state).unwrap();
+        let d = tenant.device_for([1; 16], 1 << 30).unwrap();
+        let p = tenant.claim_proc(4_000_000, 1).unwrap();
+        tenant.try_charge(d, p, 6 << 20).unwrap();
+        let sweeper = Sweeper::new(registry.clone(), Duration::ZERO);
+        assert_eq!(sweeper.verdict(&a), None);
+        assert!(sweeper.sweep().is_empty());
+        assert_eq!(
+            tenant.device(d).used_bytes(),
+            6 << 20,
+            "charges not drained"
+        );
+        assert!(state.join("ledger").exists());
+        // The process dies (its description closes): now nothing of the container lives.
+        drop(tenant);
+        // (A thread of this test binary that forks holds copies of the description until its
+        // child execs: the lease may outlive the drop by that long.)
+        let t = std::time::Instant::now();
+        while sweeper.verdict(&a).is_none() {
+            assert!(t.elapsed() < Duration::from_secs(2), "the lease never went");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(sweeper.verdict(&a), Some(Reason::NoLiveProcesses));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_podresources_outage_removes_nothing() {
+        let (root, registry, a) = scratch("outage");
+        // No process at all: the built-in rule would remove it; the configured source is down.
+        let sweeper =
+            Sweeper::new(registry.clone(), Duration::ZERO).with_liveness(Box::new(Fixed(None)));
+        assert_eq!(sweeper.verdict(&a), None);
+        assert!(sweeper.sweep().is_empty());
+        assert!(a.dir.exists());
+        let sweeper = Sweeper::new(registry.clone(), Duration::ZERO)
+            .with_liveness(Box::new(Fixed(Some(false))));
+        assert_eq!(sweeper.verdict(&a), Some(Reason::Liveness));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_planted_ledger_neither_removes_nor_blocks() {
+        let (root, registry, a) = scratch("planted");
+        let ledger = a.ledger_dir.clone().unwrap().join("ledger");
+        let sweeper = Sweeper::new(registry.clone(), Duration::ZERO);
+        let t = std::time::Instant::now();
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&ledger)
+            .status()
+            .unwrap()
+            .success());
+        assert_eq!(
+            sweeper.verdict(&a),
+            None,
+            "a FIFO: cannot be asked, so kept"
+        );
+        std::fs::remove_file(&ledger).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", &ledger).unwrap();
+        assert_eq!(sweeper.verdict(&a), None, "a symlink is not followed");
+        assert!(t.elapsed() < Duration::from_secs(1));
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -2,14 +2,16 @@
 //!
 //! For memory units, under `<state_root>/allocations/<id>/` on the host:
 //! - `limits.conf`: the library's limits file (format: the root crate's src/config.rs), mounted
-//!   read-only at `container.limits`; `memory.<GPU UUID> = units x unit size` per GPU,
+//!   read-only at the fixed path the library prefers over its environment
+//!   (`cuvisor_shm::CONTAINER_LIMITS`); `memory.<GPU UUID> = units x unit size` per GPU,
 //!   `state_dir` and `coord_dir` as the container sees them;
 //! - `state/`: the container's ledger directory, mounted read-write at `container.state_dir`;
 //!
 //! plus, shared by all containers: the library (read-only), `<state_root>/ld.so.preload` at
 //! `/etc/ld.so.preload` (read-only; names the in-container library, so a program that drops
 //! LD_PRELOAD still loads it), and the GPU coordinators' directory (read-write). Envs:
-//! `NVIDIA_VISIBLE_DEVICES` (UUIDs) and `CUVISOR_CONFIG`. Devices: `/dev/nvidiaN` of each GPU
+//! `NVIDIA_VISIBLE_DEVICES` (UUIDs); no `CUVISOR_CONFIG`: the library finds the file at its fixed
+//! path, and nothing the container sets or unsets makes it read another. Devices: `/dev/nvidiaN` of each GPU
 //! (N its minor number, not its NVML index: see `devices`) and the control nodes that exist on
 //! the host.
 //!
@@ -166,12 +168,9 @@ pub fn memory(
         let gpus: Vec<usize> = units.keys().copied().collect();
         let c = &cfg.container;
         let response = api::ContainerAllocateResponse {
-            envs: [
-                ("NVIDIA_VISIBLE_DEVICES".to_string(), visible(inv, &gpus)),
-                ("CUVISOR_CONFIG".to_string(), s(&c.limits)),
-            ]
-            .into_iter()
-            .collect(),
+            envs: [("NVIDIA_VISIBLE_DEVICES".to_string(), visible(inv, &gpus))]
+                .into_iter()
+                .collect(),
             mounts: vec![
                 mount(&c.library, &cfg.host.library, true),
                 mount(
@@ -179,7 +178,7 @@ pub fn memory(
                     &cfg.state_root.join(PRELOAD),
                     true,
                 ),
-                mount(&c.limits, &limits, true),
+                mount(Path::new(cuvisor_shm::CONTAINER_LIMITS), &limits, true),
                 mount(&c.state_dir, &state, false),
                 mount(&c.coord_dir, &cfg.host_coord_dir(), false),
             ],

@@ -41,7 +41,7 @@
 use crate::podresources::{Owner, PodCache};
 use crate::registry::{Allocation, Kind, RegistryView};
 use crate::HealthReceiver;
-use cuvisor_shm::ledger::{Ledger, FILE_NAME};
+use cuvisor_shm::ledger::Snapshot;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
@@ -188,31 +188,32 @@ pub fn uuid_string(b: [u8; 16]) -> String {
     cuvisor_shm::uuid::format(&b)
 }
 
-/// Every GPU entry of the ledger in `a`'s ledger directory (empty if none or unreadable).
+/// Every GPU entry of the ledger in `a`'s ledger directory that names one of the allocation's
+/// own GPUs (empty if none or unreadable). The ledger is the container's to write: it is read
+/// as a bounded, checked copy (`ledger::Snapshot`), never mapped, locked or followed through a
+/// symlink, and what it says is shown, never trusted for anything else.
 pub fn read_ledger(a: &Allocation) -> Vec<(String, Usage)> {
-    use std::sync::atomic::Ordering::Acquire;
     let Some(dir) = &a.ledger_dir else {
         return Vec::new();
     };
-    let path = dir.join(FILE_NAME);
-    if !path.exists() {
-        return Vec::new();
-    }
-    let Ok(l) = Ledger::open(&path, false) else {
+    let Ok(snap) = Snapshot::read(dir) else {
         return Vec::new();
     };
-    l.devices()
-        .map(|(_, uuid, e)| {
+    snap.devices
+        .into_iter()
+        .map(|e| (uuid_string(e.uuid), e))
+        .filter(|(uuid, _)| a.gpus.iter().any(|g| &g.uuid == uuid))
+        .map(|(uuid, e)| {
             (
-                uuid_string(uuid),
+                uuid,
                 Usage {
-                    used: e.used.load(Acquire),
-                    limit: e.limit.load(Acquire),
-                    peak: e.peak.load(Acquire),
-                    denied: e.denied.load(Acquire),
-                    gpu_ns: e.gpu_ns.load(Acquire),
-                    throttled_ns: e.throttled_ns.load(Acquire),
-                    launches: e.launches.load(Acquire),
+                    used: e.used,
+                    limit: e.limit,
+                    peak: e.peak,
+                    denied: e.denied,
+                    gpu_ns: e.gpu_ns,
+                    throttled_ns: e.throttled_ns,
+                    launches: e.launches,
                 },
             )
         })

@@ -353,7 +353,11 @@ async fn fake_kubelet_drives_the_plugin_on_dgx1_v100() {
     // Allocate 6 units of GPU 1: envs, mounts (read-only flags), devices, the limits file.
     let r = allocate(&mut mems, &units(&uuids[1], 0..6)).await.unwrap();
     assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], uuids[1]);
-    assert_eq!(r.envs["CUVISOR_CONFIG"], "/var/run/cuvisor/limits.conf");
+    assert!(
+        !r.envs.contains_key("CUVISOR_CONFIG"),
+        "the library finds the limits at their fixed path, not through the environment"
+    );
+    assert!(mount(&r, cuvisor_shm::CONTAINER_LIMITS).read_only);
     let lib = mount(&r, "/usr/local/lib/cuvisor/libcuvisor.so");
     assert!(lib.read_only);
     assert_eq!(
@@ -512,7 +516,7 @@ async fn allocate_applied_by_hand_holds_the_twin_to_6_gib() {
             .unwrap_or_else(|| panic!("{container} is not mounted"));
         format!("{}{}", m.host_path, &container[m.container_path.len()..])
     };
-    let limits_host = to_host(&r.envs["CUVISOR_CONFIG"]);
+    let limits_host = to_host(cuvisor_shm::CONTAINER_LIMITS);
     let mut text = std::fs::read_to_string(&limits_host).unwrap();
     for m in &r.mounts {
         text = text.replace(
