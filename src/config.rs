@@ -1,5 +1,14 @@
-//! Configuration: a read-only limits file (`CUVISOR_CONFIG`, what the device plugin writes) and,
-//! where no file is given, environment variables. Read once, at load time.
+//! Configuration: a read-only limits file (what the device plugin writes) and, where there is no
+//! file, environment variables. Read once, at load time.
+//!
+//! Authority. Where the plugin mounted the limits file at its fixed in-container path
+//! ([`cuvisor_shm::CONTAINER_LIMITS`]), that file alone grants: `CUVISOR_CONFIG` is not read and
+//! the environment can only lower what the file says. Only where that path does not exist
+//! (`cuvisor run`, tests) does `CUVISOR_CONFIG` name the file, or the environment alone decide.
+//! In a setuid or setgid program (AT_SECURE) the environment is not read at all, as
+//! `secure_getenv` would have it. A file is read only if it is a regular file (no FIFO, device
+//! or symlink at the last component) of at most [`MAX_FILE`] bytes; an environment value that is
+//! not UTF-8 is malformed. Every malformed value fails closed.
 //!
 //! The limits file is lines of `key = value` (`#` starts a comment):
 //!
@@ -28,7 +37,7 @@
 //! A malformed value is an error: the caller fails closed (refuses allocations), it never means
 //! "unlimited".
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Sizes: "6Gi", "512Mi", "1.5Gi", "4G" (10^9), "6442450944" (one parser for every part of
 /// cuvisor: crates/shm's `quantity`).
@@ -102,16 +111,65 @@ pub struct ComputeConfig {
     pub errors: Vec<String>,
 }
 
+/// The environment as the library reads it: a value, nothing, or a value that is not UTF-8.
+pub type Env<'a> = &'a dyn Fn(&str) -> Option<std::ffi::OsString>;
+
+/// The largest limits file read.
+pub const MAX_FILE: u64 = 64 << 10;
+
+/// A variable's text; empty (or blank) counts as unset; not UTF-8 is an error naming it.
+fn var(env: Env, key: &str) -> Result<Option<String>, String> {
+    match env(key) {
+        None => Ok(None),
+        Some(v) => match v.into_string() {
+            Ok(t) if t.trim().is_empty() => Ok(None),
+            Ok(t) => Ok(Some(t)),
+            Err(_) => Err(format!("{key} is not valid UTF-8")),
+        },
+    }
+}
+
+/// The limits file that applies, as (what names it, its text): the fixed in-container path when
+/// it exists, else `CUVISOR_CONFIG`'s. None: no file.
+fn limits_file(env: Env, fixed: &Path) -> Result<Option<(String, String)>, String> {
+    let (name, path) = if std::fs::symlink_metadata(fixed).is_ok() {
+        (fixed.display().to_string(), fixed.to_path_buf())
+    } else {
+        match var(env, "CUVISOR_CONFIG")? {
+            None => return Ok(None),
+            Some(p) => (format!("CUVISOR_CONFIG={p}"), PathBuf::from(p)),
+        }
+    };
+    let text = read_bounded(&path).map_err(|e| format!("{name}: {e}"))?;
+    Ok(Some((name, text)))
+}
+
+/// A regular file's text, at most [`MAX_FILE`] bytes, opened without blocking or following a
+/// symlink.
+fn read_bounded(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let f = cuvisor_shm::mapped::open_regular(path, false, None).map_err(|e| e.to_string())?;
+    let mut bytes = Vec::new();
+    f.take(MAX_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_FILE {
+        return Err(format!("larger than {MAX_FILE} bytes"));
+    }
+    String::from_utf8(bytes).map_err(|_| "not valid UTF-8".to_string())
+}
+
 /// The compute settings, once [`load`] has accepted the configuration.
-pub fn load_compute(env: impl Fn(&str) -> Option<String>) -> ComputeConfig {
+pub fn load_compute(env: Env, fixed: &Path) -> ComputeConfig {
     // Not configured: a share weighted by the memory fraction on each GPU.
     let mut cc = ComputeConfig {
         compute: Compute::FromMemory,
         coord_dir: default_coord_dir(),
         errors: Vec::new(),
     };
-    let file = env("CUVISOR_CONFIG").filter(|s| !s.is_empty());
-    if let Some(text) = file.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+    // `load` has read the same file and environment without error, or we would not be here.
+    let file = limits_file(env, fixed).ok().flatten();
+    if let Some((_, text)) = &file {
         for (n, raw) in text.lines().enumerate() {
             let line = raw.split('#').next().unwrap_or("").trim();
             match line.split_once('=').map(|(k, v)| (k.trim(), v.trim())) {
@@ -123,17 +181,25 @@ pub fn load_compute(env: impl Fn(&str) -> Option<String>) -> ComputeConfig {
             }
         }
     }
-    if let Some(c) = env("CUVISOR_COMPUTE").filter(|s| !s.trim().is_empty()) {
+    let env_compute = var(env, "CUVISOR_COMPUTE").unwrap_or_else(|e| {
+        cc.errors.push(e);
+        Some(String::from("invalid"))
+    });
+    if let Some(c) = env_compute {
         let v = compute_or_min(&c, "CUVISOR_COMPUTE", &mut cc.errors);
         cc.compute = match (file.is_some(), cc.compute, v) {
             (false, _, v) => v,
             // With a file the environment can only tighten a limit.
             (true, Compute::Limit(a), Compute::Limit(b)) => Compute::Limit(a.min(b)),
+            // A malformed value never loosens anything either.
+            (true, _, Compute::Share(w)) if w == MIN_SHARE => Compute::Share(MIN_SHARE),
             (true, c, _) => c,
         };
     }
-    if let (None, Some(d)) = (&file, env("CUVISOR_COORD_DIR").filter(|s| !s.is_empty())) {
-        cc.coord_dir = PathBuf::from(d);
+    if file.is_none() {
+        if let Ok(Some(d)) = var(env, "CUVISOR_COORD_DIR") {
+            cc.coord_dir = PathBuf::from(d);
+        }
     }
     cc
 }
@@ -163,20 +229,17 @@ impl Config {
 }
 
 /// What the environment and the limits file say. `Ok(None)`: nothing configured (pass-through).
-pub fn load(env: impl Fn(&str) -> Option<String>) -> Result<Option<Config>, String> {
-    let file = env("CUVISOR_CONFIG").filter(|s| !s.is_empty());
-    let env_limit = env("CUVISOR_MEMORY_LIMIT").filter(|s| !s.trim().is_empty());
-    let env_reserve = env("CUVISOR_CONTEXT_RESERVE").filter(|s| !s.trim().is_empty());
-    let env_dir = env("CUVISOR_STATE_DIR")
-        .filter(|s| !s.is_empty())
-        .map(PathBuf::from);
-    let env_compute = env("CUVISOR_COMPUTE").filter(|s| !s.trim().is_empty());
+/// `fixed`: the in-container limits path ([`cuvisor_shm::CONTAINER_LIMITS`] in production).
+pub fn load(env: Env, fixed: &Path) -> Result<Option<Config>, String> {
+    let file = limits_file(env, fixed)?;
+    let env_limit = var(env, "CUVISOR_MEMORY_LIMIT")?;
+    let env_reserve = var(env, "CUVISOR_CONTEXT_RESERVE")?;
+    let env_dir = var(env, "CUVISOR_STATE_DIR")?.map(PathBuf::from);
+    // A malformed compute value (not UTF-8 included) is `load_compute`'s to read as the smallest
+    // share; here it only says that something is configured.
+    let env_compute = var(env, "CUVISOR_COMPUTE").unwrap_or_else(|_| Some(String::new()));
     let mut cfg = match &file {
-        Some(path) => {
-            let text =
-                std::fs::read_to_string(path).map_err(|e| format!("CUVISOR_CONFIG={path}: {e}"))?;
-            parse_file(&text).map_err(|e| format!("CUVISOR_CONFIG={path}: {e}"))?
-        }
+        Some((name, text)) => parse_file(text).map_err(|e| format!("{name}: {e}"))?,
         None if env_limit.is_none() && env_compute.is_none() => return Ok(None),
         None => Config {
             // Compute alone: memory is not limited.
@@ -305,12 +368,25 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    use std::ffi::OsString;
+
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
         let m: HashMap<String, String> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        move |k| m.get(k).cloned()
+        move |k| m.get(k).map(OsString::from)
+    }
+
+    /// No fixed in-container file: as outside a plugin-made container.
+    const NO_FIXED: &str = "/nonexistent/cuvisor-test/limits.conf";
+
+    fn load(e: impl Fn(&str) -> Option<OsString>) -> Result<Option<Config>, String> {
+        super::load(&e, Path::new(NO_FIXED))
+    }
+
+    fn load_compute(e: impl Fn(&str) -> Option<OsString>) -> ComputeConfig {
+        super::load_compute(&e, Path::new(NO_FIXED))
     }
 
     #[test]
@@ -490,5 +566,120 @@ mod tests {
             .unwrap_err()
             .contains("/nonexistent/limits"));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("cuvisor-config-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn the_mounted_file_rules_whatever_the_environment_names_or_unsets() {
+        let d = scratch("fixed");
+        let fixed = d.join("limits.conf");
+        std::fs::write(&fixed, "version = 1\nstate_dir = /run/c1\nmemory = 1Gi\n").unwrap();
+        let forged = d.join("forged.conf");
+        std::fs::write(
+            &forged,
+            "version = 1\nstate_dir = /tmp/mine\nmemory = 1Ti\n",
+        )
+        .unwrap();
+        let forged = forged.to_str().unwrap();
+        for vars in [
+            vec![],                           // CUVISOR_CONFIG unset
+            vec![("CUVISOR_CONFIG", forged)], // pointed at a file the container wrote
+            vec![("CUVISOR_CONFIG", "")],     // set empty
+            vec![
+                ("CUVISOR_MEMORY_LIMIT", "1Ti"),
+                ("CUVISOR_STATE_DIR", "/tmp/mine"),
+            ],
+        ] {
+            let e = env(&vars);
+            let c = super::load(&e, &fixed).unwrap().unwrap();
+            assert_eq!(c.limit_for(0, &[0; 16]), 1 << 30, "{vars:?}");
+            assert_eq!(c.state_dir, PathBuf::from("/run/c1"), "{vars:?}");
+        }
+        let e = env(&[("CUVISOR_MEMORY_LIMIT", "512Mi")]);
+        let c = super::load(&e, &fixed).unwrap().unwrap();
+        assert_eq!(
+            c.limit_for(0, &[0; 16]),
+            512 << 20,
+            "the environment may lower it"
+        );
+        let e = env(&[
+            ("CUVISOR_COMPUTE", "share=9"),
+            ("CUVISOR_COORD_DIR", "/tmp/c"),
+        ]);
+        let cc = super::load_compute(&e, &fixed);
+        assert_eq!(cc.compute, Compute::FromMemory, "nor pick its own share");
+        assert_eq!(cc.coord_dir, default_coord_dir(), "nor its coordinator");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn values_that_are_not_utf8_fail_closed() {
+        use std::os::unix::ffi::OsStringExt;
+        let bad = || OsString::from_vec(vec![b'6', 0xff, b'G']);
+        for key in [
+            "CUVISOR_MEMORY_LIMIT",
+            "CUVISOR_CONFIG",
+            "CUVISOR_CONTEXT_RESERVE",
+            "CUVISOR_STATE_DIR",
+        ] {
+            let e = |k: &str| (k == key).then(bad);
+            let err = load(e).unwrap_err();
+            assert!(err.contains(key) && err.contains("UTF-8"), "{key}: {err}");
+        }
+        // Compute: the smallest share (memory is still limited, by the file or the environment).
+        let e = |k: &str| match k {
+            "CUVISOR_COMPUTE" => Some(bad()),
+            "CUVISOR_MEMORY_LIMIT" => Some(OsString::from("1Gi")),
+            _ => None,
+        };
+        assert_eq!(load(e).unwrap().unwrap().limit_for(0, &[0; 16]), 1 << 30);
+        let cc = load_compute(e);
+        assert_eq!(cc.compute, Compute::Share(MIN_SHARE));
+        assert!(cc.errors[0].contains("UTF-8"), "{:?}", cc.errors);
+        // Compute alone, malformed: configured (memory unlimited, compute at the smallest share).
+        let e = |k: &str| (k == "CUVISOR_COMPUTE").then(bad);
+        assert!(load(e).unwrap().is_some());
+    }
+
+    #[test]
+    fn special_or_huge_files_are_refused_at_once() {
+        let d = scratch("special");
+        let t = std::time::Instant::now();
+        let fifo = d.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(super::load(&env(&[]), &fifo)
+            .unwrap_err()
+            .contains("regular"));
+        for path in [fifo.to_str().unwrap(), "/dev/zero", "/proc/self/fd/0"] {
+            let err = load(env(&[("CUVISOR_CONFIG", path)])).unwrap_err();
+            assert!(err.contains(path), "{err}");
+        }
+        let big = d.join("big");
+        std::fs::write(
+            &big,
+            format!("version = 1\n{}", "#".repeat(MAX_FILE as usize)),
+        )
+        .unwrap();
+        assert!(load(env(&[("CUVISOR_CONFIG", big.to_str().unwrap())]))
+            .unwrap_err()
+            .contains("larger than"));
+        std::os::unix::fs::symlink("/etc/hostname", d.join("link")).unwrap();
+        assert!(
+            super::load(&env(&[]), &d.join("link")).is_err(),
+            "a symlink: refused, not followed"
+        );
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(1),
+            "nothing blocked"
+        );
+        let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -15,6 +15,8 @@ mod log;
 mod quota;
 mod timeslice;
 
+use cuvisor_shm::CONTAINER_LIMITS;
+use std::path::Path;
 use std::sync::OnceLock;
 
 pub enum Mode {
@@ -37,7 +39,7 @@ pub fn compute() -> Option<&'static timeslice::Compute> {
     COMPUTE
         .get_or_init(|| match mode() {
             Mode::Enforce(q) => {
-                let cc = config::load_compute(|k| std::env::var(k).ok());
+                let cc = config::load_compute(&environment, Path::new(CONTAINER_LIMITS));
                 for e in &cc.errors {
                     log::error(e);
                 }
@@ -54,16 +56,24 @@ pub fn mode() -> &'static Mode {
     MODE.get_or_init(decide)
 }
 
+/// The environment as cuvisor reads it: nothing at all in a setuid or setgid program
+/// (AT_SECURE, as `secure_getenv` decides), where the caller's environment must not steer a
+/// privileged process (which file it reads, where it creates directories, what it prints).
+fn environment(key: &str) -> Option<std::ffi::OsString> {
+    // SAFETY: getauxval has no preconditions; AT_SECURE is always defined (0 when absent).
+    if unsafe { libc::getauxval(libc::AT_SECURE) } != 0 {
+        return None;
+    }
+    std::env::var_os(key)
+}
+
 fn decide() -> Mode {
-    let env = |k: &str| std::env::var(k).ok();
-    log::set_level_from_env(env("CUVISOR_LOG"));
-    let cfg = match config::load(env) {
+    log::set_level_from_env(environment("CUVISOR_LOG").map(|v| v.to_string_lossy().into_owned()));
+    let cfg = match config::load(&environment, Path::new(CONTAINER_LIMITS)) {
         Ok(None) => return Mode::PassThrough,
         Ok(Some(c)) => c,
-        Err(e) => {
-            log::error(&format!("{e}: refusing all GPU memory allocations"));
-            return Mode::Broken(e);
-        }
+        // Said once, on the first refused allocation (log::refused_broken): one line.
+        Err(e) => return Mode::Broken(e),
     };
     match quota::Quota::new(cfg) {
         Ok(q) => {
@@ -73,10 +83,7 @@ fn decide() -> Mode {
             ));
             Mode::Enforce(Box::new(q))
         }
-        Err(e) => {
-            log::error(&format!("{e}: refusing all GPU memory allocations"));
-            Mode::Broken(e)
-        }
+        Err(e) => Mode::Broken(e),
     }
 }
 
