@@ -1,6 +1,9 @@
 //! Support shared by the end-to-end tests and benchmarks of every package: they run real
 //! processes that load `libcuvisor.so` and the simulated `libcuda.so.1`/`libnvidia-ml.so.1`,
-//! which `cargo test -p <one package>` does not build by itself.
+//! which `cargo test -p <one package>` does not build by itself; and [`container`], which runs
+//! them as OCI containers.
+
+pub mod container;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
