@@ -773,3 +773,67 @@ fn the_probes_ledger_reader_matches_the_ledger() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), want);
 }
+
+/// The attack: `--sim FIFO` (a machine file that is a FIFO) hung `cuvisor run` in its read. A
+/// machine file must be a regular file of at most 1 MiB: anything else is refused at once,
+/// and nothing runs.
+#[test]
+fn sim_model_file_that_is_a_fifo_is_refused_instead_of_hanging() {
+    let scratch = Scratch::new("sim-fifo");
+    let marker = scratch.path("ran");
+    let touch = format!("touch {}", marker.display());
+    let fifo = scratch.path("model.toml");
+    mkfifo(&fifo);
+    let dir = scratch.path("dir.toml");
+    std::fs::create_dir(&dir).unwrap();
+    let huge = scratch.path("huge.toml");
+    std::fs::write(&huge, format!("{}\n", "#".repeat(1 << 20))).unwrap();
+    for (model, why) in [
+        (
+            &fifo,
+            "is a FIFO, not a machine file (a regular .toml/.json file)",
+        ),
+        (
+            &dir,
+            "is a directory, not a machine file (a regular .toml/.json file)",
+        ),
+        (
+            &huge,
+            "holds more than 1048576 bytes (1048577): not a machine file",
+        ),
+    ] {
+        let m = model.to_str().unwrap();
+        let ran = cuvisor_within(
+            std::time::Duration::from_secs(10),
+            &[
+                "run", "--memory", "1Gi", "--sim", m, "--", "sh", "-c", &touch,
+            ],
+            &scratch,
+            &[],
+        )
+        .exits(2);
+        assert_eq!(ran.stderr(), format!("error: --sim {m}: {m} {why}\n"));
+        assert!(!marker.exists(), "the command ran:\n{}", ran.show());
+    }
+    // A machine file that is a plain file still works.
+    let good = scratch.path("one.toml");
+    std::fs::write(&good, "[[device]]\nmemory = '8Gi'\n").unwrap();
+    cuvisor(
+        &[
+            "run",
+            "--memory",
+            "1Gi",
+            "--sim",
+            good.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ],
+        &scratch,
+        &[],
+    )
+    .exits(0);
+    assert!(marker.exists());
+    assert_eq!(scratch.leftovers(), Vec::<PathBuf>::new());
+}
