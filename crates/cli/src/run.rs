@@ -75,6 +75,9 @@ pub fn run(target: &Target, args: &RunArgs) -> Result<u8> {
     };
     let sim_state_given = target.state.is_some()
         || std::env::var_os("CUVISOR_SIM_STATE").is_some_and(|v| !v.is_empty());
+    // From here on cuvisor makes things it must remove: a signal is passed on to the command
+    // (or kept for it until it starts), never the end of cuvisor.
+    child::install_forwarding();
     // A private temporary directory, for whichever of the ledger and the simulator's state was
     // not given.
     let scratch = if state_dir.is_none() || (sim.is_some() && !sim_state_given) {

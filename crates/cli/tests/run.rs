@@ -837,3 +837,126 @@ fn sim_model_file_that_is_a_fifo_is_refused_instead_of_hanging() {
     assert!(marker.exists());
     assert_eq!(scratch.leftovers(), Vec::<PathBuf>::new());
 }
+
+/// Whether `pid` is a live process running `comm`: a zombie has ended, and a pid that another
+/// program now has is not it.
+fn alive(pid: i32, comm: &str) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // "PID (COMM) STATE ..."
+    let Some((head, rest)) = stat.rsplit_once(") ") else {
+        return false;
+    };
+    head.ends_with(&format!("({comm}")) && !rest.starts_with(['Z', 'X'])
+}
+
+/// Polls `cond` every 10 ms for up to `limit`; whether it came true.
+fn soon(limit: std::time::Duration, cond: impl Fn() -> bool) -> bool {
+    let started = std::time::Instant::now();
+    loop {
+        if cond() {
+            return true;
+        }
+        if started.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// `cuvisor run --memory 1Gi -- sh -c 'echo $$; exec sleep 30'`, once the command is `sleep`:
+/// cuvisor and the command's pid.
+fn run_sleeping(scratch: &Scratch) -> (std::process::Child, i32) {
+    let mut child = command(
+        &[
+            "run",
+            "--memory",
+            "1Gi",
+            "--",
+            "sh",
+            "-c",
+            "echo $$; exec sleep 30",
+        ],
+        scratch,
+        &[],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let pid: i32 = line.trim().parse().unwrap();
+    assert!(
+        soon(std::time::Duration::from_secs(5), || alive(pid, "sleep")),
+        "the command never became sleep"
+    );
+    (child, pid)
+}
+
+/// SIGKILLs cuvisor and waits for it.
+fn sigkill(mut cuvisor: std::process::Child) {
+    // SAFETY: plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(cuvisor.id() as i32, libc::SIGKILL) }, 0);
+    cuvisor.wait().unwrap();
+}
+
+/// The attack: SIGKILL of `cuvisor run` (which can pass nothing on) left its command running,
+/// under no cuvisor at all. The command now dies with it (PR_SET_PDEATHSIG), within a second.
+#[test]
+fn sigkill_of_cuvisor_run_kills_its_command_within_a_second() {
+    let scratch = Scratch::new("sigkill");
+    let (cuvisor, pid) = run_sleeping(&scratch);
+    sigkill(cuvisor);
+    let gone = soon(std::time::Duration::from_secs(1), || !alive(pid, "sleep"));
+    if !gone {
+        // SAFETY: plain kill(2); it is the sleep this test started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    assert!(gone, "the command (pid {pid}) outlived cuvisor by a second");
+}
+
+/// The attack: SIGHUP (a closed terminal, a restarted session) killed `cuvisor run` and left
+/// its command running and its temporary directory behind; SIGQUIT, SIGUSR1 and SIGUSR2 did
+/// the same. Each now reaches the command, which decides how to end; cuvisor exits with its
+/// status and removes its temporary state.
+#[test]
+fn sighup_of_cuvisor_run_reaches_the_command_and_the_scratch_is_removed() {
+    let scratch = Scratch::new("sighup");
+    for (sig, name, code) in [
+        (libc::SIGHUP, "HUP", 44),
+        (libc::SIGQUIT, "QUIT", 45),
+        (libc::SIGUSR1, "USR1", 46),
+        (libc::SIGUSR2, "USR2", 47),
+    ] {
+        // Bounded: a command left behind ends by itself.
+        let script = format!(
+            "trap 'echo got {name}; exit {code}' {name}; echo ready; i=0; \
+             while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; exit 99"
+        );
+        let mut child = command(
+            &["run", "--memory", "1Gi", "--", "sh", "-c", &script],
+            &scratch,
+            &[],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        assert_eq!(lines.next().unwrap().unwrap(), "ready");
+        assert_eq!(
+            scratch.leftovers().len(),
+            1,
+            "the run's temporary directory"
+        );
+        // SAFETY: plain kill(2) of our own child.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(code), "SIG{name}: {status}");
+        assert_eq!(lines.next().unwrap().unwrap(), format!("got {name}"));
+        assert_eq!(scratch.leftovers(), Vec::<PathBuf>::new(), "SIG{name}");
+    }
+}
