@@ -14,6 +14,7 @@ mod fault;
 mod load;
 mod machine;
 mod run;
+mod scratch;
 mod sim;
 mod smi;
 mod topo;

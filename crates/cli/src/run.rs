@@ -35,13 +35,14 @@
 use crate::args::{RunArgs, Target};
 use crate::child;
 use crate::machine::{self, Source};
+use crate::scratch::{self, Scratch};
 use crate::{Failure, Result};
 use cuvisor_shm::compute::{self, ComputePolicy};
 use cuvisor_shm::ledger::{self, Ledger};
 use cuvisor_shm::quantity::{LimitError, MemoryLimit};
 use cuvisor_sim::model::Model;
-use std::ffi::{CString, OsString};
-use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 
 /// The library's file name, as Cargo writes the root package's cdylib.
@@ -79,10 +80,12 @@ pub fn run(target: &Target, args: &RunArgs) -> Result<u8> {
     // (or kept for it until it starts), never the end of cuvisor.
     child::install_forwarding();
     // A private temporary directory, for whichever of the ledger and the simulator's state was
-    // not given.
+    // not given. Making one sweeps away those of runs that died; a run that needs none sweeps
+    // too.
     let scratch = if state_dir.is_none() || (sim.is_some() && !sim_state_given) {
         Some(Scratch::create(args.keep_state)?)
     } else {
+        scratch::sweep(&std::env::temp_dir());
         None
     };
     let state_dir = match (state_dir, &scratch) {
@@ -329,45 +332,6 @@ fn sim_libraries(exe_dir: &Path) -> Result<PathBuf> {
 
 fn absolute(p: &Path) -> Result<PathBuf> {
     std::path::absolute(p).map_err(|e| Failure::Runtime(format!("{}: {e}", p.display())))
-}
-
-/// A private directory under $TMPDIR, removed when dropped unless kept.
-struct Scratch {
-    path: PathBuf,
-    keep: bool,
-}
-
-impl Scratch {
-    fn create(keep: bool) -> Result<Scratch> {
-        let template = std::env::temp_dir().join("cuvisor-run-XXXXXX");
-        let fail = |e: String| {
-            Failure::Runtime(format!(
-                "cannot create a temporary directory {}: {e}",
-                template.display()
-            ))
-        };
-        let c = CString::new(template.as_os_str().as_bytes())
-            .map_err(|_| fail("the path holds a NUL byte".into()))?;
-        let mut bytes = c.into_bytes_with_nul();
-        // SAFETY: a NUL-terminated, writable template ending in XXXXXX; mkdtemp fills it in.
-        let made = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
-        if made.is_null() {
-            return Err(fail(std::io::Error::last_os_error().to_string()));
-        }
-        bytes.pop();
-        Ok(Scratch {
-            path: PathBuf::from(OsString::from_vec(bytes)),
-            keep,
-        })
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if !self.keep {
-            let _ = std::fs::remove_dir_all(&self.path);
-        }
-    }
 }
 
 struct SimSetup {

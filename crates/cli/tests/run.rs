@@ -960,3 +960,102 @@ fn sighup_of_cuvisor_run_reaches_the_command_and_the_scratch_is_removed() {
         assert_eq!(scratch.leftovers(), Vec::<PathBuf>::new(), "SIG{name}");
     }
 }
+
+/// The attack's leftovers: a SIGKILLed `cuvisor run` cannot remove its temporary directory.
+/// The next run does (its owner's lock is free), and nothing else: not a live run's, not a
+/// --keep-state one's, not one without the lock, not one of another name, not a symbolic link
+/// or what it leads to, not another user's.
+#[test]
+fn scratch_of_a_sigkilled_run_is_removed_by_the_next_run() {
+    let scratch = Scratch::new("stale");
+    let tmp = scratch.tmp();
+    let (killed, pid) = run_sleeping(&scratch);
+    let left = scratch.leftovers();
+    assert_eq!(left.len(), 1, "{left:?}");
+    let stale = left[0].clone();
+    assert!(stale.join(".cuvisor-run.lock").is_file());
+    sigkill(killed);
+    assert!(soon(std::time::Duration::from_secs(1), || !alive(
+        pid, "sleep"
+    )));
+    assert!(stale.is_dir(), "a SIGKILLed cuvisor cleaned up");
+
+    // A live run.
+    let mut live = command(
+        &[
+            "run",
+            "--memory",
+            "1Gi",
+            "--",
+            "sh",
+            "-c",
+            "trap 'exit 0' TERM; echo ready; i=0; while [ $i -lt 100 ]; do sleep 0.1; \
+             i=$((i+1)); done",
+        ],
+        &scratch,
+        &[],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut ready = String::new();
+    BufReader::new(live.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready, "ready\n");
+    let live_dir: Vec<PathBuf> = scratch
+        .leftovers()
+        .into_iter()
+        .filter(|p| *p != stale)
+        .collect();
+    assert_eq!(live_dir.len(), 1, "{live_dir:?}");
+    // A kept one.
+    let ran = cuvisor(
+        &["run", "--memory", "1Gi", "--keep-state", "--", "true"],
+        &scratch,
+        &[],
+    )
+    .exits(0);
+    let kept = PathBuf::from(ran.stderr().trim().strip_prefix("cuvisor: kept ").unwrap());
+    // Look-alikes, each with a lock nobody holds.
+    let lookalike = |name: &str| {
+        let d = tmp.join(name);
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join(".cuvisor-run.lock"), "").unwrap();
+        d
+    };
+    let no_lock = tmp.join("cuvisor-run-nolock");
+    std::fs::create_dir(&no_lock).unwrap();
+    let long_name = lookalike("cuvisor-run-toolong");
+    let elsewhere = lookalike("../elsewhere");
+    std::fs::write(elsewhere.join("precious"), "x").unwrap();
+    let link = tmp.join("cuvisor-run-link01");
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let others = if unsafe { libc::geteuid() } == 0 {
+        let d = lookalike("cuvisor-run-other1");
+        std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
+        Some(d)
+    } else {
+        eprintln!("not root: the part with another user's directory did not run");
+        None
+    };
+
+    // The next run.
+    cuvisor(&["run", "--memory", "1Gi", "--", "true"], &scratch, &[]).exits(0);
+    assert!(!stale.exists(), "the dead run's directory is still there");
+    for kept in [&live_dir[0], &kept, &no_lock, &long_name, &elsewhere]
+        .into_iter()
+        .chain(others.as_ref())
+    {
+        assert!(kept.is_dir(), "{} was removed", kept.display());
+    }
+    assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    assert!(elsewhere.join("precious").is_file());
+
+    // The live run ends and removes its own.
+    // SAFETY: plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(live.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(live.wait().unwrap().code(), Some(0));
+    assert!(!live_dir[0].exists());
+}
