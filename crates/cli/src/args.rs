@@ -49,6 +49,14 @@ pub enum Command {
     Smi(SmiArgs),
     /// The simulated GPU: list presets, reset its state, inject faults, load it with kernels
     Sim(SimArgs),
+    /// Internal, for `cuvisor run`: dlopen FILE with RTLD_NOW | RTLD_LOCAL in this process and
+    /// say why it does not load (exit 1), so that cuvisor itself never loads the library it
+    /// checks
+    #[command(name = "__probe-library", hide = true)]
+    ProbeLibrary {
+        /// The shared object
+        file: PathBuf,
+    },
 }
 
 #[derive(Args, Debug)]

@@ -10,7 +10,7 @@
 //! outlive it as orphans do. (The kernel clears the death signal when the command execs a
 //! set-user-ID or set-group-ID program, or one with file capabilities.)
 //!
-//! The only FFI of `run`.
+//! The process-level FFI of `run` (the library probe's dlopen is in `library`).
 
 use crate::{Failure, Result};
 use std::ffi::{OsStr, OsString};

@@ -34,6 +34,7 @@
 
 use crate::args::{RunArgs, Target};
 use crate::child;
+use crate::library;
 use crate::machine::{self, Source};
 use crate::scratch::{self, Scratch};
 use crate::{Failure, Result};
@@ -41,7 +42,7 @@ use cuvisor_shm::compute::{self, ComputePolicy};
 use cuvisor_shm::ledger::{self, Ledger};
 use cuvisor_shm::quantity::{LimitError, MemoryLimit};
 use cuvisor_sim::model::Model;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 
@@ -62,13 +63,27 @@ pub fn run(target: &Target, args: &RunArgs) -> Result<u8> {
         check_ordinals(model, per)?;
     }
     let exe_dir = exe_dir()?;
-    let library = match &args.library {
-        Some(given) => given_library(given)?,
-        None => find_library(&exe_dir)?,
-    };
     let sim_dir = match sim {
         Some(_) => Some(sim_libraries(&exe_dir)?),
         None => None,
+    };
+    // The command's library path, where the library's own dependencies are looked for.
+    let ld_library_path = match &sim_dir {
+        Some(dir) => Some(prepend(dir, std::env::var_os("LD_LIBRARY_PATH"))),
+        None => std::env::var_os("LD_LIBRARY_PATH"),
+    };
+    let library = match &args.library {
+        Some(given) => given_library(given, ld_library_path.as_deref())?,
+        None => {
+            let found = find_library(&exe_dir)?;
+            library::check(&found, ld_library_path.as_deref()).map_err(|why| {
+                Failure::Runtime(format!(
+                    "the interception library {}: {why}",
+                    found.display()
+                ))
+            })?;
+            found
+        }
     };
     let state_dir = match &args.state_dir {
         Some(d) => Some(absolute(d)?),
@@ -293,13 +308,9 @@ pub fn find_library(exe_dir: &Path) -> Result<PathBuf> {
     }
 }
 
-fn given_library(given: &Path) -> Result<PathBuf> {
-    if !given.is_file() {
-        return Err(Failure::Usage(format!(
-            "--library {}: no such file",
-            given.display()
-        )));
-    }
+/// `--library FILE`, made absolute, once it is known to be a shared object that loads (see
+/// `library`): anything else would be ignored by ld.so, and the command would run with no quota.
+fn given_library(given: &Path, ld_library_path: Option<&OsStr>) -> Result<PathBuf> {
     let abs = absolute(given)?;
     // ld.so splits LD_PRELOAD at spaces and colons.
     if abs
@@ -313,6 +324,8 @@ fn given_library(given: &Path) -> Result<PathBuf> {
             abs.display()
         )));
     }
+    library::check(&abs, ld_library_path)
+        .map_err(|why| Failure::Usage(format!("--library {}: {why}", given.display())))?;
     Ok(abs)
 }
 

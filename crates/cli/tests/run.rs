@@ -774,6 +774,137 @@ fn the_probes_ledger_reader_matches_the_ledger() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), want);
 }
 
+/// A shared object that leaves one symbol to be found at load time, which no library has:
+/// ld.so would preload it lazily and run the command; dlopen(RTLD_NOW) refuses it.
+fn library_with_a_missing_symbol(scratch: &Scratch) -> PathBuf {
+    let src = scratch.path("missing.c");
+    std::fs::write(
+        &src,
+        "void cuvisor_test_missing(void);\nvoid cuvisor_test_f(void) { cuvisor_test_missing(); }\n",
+    )
+    .unwrap();
+    let out = scratch.path("missing.so");
+    let ok = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("run cc")
+        .success();
+    assert!(ok, "compiling {}", src.display());
+    out
+}
+
+/// The attack: `cuvisor run --library /etc/hostname -- CMD` ran CMD with no quota and exit 0
+/// (ld.so skips a preload it cannot load, says so on stderr and runs the program anyway). Now
+/// anything that is not a shared object of this machine that loads (RTLD_NOW) is refused, in
+/// one line that names it and why, before anything runs or is made.
+#[test]
+fn library_etc_hostname_is_refused_instead_of_running_without_a_quota() {
+    let scratch = Scratch::new("bad-library");
+    let marker = scratch.path("ran");
+    let touch = format!("touch {}", marker.display());
+    let real = std::fs::read(built().join("deps/libcuvisor.so")).unwrap();
+    // libcuvisor.so's ELF header with one 16-bit field changed (in this machine's byte order,
+    // which the header has).
+    let patched = |name: &str, at: usize, value: u16| {
+        let mut head = real[..64].to_vec();
+        head[at..at + 2].copy_from_slice(&value.to_ne_bytes());
+        let p = scratch.path(name);
+        std::fs::write(&p, head).unwrap();
+        p
+    };
+    let hostname = scratch.path("hostname");
+    std::fs::write(&hostname, "buildhost\n").unwrap();
+    let dir = scratch.path("dir.so");
+    std::fs::create_dir(&dir).unwrap();
+    let fifo = scratch.path("fifo.so");
+    mkfifo(&fifo);
+    let (other, other_name) = if cfg!(target_arch = "arm") {
+        (62, "x86-64")
+    } else {
+        (40, "ARM")
+    };
+    let short = scratch.path("short.so");
+    std::fs::write(&short, &real[..64]).unwrap();
+    let mut cases: Vec<(PathBuf, String)> = vec![
+        (hostname, "not an ELF file, so not a shared library".into()),
+        (dir, "is a directory, not a regular file".into()),
+        (fifo, "is a FIFO, not a regular file".into()),
+        (
+            patched("exec.so", 16, 2),
+            "an executable (ET_EXEC), not a shared object (ET_DYN)".into(),
+        ),
+        (
+            patched("other-arch.so", 18, other),
+            format!("a shared object for {other_name} (ELF machine {other}); this machine is "),
+        ),
+        // A good ELF header and nothing behind it.
+        (short, "does not load: ".into()),
+        (
+            library_with_a_missing_symbol(&scratch),
+            "does not load: undefined symbol: cuvisor_test_missing".into(),
+        ),
+    ];
+    if std::fs::read("/etc/hostname").is_ok_and(|h| !h.starts_with(b"\x7fELF")) {
+        cases.push((
+            "/etc/hostname".into(),
+            "not an ELF file, so not a shared library".into(),
+        ));
+    }
+    for (library, why) in cases {
+        let lib = library.to_str().unwrap();
+        let ran = cuvisor_within(
+            std::time::Duration::from_secs(20),
+            &[
+                "run",
+                "--memory",
+                "1Gi",
+                "--library",
+                lib,
+                "--",
+                "sh",
+                "-c",
+                &touch,
+            ],
+            &scratch,
+            &[],
+        )
+        .exits(2);
+        let err = ran.stderr();
+        assert!(
+            err.starts_with(&format!("error: --library {lib}: {why}")) && err.lines().count() == 1,
+            "want one line \"error: --library {lib}: {why}...\"\n{}",
+            ran.show()
+        );
+        assert!(!marker.exists(), "the command ran:\n{}", ran.show());
+        assert_eq!(scratch.leftovers(), Vec::<PathBuf>::new());
+    }
+
+    // The library found beside cuvisor is checked too (exit 1: cuvisor's own install is bad).
+    let lonely = scratch.path("bin/cuvisor");
+    std::fs::create_dir_all(lonely.parent().unwrap()).unwrap();
+    std::fs::copy(EXE, &lonely).unwrap();
+    let beside = scratch.path("bin/libcuvisor.so");
+    std::fs::write(&beside, "not a library\n").unwrap();
+    let out = Command::new(&lonely)
+        .args(["run", "--memory", "1Gi", "--", "sh", "-c", &touch])
+        .env("TMPDIR", scratch.tmp())
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "error: the interception library {}: not an ELF file, so not a shared library\n",
+            beside.display()
+        )
+    );
+    assert!(!marker.exists());
+}
+
 /// The attack: `--sim FIFO` (a machine file that is a FIFO) hung `cuvisor run` in its read. A
 /// machine file must be a regular file of at most 1 MiB: anything else is refused at once,
 /// and nothing runs.
