@@ -41,7 +41,7 @@ use crate::{Failure, Result};
 use cuvisor_shm::compute::{self, ComputePolicy};
 use cuvisor_shm::ledger::{self, Ledger};
 use cuvisor_shm::quantity::{LimitError, MemoryLimit};
-use cuvisor_sim::model::Model;
+use cuvisor_sim::model::{file_kind, Model};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
@@ -89,15 +89,25 @@ pub fn run(target: &Target, args: &RunArgs) -> Result<u8> {
         Some(d) => Some(absolute(d)?),
         None => None,
     };
-    let sim_state_given = target.state.is_some()
-        || std::env::var_os("CUVISOR_SIM_STATE").is_some_and(|v| !v.is_empty());
+    // The simulator's state file, when one was given: checked before anything is made beside it.
+    let given_state = match &sim {
+        Some((_, model)) => {
+            let given = given_state(target)?;
+            if let Some(g) = &given {
+                machine::check_state_file(&g.path, model)
+                    .map_err(|why| Failure::Usage(format!("{}: {why}", g.origin)))?;
+            }
+            given
+        }
+        None => None,
+    };
     // From here on cuvisor makes things it must remove: a signal is passed on to the command
     // (or kept for it until it starts), never the end of cuvisor.
     child::install_forwarding();
     // A private temporary directory, for whichever of the ledger and the simulator's state was
     // not given. Making one sweeps away those of runs that died; a run that needs none sweeps
     // too.
-    let scratch = if state_dir.is_none() || (sim.is_some() && !sim_state_given) {
+    let scratch = if state_dir.is_none() || (sim.is_some() && given_state.is_none()) {
         Some(Scratch::create(args.keep_state)?)
     } else {
         scratch::sweep(&std::env::temp_dir());
@@ -116,35 +126,26 @@ pub fn run(target: &Target, args: &RunArgs) -> Result<u8> {
     };
     let sim_setup = match (sim, sim_dir) {
         (Some((spec, _)), Some(dir)) => {
-            let state = match (&target.state, &scratch) {
-                (Some(s), _) => Some(absolute(s)?),
-                (None, Some(scratch)) if !sim_state_given => Some(scratch.path.join("sim.state")),
-                _ => None,
+            // The state file in use, and whether to set CUVISOR_SIM_STATE to it (not when it is
+            // the environment's already).
+            let (file, set) = match (&given_state, &scratch) {
+                (Some(g), _) => (g.path.clone(), g.from_flag),
+                (None, Some(scratch)) => (scratch.path.join("sim.state"), true),
+                // Unreachable: a scratch directory exists whenever no state file was given.
+                (None, None) => return Err(Failure::Runtime("no simulator state file".into())),
             };
             let coord = match std::env::var_os("CUVISOR_COORD_DIR").filter(|d| !d.is_empty()) {
                 Some(_) => None,
                 None => {
-                    // The state file in use: the one set here, else the environment's.
-                    let file = match &state {
-                        Some(s) => s.clone(),
-                        None => absolute(Path::new(
-                            &std::env::var_os("CUVISOR_SIM_STATE").unwrap_or_default(),
-                        ))?,
-                    };
                     let dir = coord_dir(&file);
-                    std::fs::create_dir_all(&dir).map_err(|e| {
-                        Failure::Runtime(format!(
-                            "cannot create the simulated GPU's coordinator directory {}: {e}",
-                            dir.display()
-                        ))
-                    })?;
+                    make_coord_dir(&dir)?;
                     Some(dir)
                 }
             };
             Some(SimSetup {
                 spec,
                 dir,
-                state,
+                state: set.then_some(file),
                 coord,
             })
         }
@@ -250,11 +251,61 @@ fn compute_policy(args: &RunArgs, has_quota: bool) -> Result<Option<ComputePolic
     Ok(Some(policy))
 }
 
-/// The simulated GPU's coordinator directory: `<state file>.coord`, beside the state file.
+/// The simulator state file `cuvisor run` was given, with where it came from.
+struct GivenState {
+    /// "--state FILE" or "CUVISOR_SIM_STATE=FILE", as given, for messages.
+    origin: String,
+    path: PathBuf,
+    from_flag: bool,
+}
+
+/// `--state`, else a non-empty `CUVISOR_SIM_STATE`, made absolute; None: neither.
+fn given_state(target: &Target) -> Result<Option<GivenState>> {
+    if let Some(s) = &target.state {
+        return Ok(Some(GivenState {
+            origin: format!("--state {}", s.display()),
+            path: absolute(s)?,
+            from_flag: true,
+        }));
+    }
+    match std::env::var_os("CUVISOR_SIM_STATE").filter(|v| !v.is_empty()) {
+        Some(v) => Ok(Some(GivenState {
+            origin: format!("CUVISOR_SIM_STATE={}", v.to_string_lossy()),
+            path: absolute(Path::new(&v))?,
+            from_flag: false,
+        })),
+        None => Ok(None),
+    }
+}
+
+/// The simulated GPU's coordinator directory: `<state file>.coord`, beside the state file
+/// (which is a simulator state file, or none yet: see `machine::check_state_file`).
 fn coord_dir(state_file: &Path) -> PathBuf {
     let mut name = state_file.as_os_str().to_os_string();
     name.push(".coord");
     PathBuf::from(name)
+}
+
+/// Makes the coordinator directory if it is not there; something else by its name (a file, a
+/// symbolic link, even to a directory) is refused, not followed.
+fn make_coord_dir(dir: &Path) -> Result<()> {
+    let fail = |why: String| {
+        Failure::Runtime(format!(
+            "the simulated GPU's coordinator directory {}: {why}",
+            dir.display()
+        ))
+    };
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(m) => Err(fail(format!(
+            "is {}, not a directory",
+            file_kind(m.file_type())
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir).map_err(|e| fail(format!("cannot create: {e}")))
+        }
+        Err(e) => Err(fail(e.to_string())),
+    }
 }
 
 /// What `--verbose` says a policy means.

@@ -969,6 +969,217 @@ fn sim_model_file_that_is_a_fifo_is_refused_instead_of_hanging() {
     assert_eq!(scratch.leftovers(), Vec::<PathBuf>::new());
 }
 
+/// `<path>.coord`, where a coordinator beside `path` would be.
+fn coord_beside(path: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.coord", path.display()))
+}
+
+/// The attack: `--state` naming a FIFO, a device or a directory (and before it, the same in
+/// CUVISOR_SIM_STATE). Each is refused at once with the reason, never read, and nothing is made
+/// beside it.
+#[test]
+fn state_that_is_a_fifo_device_or_directory_is_refused_without_hanging() {
+    let scratch = Scratch::new("state-special");
+    let marker = scratch.path("ran");
+    let touch = format!("touch {}", marker.display());
+    let fifo = scratch.path("fifo");
+    mkfifo(&fifo);
+    let dir = scratch.path("dir");
+    std::fs::create_dir(&dir).unwrap();
+    for (state, kind) in [
+        (fifo.as_path(), "a FIFO"),
+        (Path::new("/dev/zero"), "a character device"),
+        (dir.as_path(), "a directory"),
+    ] {
+        let s = state.to_str().unwrap();
+        let why =
+            format!("is {kind}, not a regular file; give a simulator state file or a new path");
+        let ran = cuvisor_within(
+            std::time::Duration::from_secs(10),
+            &[
+                "run", "--memory", "1Gi", "--sim", "single", "--state", s, "--", "sh", "-c", &touch,
+            ],
+            &scratch,
+            &[],
+        )
+        .exits(2);
+        assert_eq!(ran.stderr(), format!("error: --state {s}: {why}\n"));
+        let ran = cuvisor_within(
+            std::time::Duration::from_secs(10),
+            &[
+                "run", "--memory", "1Gi", "--sim", "single", "--", "sh", "-c", &touch,
+            ],
+            &scratch,
+            &[("CUVISOR_SIM_STATE", s)],
+        )
+        .exits(2);
+        assert_eq!(
+            ran.stderr(),
+            format!("error: CUVISOR_SIM_STATE={s}: {why}\n")
+        );
+        assert!(!marker.exists(), "the command ran:\n{}", ran.show());
+        assert!(!coord_beside(state).exists(), "made {s}.coord");
+    }
+    assert_eq!(scratch.leftovers(), Vec::<PathBuf>::new());
+}
+
+/// Creates the simulator's state file `state` for `model`, as any process on the simulator does.
+fn make_state(scratch: &Scratch, model: &str, state: &Path) {
+    cuvisor(
+        &["sim", "fault", "fail-alloc", "--gpu", "0", "--count", "0"],
+        scratch,
+        &[
+            ("CUVISOR_SIM", model),
+            ("CUVISOR_SIM_STATE", state.to_str().unwrap()),
+        ],
+    )
+    .exits(0);
+    assert!(state.is_file());
+}
+
+/// The attack: `--state /etc/passwd` made /etc/passwd.coord. cuvisor creates nothing beside a
+/// file that is not a simulator state file: a --state (or CUVISOR_SIM_STATE) that exists must
+/// be one, of this machine model, not reached through a symbolic link, and a `.coord` that is
+/// not a directory is not followed. Runs on one real state file still share its coordinator.
+#[test]
+fn state_etc_passwd_gets_nothing_made_beside_it() {
+    let scratch = Scratch::new("state-passwd");
+    let marker = scratch.path("ran");
+    let touch = format!("touch {}", marker.display());
+    let run = |state: &Path, cmd: &str| {
+        cuvisor(
+            &[
+                "run",
+                "--memory",
+                "1Gi",
+                "--sim",
+                "single",
+                "--state",
+                state.to_str().unwrap(),
+                "--",
+                "sh",
+                "-c",
+                cmd,
+            ],
+            &scratch,
+            &[],
+        )
+    };
+    let passwd = scratch.path("passwd");
+    std::fs::write(&passwd, "root:x:0:0:root:/root:/bin/bash\n").unwrap();
+    let empty = scratch.path("empty");
+    std::fs::write(&empty, "").unwrap();
+    let other_model = scratch.path("dgx.state");
+    make_state(&scratch, "dgx1-v100", &other_model);
+    let real = scratch.path("gpu");
+    make_state(&scratch, "single", &real);
+    let link = scratch.path("link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let not_ours = "exists and is not a cuvisor simulator state file: refused, so that nothing \
+                    is made beside it (give a new path, or one a simulated run made)";
+    for (state, why) in [
+        (&passwd, not_ours.to_string()),
+        (&empty, not_ours.to_string()),
+        (
+            &other_model,
+            "the state of another simulated machine, not single (give a new path, or remove it)"
+                .into(),
+        ),
+        (
+            &link,
+            "is a symbolic link, not a regular file; give a simulator state file or a new path"
+                .into(),
+        ),
+    ] {
+        let ran = run(state, &touch).exits(2);
+        assert_eq!(
+            ran.stderr(),
+            format!("error: --state {}: {why}\n", state.display())
+        );
+        assert!(!marker.exists(), "the command ran:\n{}", ran.show());
+        assert!(!coord_beside(state).exists(), "{}", ran.show());
+    }
+    // The same for the environment's state file.
+    let ran = cuvisor(
+        &[
+            "run", "--memory", "1Gi", "--sim", "single", "--", "sh", "-c", &touch,
+        ],
+        &scratch,
+        &[("CUVISOR_SIM_STATE", passwd.to_str().unwrap())],
+    )
+    .exits(2);
+    assert_eq!(
+        ran.stderr(),
+        format!(
+            "error: CUVISOR_SIM_STATE={}: {not_ours}\n",
+            passwd.display()
+        )
+    );
+    assert!(!coord_beside(&passwd).exists());
+
+    // A `.coord` beside a real state file that is a symbolic link (to a directory) is refused.
+    let planted = scratch.path("planted");
+    let planted_state = scratch.path("planted.state");
+    make_state(&scratch, "single", &planted_state);
+    std::fs::create_dir(&planted).unwrap();
+    std::os::unix::fs::symlink(&planted, coord_beside(&planted_state)).unwrap();
+    let ran = run(&planted_state, &touch).exits(1);
+    assert_eq!(
+        ran.stderr(),
+        format!(
+            "error: the simulated GPU's coordinator directory {}: is a symbolic link, not a \
+             directory\n",
+            coord_beside(&planted_state).display()
+        )
+    );
+    assert!(!marker.exists());
+    assert_eq!(std::fs::read_dir(&planted).unwrap().count(), 0);
+
+    // A real state file, and one not made yet: two runs side by side get one coordinator
+    // beside it.
+    let show = "echo \"$CUVISOR_COORD_DIR\"; test -d \"$CUVISOR_COORD_DIR\"; sleep 0.5";
+    for state in [real.clone(), scratch.path("new-gpu")] {
+        let spawn = || {
+            command(
+                &[
+                    "run",
+                    "--memory",
+                    "1Gi",
+                    "--sim",
+                    "single",
+                    "--state",
+                    state.to_str().unwrap(),
+                    "--",
+                    "sh",
+                    "-c",
+                    show,
+                ],
+                &scratch,
+                &[],
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        };
+        let (a, b) = (spawn(), spawn());
+        for side in [a, b] {
+            let out = side.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                format!("{}\n", coord_beside(&state).display())
+            );
+        }
+        assert!(coord_beside(&state).is_dir());
+    }
+    assert_eq!(scratch.leftovers(), Vec::<PathBuf>::new());
+}
+
 /// Whether `pid` is a live process running `comm`: a zombie has ended, and a pid that another
 /// program now has is not it.
 fn alive(pid: i32, comm: &str) -> bool {
