@@ -2,11 +2,22 @@
 //! libcuvisor.so preloaded and a fresh ledger; with `--sim` (or `CUVISOR_SIM`), on the simulated
 //! GPU.
 //!
-//! Everything the input can get wrong is checked before anything runs: the quota, the compute
-//! policy, the simulator model, per-device ordinals against it, the library and the simulated
-//! driver being built. A quota (`--memory`, `--memory-per-device`), a policy (`--compute`) or both
-//! must be given; a policy alone leaves memory unlimited. The command then gets, on top of
-//! cuvisor's own environment:
+//! Everything the input can get wrong is checked before anything runs or is made: the quota,
+//! the compute policy, the simulator model (a machine file must be a regular file of at most
+//! 1 MiB: a FIFO or a device is never read), per-device ordinals against it, the simulated driver
+//! being built, and
+//!
+//! - the library (`--library`, or the one beside cuvisor): a regular file, an ELF shared object
+//!   of this machine that loads, checked in a process of its own (see `library`). ld.so skips a
+//!   preload it cannot load and runs the command anyway, with no quota: that must not happen.
+//! - the simulator's state file, when given (`--state`, else `CUVISOR_SIM_STATE`): absent, or a
+//!   simulator state file of this model, not reached through a symbolic link (see
+//!   `machine::check_state_file`). Anything else (`/etc/passwd`, a FIFO, `/dev/zero`, a
+//!   directory) is refused, so that nothing is made beside a file cuvisor was not asked to use.
+//!
+//! A quota (`--memory`, `--memory-per-device`), a policy (`--compute`) or both must be given; a
+//! policy alone leaves memory unlimited. The command then gets, on top of cuvisor's own
+//! environment:
 //!
 //! ```text
 //! LD_PRELOAD=<libcuvisor.so>[:<what was there>]
@@ -28,9 +39,17 @@
 //!
 //! The coordinator directory follows the simulator's state file because the state file *is* the
 //! simulated machine: two `cuvisor run --sim single --state /tmp/gpu` side by side share one
-//! simulated GPU and so must share its coordinator (the library's per-user default would do too,
-//! but would also join runs on other state files, which are other machines). Without the
-//! simulator `CUVISOR_COORD_DIR` is left alone: the library's per-user default is the machine's.
+//! simulated GPU and so must share its coordinator, `/tmp/gpu.coord` (the library's per-user
+//! default would do too, but would also join runs on other state files, which are other
+//! machines). It is made only beside a state file that passed the check above (or one in
+//! cuvisor's temporary directory); a `<state file>.coord` that exists must be a directory, not a
+//! symbolic link. Without the simulator `CUVISOR_COORD_DIR` is left alone: the library's per-user
+//! default is the machine's.
+//!
+//! The command dies with cuvisor, even when cuvisor is SIGKILLed, and the usual signals sent to
+//! cuvisor are passed on to it (see `child`); cuvisor then removes its temporary directory unless
+//! `--keep-state`. What a SIGKILLed cuvisor leaves behind, the next `cuvisor run` removes (see
+//! `scratch`).
 
 use crate::args::{RunArgs, Target};
 use crate::child;

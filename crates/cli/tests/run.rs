@@ -1,7 +1,9 @@
 //! `cuvisor run` end to end on the simulated GPU: the tf_stress driver-level twin
 //! (examples/tf_stress/twin.c) under a quota, programs that never touch CUDA, exit statuses,
-//! signals, the environment and state directory the command gets, and bad input refused before
-//! anything runs.
+//! signals (passed on; the command dying with cuvisor), the environment and state directory the
+//! command gets, bad input refused before anything runs (libraries that would not load, machine
+//! and state files that are special files or not the simulator's), and what a killed run leaves
+//! behind removed by the next.
 
 use cuvisor_shm::ledger::{Ledger, FILE_NAME};
 use std::io::{BufRead as _, BufReader};
