@@ -49,6 +49,14 @@ pub enum Command {
     Smi(SmiArgs),
     /// The simulated GPU: list presets, reset its state, inject faults, load it with kernels
     Sim(SimArgs),
+    /// Internal, for `cuvisor run`: dlopen FILE with RTLD_NOW | RTLD_LOCAL in this process and
+    /// say why it does not load (exit 1), so that cuvisor itself never loads the library it
+    /// checks
+    #[command(name = "__probe-library", hide = true)]
+    ProbeLibrary {
+        /// The shared object
+        file: PathBuf,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -77,7 +85,13 @@ pub struct DemoArgs {
     --state or CUVISOR_SIM_STATE names one) and CUVISOR_COORD_DIR=<state file>.coord (created if \
     needed): the compute coordinator belongs to the simulated machine, so runs on one state file \
     share the simulated GPU's time and runs on different ones do not; a CUVISOR_COORD_DIR already \
-    in the environment is kept. SIGINT and SIGTERM are passed on to the command. Exit status: the \
+    in the environment is kept. Refused before anything runs: a library that is not an ELF shared \
+    object of this machine that loads (dlopen RTLD_NOW, in a process of its own), a --sim file \
+    that is not a regular file of at most 1 MiB, a --state (or CUVISOR_SIM_STATE) that exists \
+    and is not a simulator state file of this model (a symbolic link, a FIFO, a device, a \
+    directory, any other file): nothing is made beside it. SIGINT, SIGTERM, SIGHUP, SIGQUIT, \
+    SIGUSR1 and SIGUSR2 are passed on to the command, which dies with cuvisor (SIGKILL \
+    included); a later run removes the temporary directory a killed one left. Exit status: the \
     command's, 128+N when signal N ended it, 127 when it cannot be found, 126 when it cannot be \
     run, 2 for bad usage, 1 when cuvisor itself fails.")]
 pub struct RunArgs {

@@ -1,5 +1,16 @@
-//! Running `cuvisor run`'s command: spawn it, pass SIGINT and SIGTERM on to it, wait, and turn
-//! how it ended into cuvisor's exit status. The only FFI of `run`.
+//! Running `cuvisor run`'s command: spawn it, pass the usual signals on to it (SIGINT, SIGTERM,
+//! SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2), wait, and turn how it ended into cuvisor's exit status.
+//! cuvisor outlives its command under those signals, so it always gets to remove its temporary
+//! state afterwards.
+//!
+//! The command dies with cuvisor: it is started with PR_SET_PDEATHSIG(SIGKILL), so even a
+//! SIGKILLed cuvisor (which can neither pass that on nor clean up) takes it along, and a command
+//! whose cuvisor died before the prctl took effect never starts (the parent it sees is not
+//! cuvisor any more). This covers the command itself, not processes it starts in turn: they
+//! outlive it as orphans do. (The kernel clears the death signal when the command execs a
+//! set-user-ID or set-group-ID program, or one with file capabilities.)
+//!
+//! The process-level FFI of `run` (the library probe's dlopen is in `library`).
 
 use crate::{Failure, Result};
 use std::ffi::{OsStr, OsString};
@@ -9,7 +20,14 @@ use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicI32, Ordering::SeqCst};
 
 /// The signals passed on to the command.
-const FORWARDED: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+const FORWARDED: [libc::c_int; 6] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+];
 
 /// `si_code` of a signal the kernel raised itself, as the terminal does for Ctrl-C (linux
 /// `include/uapi/asm-generic/siginfo.h`; the libc crate does not export it).
@@ -51,9 +69,10 @@ extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut l
     unsafe { *libc::__errno_location() = errno };
 }
 
-/// Installs the forwarding handler for SIGINT and SIGTERM, except where the signal is ignored
-/// (as a shell does for `cmd &`): then it stays ignored, and the command inherits that.
-fn install_forwarding() {
+/// Installs the forwarding handler for the signals in [`FORWARDED`], except where one is ignored
+/// (as a shell does for `cmd &`, or nohup for SIGHUP): then it stays ignored, and the command
+/// inherits that.
+pub fn install_forwarding() {
     for sig in FORWARDED {
         // SAFETY: sigaction with zeroed (valid) structs; the handler is async-signal-safe.
         unsafe {
@@ -100,8 +119,44 @@ fn wait_unreaped(pid: i32) {
     }
 }
 
+/// Makes the process `cmd` starts die (SIGKILL) when this one does, SIGKILL included; if this
+/// process is gone before that is set, the new one exits instead of running. The parent that
+/// counts is the thread that spawns: call it from the thread that lives as long as cuvisor does
+/// (the main thread).
+pub fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    let hook = move || {
+        // SAFETY: prctl(PR_SET_PDEATHSIG) and getppid are plain syscalls, async-signal-safe, as
+        // the time between fork and exec requires; nothing here allocates or takes a lock (an
+        // io::Error from an errno holds no allocation).
+        unsafe {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Reparented already: cuvisor died before the death signal was set.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs between fork and exec and only makes async-signal-safe syscalls
+    // (see above).
+    unsafe { cmd.pre_exec(hook) };
+}
+
 /// Runs `argv` with `env` added to cuvisor's environment and `unset` removed from it, passing
-/// SIGINT/SIGTERM on, and returns how it ended. A command that cannot be started is an error
+/// the signals in [`FORWARDED`] on, and returns how it ended; the command dies with cuvisor
+/// (see [`die_with_parent`]). A command that cannot be started is an error
 /// with the shell's status (127 not found, 126 otherwise).
 pub fn run(argv: &[OsString], env: &[(OsString, OsString)], unset: &[&str]) -> Result<ExitStatus> {
     let Some((program, args)) = argv.split_first() else {
@@ -113,6 +168,7 @@ pub fn run(argv: &[OsString], env: &[(OsString, OsString)], unset: &[&str]) -> R
         cmd.env_remove(k);
     }
     cmd.args(args).envs(env.iter().map(|(k, v)| (k, v)));
+    die_with_parent(&mut cmd);
     let mut child = cmd.spawn().map_err(|e| launch_error(program, &e))?;
     let pid = child.id() as i32;
     CHILD.store(pid, SeqCst);

@@ -6,11 +6,12 @@
 //! behaves like `nvidia-smi`; the `sim` verbs use the `single` preset, as the libraries do.
 
 use crate::args::Target;
+use crate::files::{self, Links, NotOpened};
 use crate::{Failure, Result};
 use cuvisor_sim::model::{self, Model, PRESETS};
 use cuvisor_sim::state::{self, Shared};
 use nvml_wrapper::Nvml;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Where `smi` gets its GPUs from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,6 +86,70 @@ pub fn state_path(target: &Target, model: &Model) -> PathBuf {
         Some(p) if !p.is_empty() => PathBuf::from(p),
         _ => state::default_state_path(model),
     }
+}
+
+/// How long [`check_state_file`] waits for a state file that another process is creating (the
+/// simulator makes it, sizes it and writes its header under an flock, in well under a
+/// millisecond) to get its header.
+const STATE_HEADER_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Checks a state file given to `cuvisor run` before anything is made beside it (the coordinator
+/// directory `<file>.coord`): it may be absent (the simulator creates it), else it must be a
+/// regular file, not reached through a symbolic link, that starts with the simulator's header
+/// for this layout version and this machine model. The header is read from a descriptor opened
+/// with O_NONBLOCK | O_NOFOLLOW after the path was seen to be a regular file (see `files`), so
+/// a FIFO, a device or a directory is refused, never read. A file with no header yet (shorter
+/// than one, or its magic still 0) is looked at again for [`STATE_HEADER_WAIT`]: the simulator
+/// in a run started just before may be writing it. No lock is waited on. Err: the reason.
+pub fn check_state_file(path: &Path, model: &Model) -> std::result::Result<(), String> {
+    use std::mem::{offset_of, size_of};
+    let file = match files::open_regular(path, Links::Refuse) {
+        Ok(f) => f,
+        Err(NotOpened::Missing) => return Ok(()),
+        Err(NotOpened::Refused(why)) => {
+            return Err(format!("{why}; give a simulator state file or a new path"))
+        }
+    };
+    let not_ours = || {
+        "exists and is not a cuvisor simulator state file: refused, so that nothing is made \
+         beside it (give a new path, or one a simulated run made)"
+            .to_string()
+    };
+    let u64_at =
+        |h: &[u8], at: usize| u64::from_ne_bytes(h[at..at + 8].try_into().unwrap_or_default());
+    let started = std::time::Instant::now();
+    let mut head = [0u8; size_of::<state::Header>()];
+    loop {
+        let got = files::read_head(&file, &mut head).map_err(|e| format!("cannot read: {e}"))?;
+        let magic = (got >= 8).then(|| u64_at(&head, offset_of!(state::Header, magic)));
+        match magic {
+            Some(state::MAGIC) if got == head.len() => break,
+            // Nothing there yet, or the header being written.
+            None | Some(0) | Some(state::MAGIC) => {
+                if started.elapsed() >= STATE_HEADER_WAIT {
+                    return Err(not_ours());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Some(_) => return Err(not_ours()),
+        }
+    }
+    let at = offset_of!(state::Header, version);
+    let version = u32::from_ne_bytes(head[at..at + 4].try_into().unwrap_or_default());
+    if version != state::LAYOUT_VERSION {
+        return Err(format!(
+            "a simulator state file of layout version {version}; this cuvisor's simulator uses \
+             version {} (give a new path, or remove it)",
+            state::LAYOUT_VERSION
+        ));
+    }
+    if u64_at(&head, offset_of!(state::Header, fingerprint)) != model.fingerprint() {
+        return Err(format!(
+            "the state of another simulated machine, not {} (give a new path, or remove it)",
+            model.name
+        ));
+    }
+    Ok(())
 }
 
 /// "the dgx1-v100 simulator has GPUs 0-7"

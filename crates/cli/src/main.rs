@@ -11,9 +11,12 @@ mod args;
 mod child;
 mod demo;
 mod fault;
+mod files;
+mod library;
 mod load;
 mod machine;
 mod run;
+mod scratch;
 mod sim;
 mod smi;
 mod topo;
@@ -60,6 +63,11 @@ fn main() -> ExitCode {
             SimCommand::Fault(f) => fault::run(&cli.target, &f).map(Done::Print),
             SimCommand::Load(l) => load::run(&cli.target, &l).map(Done::Exit),
         },
+        Command::ProbeLibrary { file } => {
+            let (said, code) = library::probe_main(&file);
+            let _ = std::io::stdout().write_all(said.as_bytes());
+            Ok(Done::Exit(code))
+        }
     };
     match result {
         Ok(Done::Print(text)) => {

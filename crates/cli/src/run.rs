@@ -2,11 +2,22 @@
 //! libcuvisor.so preloaded and a fresh ledger; with `--sim` (or `CUVISOR_SIM`), on the simulated
 //! GPU.
 //!
-//! Everything the input can get wrong is checked before anything runs: the quota, the compute
-//! policy, the simulator model, per-device ordinals against it, the library and the simulated
-//! driver being built. A quota (`--memory`, `--memory-per-device`), a policy (`--compute`) or both
-//! must be given; a policy alone leaves memory unlimited. The command then gets, on top of
-//! cuvisor's own environment:
+//! Everything the input can get wrong is checked before anything runs or is made: the quota,
+//! the compute policy, the simulator model (a machine file must be a regular file of at most
+//! 1 MiB: a FIFO or a device is never read), per-device ordinals against it, the simulated driver
+//! being built, and
+//!
+//! - the library (`--library`, or the one beside cuvisor): a regular file, an ELF shared object
+//!   of this machine that loads, checked in a process of its own (see `library`). ld.so skips a
+//!   preload it cannot load and runs the command anyway, with no quota: that must not happen.
+//! - the simulator's state file, when given (`--state`, else `CUVISOR_SIM_STATE`): absent, or a
+//!   simulator state file of this model, not reached through a symbolic link (see
+//!   `machine::check_state_file`). Anything else (`/etc/passwd`, a FIFO, `/dev/zero`, a
+//!   directory) is refused, so that nothing is made beside a file cuvisor was not asked to use.
+//!
+//! A quota (`--memory`, `--memory-per-device`), a policy (`--compute`) or both must be given; a
+//! policy alone leaves memory unlimited. The command then gets, on top of cuvisor's own
+//! environment:
 //!
 //! ```text
 //! LD_PRELOAD=<libcuvisor.so>[:<what was there>]
@@ -28,20 +39,30 @@
 //!
 //! The coordinator directory follows the simulator's state file because the state file *is* the
 //! simulated machine: two `cuvisor run --sim single --state /tmp/gpu` side by side share one
-//! simulated GPU and so must share its coordinator (the library's per-user default would do too,
-//! but would also join runs on other state files, which are other machines). Without the
-//! simulator `CUVISOR_COORD_DIR` is left alone: the library's per-user default is the machine's.
+//! simulated GPU and so must share its coordinator, `/tmp/gpu.coord` (the library's per-user
+//! default would do too, but would also join runs on other state files, which are other
+//! machines). It is made only beside a state file that passed the check above (or one in
+//! cuvisor's temporary directory); a `<state file>.coord` that exists must be a directory, not a
+//! symbolic link. Without the simulator `CUVISOR_COORD_DIR` is left alone: the library's per-user
+//! default is the machine's.
+//!
+//! The command dies with cuvisor, even when cuvisor is SIGKILLed, and the usual signals sent to
+//! cuvisor are passed on to it (see `child`); cuvisor then removes its temporary directory unless
+//! `--keep-state`. What a SIGKILLed cuvisor leaves behind, the next `cuvisor run` removes (see
+//! `scratch`).
 
 use crate::args::{RunArgs, Target};
 use crate::child;
+use crate::library;
 use crate::machine::{self, Source};
+use crate::scratch::{self, Scratch};
 use crate::{Failure, Result};
 use cuvisor_shm::compute::{self, ComputePolicy};
 use cuvisor_shm::ledger::{self, Ledger};
 use cuvisor_shm::quantity::{LimitError, MemoryLimit};
-use cuvisor_sim::model::Model;
-use std::ffi::{CString, OsString};
-use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
+use cuvisor_sim::model::{file_kind, Model};
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 
 /// The library's file name, as Cargo writes the root package's cdylib.
@@ -61,25 +82,54 @@ pub fn run(target: &Target, args: &RunArgs) -> Result<u8> {
         check_ordinals(model, per)?;
     }
     let exe_dir = exe_dir()?;
-    let library = match &args.library {
-        Some(given) => given_library(given)?,
-        None => find_library(&exe_dir)?,
-    };
     let sim_dir = match sim {
         Some(_) => Some(sim_libraries(&exe_dir)?),
         None => None,
+    };
+    // The command's library path, where the library's own dependencies are looked for.
+    let ld_library_path = match &sim_dir {
+        Some(dir) => Some(prepend(dir, std::env::var_os("LD_LIBRARY_PATH"))),
+        None => std::env::var_os("LD_LIBRARY_PATH"),
+    };
+    let library = match &args.library {
+        Some(given) => given_library(given, ld_library_path.as_deref())?,
+        None => {
+            let found = find_library(&exe_dir)?;
+            library::check(&found, ld_library_path.as_deref()).map_err(|why| {
+                Failure::Runtime(format!(
+                    "the interception library {}: {why}",
+                    found.display()
+                ))
+            })?;
+            found
+        }
     };
     let state_dir = match &args.state_dir {
         Some(d) => Some(absolute(d)?),
         None => None,
     };
-    let sim_state_given = target.state.is_some()
-        || std::env::var_os("CUVISOR_SIM_STATE").is_some_and(|v| !v.is_empty());
+    // The simulator's state file, when one was given: checked before anything is made beside it.
+    let given_state = match &sim {
+        Some((_, model)) => {
+            let given = given_state(target)?;
+            if let Some(g) = &given {
+                machine::check_state_file(&g.path, model)
+                    .map_err(|why| Failure::Usage(format!("{}: {why}", g.origin)))?;
+            }
+            given
+        }
+        None => None,
+    };
+    // From here on cuvisor makes things it must remove: a signal is passed on to the command
+    // (or kept for it until it starts), never the end of cuvisor.
+    child::install_forwarding();
     // A private temporary directory, for whichever of the ledger and the simulator's state was
-    // not given.
-    let scratch = if state_dir.is_none() || (sim.is_some() && !sim_state_given) {
+    // not given. Making one sweeps away those of runs that died; a run that needs none sweeps
+    // too.
+    let scratch = if state_dir.is_none() || (sim.is_some() && given_state.is_none()) {
         Some(Scratch::create(args.keep_state)?)
     } else {
+        scratch::sweep(&std::env::temp_dir());
         None
     };
     let state_dir = match (state_dir, &scratch) {
@@ -95,35 +145,26 @@ pub fn run(target: &Target, args: &RunArgs) -> Result<u8> {
     };
     let sim_setup = match (sim, sim_dir) {
         (Some((spec, _)), Some(dir)) => {
-            let state = match (&target.state, &scratch) {
-                (Some(s), _) => Some(absolute(s)?),
-                (None, Some(scratch)) if !sim_state_given => Some(scratch.path.join("sim.state")),
-                _ => None,
+            // The state file in use, and whether to set CUVISOR_SIM_STATE to it (not when it is
+            // the environment's already).
+            let (file, set) = match (&given_state, &scratch) {
+                (Some(g), _) => (g.path.clone(), g.from_flag),
+                (None, Some(scratch)) => (scratch.path.join("sim.state"), true),
+                // Unreachable: a scratch directory exists whenever no state file was given.
+                (None, None) => return Err(Failure::Runtime("no simulator state file".into())),
             };
             let coord = match std::env::var_os("CUVISOR_COORD_DIR").filter(|d| !d.is_empty()) {
                 Some(_) => None,
                 None => {
-                    // The state file in use: the one set here, else the environment's.
-                    let file = match &state {
-                        Some(s) => s.clone(),
-                        None => absolute(Path::new(
-                            &std::env::var_os("CUVISOR_SIM_STATE").unwrap_or_default(),
-                        ))?,
-                    };
                     let dir = coord_dir(&file);
-                    std::fs::create_dir_all(&dir).map_err(|e| {
-                        Failure::Runtime(format!(
-                            "cannot create the simulated GPU's coordinator directory {}: {e}",
-                            dir.display()
-                        ))
-                    })?;
+                    make_coord_dir(&dir)?;
                     Some(dir)
                 }
             };
             Some(SimSetup {
                 spec,
                 dir,
-                state,
+                state: set.then_some(file),
                 coord,
             })
         }
@@ -229,11 +270,61 @@ fn compute_policy(args: &RunArgs, has_quota: bool) -> Result<Option<ComputePolic
     Ok(Some(policy))
 }
 
-/// The simulated GPU's coordinator directory: `<state file>.coord`, beside the state file.
+/// The simulator state file `cuvisor run` was given, with where it came from.
+struct GivenState {
+    /// "--state FILE" or "CUVISOR_SIM_STATE=FILE", as given, for messages.
+    origin: String,
+    path: PathBuf,
+    from_flag: bool,
+}
+
+/// `--state`, else a non-empty `CUVISOR_SIM_STATE`, made absolute; None: neither.
+fn given_state(target: &Target) -> Result<Option<GivenState>> {
+    if let Some(s) = &target.state {
+        return Ok(Some(GivenState {
+            origin: format!("--state {}", s.display()),
+            path: absolute(s)?,
+            from_flag: true,
+        }));
+    }
+    match std::env::var_os("CUVISOR_SIM_STATE").filter(|v| !v.is_empty()) {
+        Some(v) => Ok(Some(GivenState {
+            origin: format!("CUVISOR_SIM_STATE={}", v.to_string_lossy()),
+            path: absolute(Path::new(&v))?,
+            from_flag: false,
+        })),
+        None => Ok(None),
+    }
+}
+
+/// The simulated GPU's coordinator directory: `<state file>.coord`, beside the state file
+/// (which is a simulator state file, or none yet: see `machine::check_state_file`).
 fn coord_dir(state_file: &Path) -> PathBuf {
     let mut name = state_file.as_os_str().to_os_string();
     name.push(".coord");
     PathBuf::from(name)
+}
+
+/// Makes the coordinator directory if it is not there; something else by its name (a file, a
+/// symbolic link, even to a directory) is refused, not followed.
+fn make_coord_dir(dir: &Path) -> Result<()> {
+    let fail = |why: String| {
+        Failure::Runtime(format!(
+            "the simulated GPU's coordinator directory {}: {why}",
+            dir.display()
+        ))
+    };
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(m) => Err(fail(format!(
+            "is {}, not a directory",
+            file_kind(m.file_type())
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir).map_err(|e| fail(format!("cannot create: {e}")))
+        }
+        Err(e) => Err(fail(e.to_string())),
+    }
 }
 
 /// What `--verbose` says a policy means.
@@ -287,13 +378,9 @@ pub fn find_library(exe_dir: &Path) -> Result<PathBuf> {
     }
 }
 
-fn given_library(given: &Path) -> Result<PathBuf> {
-    if !given.is_file() {
-        return Err(Failure::Usage(format!(
-            "--library {}: no such file",
-            given.display()
-        )));
-    }
+/// `--library FILE`, made absolute, once it is known to be a shared object that loads (see
+/// `library`): anything else would be ignored by ld.so, and the command would run with no quota.
+fn given_library(given: &Path, ld_library_path: Option<&OsStr>) -> Result<PathBuf> {
     let abs = absolute(given)?;
     // ld.so splits LD_PRELOAD at spaces and colons.
     if abs
@@ -307,6 +394,8 @@ fn given_library(given: &Path) -> Result<PathBuf> {
             abs.display()
         )));
     }
+    library::check(&abs, ld_library_path)
+        .map_err(|why| Failure::Usage(format!("--library {}: {why}", given.display())))?;
     Ok(abs)
 }
 
@@ -326,45 +415,6 @@ fn sim_libraries(exe_dir: &Path) -> Result<PathBuf> {
 
 fn absolute(p: &Path) -> Result<PathBuf> {
     std::path::absolute(p).map_err(|e| Failure::Runtime(format!("{}: {e}", p.display())))
-}
-
-/// A private directory under $TMPDIR, removed when dropped unless kept.
-struct Scratch {
-    path: PathBuf,
-    keep: bool,
-}
-
-impl Scratch {
-    fn create(keep: bool) -> Result<Scratch> {
-        let template = std::env::temp_dir().join("cuvisor-run-XXXXXX");
-        let fail = |e: String| {
-            Failure::Runtime(format!(
-                "cannot create a temporary directory {}: {e}",
-                template.display()
-            ))
-        };
-        let c = CString::new(template.as_os_str().as_bytes())
-            .map_err(|_| fail("the path holds a NUL byte".into()))?;
-        let mut bytes = c.into_bytes_with_nul();
-        // SAFETY: a NUL-terminated, writable template ending in XXXXXX; mkdtemp fills it in.
-        let made = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
-        if made.is_null() {
-            return Err(fail(std::io::Error::last_os_error().to_string()));
-        }
-        bytes.pop();
-        Ok(Scratch {
-            path: PathBuf::from(OsString::from_vec(bytes)),
-            keep,
-        })
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if !self.keep {
-            let _ = std::fs::remove_dir_all(&self.path);
-        }
-    }
 }
 
 struct SimSetup {

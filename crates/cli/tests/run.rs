@@ -1,7 +1,9 @@
 //! `cuvisor run` end to end on the simulated GPU: the tf_stress driver-level twin
 //! (examples/tf_stress/twin.c) under a quota, programs that never touch CUDA, exit statuses,
-//! signals, the environment and state directory the command gets, and bad input refused before
-//! anything runs.
+//! signals (passed on; the command dying with cuvisor), the environment and state directory the
+//! command gets, bad input refused before anything runs (libraries that would not load, machine
+//! and state files that are special files or not the simulator's), and what a killed run leaves
+//! behind removed by the next.
 
 use cuvisor_shm::ledger::{Ledger, FILE_NAME};
 use std::io::{BufRead as _, BufReader};
@@ -772,4 +774,632 @@ fn the_probes_ledger_reader_matches_the_ledger() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+}
+
+/// A shared object that leaves one symbol to be found at load time, which no library has:
+/// ld.so would preload it lazily and run the command; dlopen(RTLD_NOW) refuses it.
+fn library_with_a_missing_symbol(scratch: &Scratch) -> PathBuf {
+    let src = scratch.path("missing.c");
+    std::fs::write(
+        &src,
+        "void cuvisor_test_missing(void);\nvoid cuvisor_test_f(void) { cuvisor_test_missing(); }\n",
+    )
+    .unwrap();
+    let out = scratch.path("missing.so");
+    let ok = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("run cc")
+        .success();
+    assert!(ok, "compiling {}", src.display());
+    out
+}
+
+/// The attack: `cuvisor run --library /etc/hostname -- CMD` ran CMD with no quota and exit 0
+/// (ld.so skips a preload it cannot load, says so on stderr and runs the program anyway). Now
+/// anything that is not a shared object of this machine that loads (RTLD_NOW) is refused, in
+/// one line that names it and why, before anything runs or is made.
+#[test]
+fn library_etc_hostname_is_refused_instead_of_running_without_a_quota() {
+    let scratch = Scratch::new("bad-library");
+    let marker = scratch.path("ran");
+    let touch = format!("touch {}", marker.display());
+    let real = std::fs::read(built().join("deps/libcuvisor.so")).unwrap();
+    // libcuvisor.so's ELF header with one 16-bit field changed (in this machine's byte order,
+    // which the header has).
+    let patched = |name: &str, at: usize, value: u16| {
+        let mut head = real[..64].to_vec();
+        head[at..at + 2].copy_from_slice(&value.to_ne_bytes());
+        let p = scratch.path(name);
+        std::fs::write(&p, head).unwrap();
+        p
+    };
+    let hostname = scratch.path("hostname");
+    std::fs::write(&hostname, "buildhost\n").unwrap();
+    let dir = scratch.path("dir.so");
+    std::fs::create_dir(&dir).unwrap();
+    let fifo = scratch.path("fifo.so");
+    mkfifo(&fifo);
+    let (other, other_name) = if cfg!(target_arch = "arm") {
+        (62, "x86-64")
+    } else {
+        (40, "ARM")
+    };
+    let short = scratch.path("short.so");
+    std::fs::write(&short, &real[..64]).unwrap();
+    let mut cases: Vec<(PathBuf, String)> = vec![
+        (hostname, "not an ELF file, so not a shared library".into()),
+        (dir, "is a directory, not a regular file".into()),
+        (fifo, "is a FIFO, not a regular file".into()),
+        (
+            patched("exec.so", 16, 2),
+            "an executable (ET_EXEC), not a shared object (ET_DYN)".into(),
+        ),
+        (
+            patched("other-arch.so", 18, other),
+            format!("a shared object for {other_name} (ELF machine {other}); this machine is "),
+        ),
+        // A good ELF header and nothing behind it.
+        (short, "does not load: ".into()),
+        (
+            library_with_a_missing_symbol(&scratch),
+            "does not load: undefined symbol: cuvisor_test_missing".into(),
+        ),
+    ];
+    if std::fs::read("/etc/hostname").is_ok_and(|h| !h.starts_with(b"\x7fELF")) {
+        cases.push((
+            "/etc/hostname".into(),
+            "not an ELF file, so not a shared library".into(),
+        ));
+    }
+    for (library, why) in cases {
+        let lib = library.to_str().unwrap();
+        let ran = cuvisor_within(
+            std::time::Duration::from_secs(20),
+            &[
+                "run",
+                "--memory",
+                "1Gi",
+                "--library",
+                lib,
+                "--",
+                "sh",
+                "-c",
+                &touch,
+            ],
+            &scratch,
+            &[],
+        )
+        .exits(2);
+        let err = ran.stderr();
+        assert!(
+            err.starts_with(&format!("error: --library {lib}: {why}")) && err.lines().count() == 1,
+            "want one line \"error: --library {lib}: {why}...\"\n{}",
+            ran.show()
+        );
+        assert!(!marker.exists(), "the command ran:\n{}", ran.show());
+        assert_eq!(scratch.leftovers(), Vec::<PathBuf>::new());
+    }
+
+    // The library found beside cuvisor is checked too (exit 1: cuvisor's own install is bad).
+    let lonely = scratch.path("bin/cuvisor");
+    std::fs::create_dir_all(lonely.parent().unwrap()).unwrap();
+    std::fs::copy(EXE, &lonely).unwrap();
+    let beside = scratch.path("bin/libcuvisor.so");
+    std::fs::write(&beside, "not a library\n").unwrap();
+    let out = Command::new(&lonely)
+        .args(["run", "--memory", "1Gi", "--", "sh", "-c", &touch])
+        .env("TMPDIR", scratch.tmp())
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "error: the interception library {}: not an ELF file, so not a shared library\n",
+            beside.display()
+        )
+    );
+    assert!(!marker.exists());
+}
+
+/// The attack: `--sim FIFO` (a machine file that is a FIFO) hung `cuvisor run` in its read. A
+/// machine file must be a regular file of at most 1 MiB: anything else is refused at once,
+/// and nothing runs.
+#[test]
+fn sim_model_file_that_is_a_fifo_is_refused_instead_of_hanging() {
+    let scratch = Scratch::new("sim-fifo");
+    let marker = scratch.path("ran");
+    let touch = format!("touch {}", marker.display());
+    let fifo = scratch.path("model.toml");
+    mkfifo(&fifo);
+    let dir = scratch.path("dir.toml");
+    std::fs::create_dir(&dir).unwrap();
+    let huge = scratch.path("huge.toml");
+    std::fs::write(&huge, format!("{}\n", "#".repeat(1 << 20))).unwrap();
+    for (model, why) in [
+        (
+            &fifo,
+            "is a FIFO, not a machine file (a regular .toml/.json file)",
+        ),
+        (
+            &dir,
+            "is a directory, not a machine file (a regular .toml/.json file)",
+        ),
+        (
+            &huge,
+            "holds more than 1048576 bytes (1048577): not a machine file",
+        ),
+    ] {
+        let m = model.to_str().unwrap();
+        let ran = cuvisor_within(
+            std::time::Duration::from_secs(10),
+            &[
+                "run", "--memory", "1Gi", "--sim", m, "--", "sh", "-c", &touch,
+            ],
+            &scratch,
+            &[],
+        )
+        .exits(2);
+        assert_eq!(ran.stderr(), format!("error: --sim {m}: {m} {why}\n"));
+        assert!(!marker.exists(), "the command ran:\n{}", ran.show());
+    }
+    // A machine file that is a plain file still works.
+    let good = scratch.path("one.toml");
+    std::fs::write(&good, "[[device]]\nmemory = '8Gi'\n").unwrap();
+    cuvisor(
+        &[
+            "run",
+            "--memory",
+            "1Gi",
+            "--sim",
+            good.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ],
+        &scratch,
+        &[],
+    )
+    .exits(0);
+    assert!(marker.exists());
+    assert_eq!(scratch.leftovers(), Vec::<PathBuf>::new());
+}
+
+/// `<path>.coord`, where a coordinator beside `path` would be.
+fn coord_beside(path: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.coord", path.display()))
+}
+
+/// The attack: `--state` naming a FIFO, a device or a directory (and before it, the same in
+/// CUVISOR_SIM_STATE). Each is refused at once with the reason, never read, and nothing is made
+/// beside it.
+#[test]
+fn state_that_is_a_fifo_device_or_directory_is_refused_without_hanging() {
+    let scratch = Scratch::new("state-special");
+    let marker = scratch.path("ran");
+    let touch = format!("touch {}", marker.display());
+    let fifo = scratch.path("fifo");
+    mkfifo(&fifo);
+    let dir = scratch.path("dir");
+    std::fs::create_dir(&dir).unwrap();
+    for (state, kind) in [
+        (fifo.as_path(), "a FIFO"),
+        (Path::new("/dev/zero"), "a character device"),
+        (dir.as_path(), "a directory"),
+    ] {
+        let s = state.to_str().unwrap();
+        let why =
+            format!("is {kind}, not a regular file; give a simulator state file or a new path");
+        let ran = cuvisor_within(
+            std::time::Duration::from_secs(10),
+            &[
+                "run", "--memory", "1Gi", "--sim", "single", "--state", s, "--", "sh", "-c", &touch,
+            ],
+            &scratch,
+            &[],
+        )
+        .exits(2);
+        assert_eq!(ran.stderr(), format!("error: --state {s}: {why}\n"));
+        let ran = cuvisor_within(
+            std::time::Duration::from_secs(10),
+            &[
+                "run", "--memory", "1Gi", "--sim", "single", "--", "sh", "-c", &touch,
+            ],
+            &scratch,
+            &[("CUVISOR_SIM_STATE", s)],
+        )
+        .exits(2);
+        assert_eq!(
+            ran.stderr(),
+            format!("error: CUVISOR_SIM_STATE={s}: {why}\n")
+        );
+        assert!(!marker.exists(), "the command ran:\n{}", ran.show());
+        assert!(!coord_beside(state).exists(), "made {s}.coord");
+    }
+    assert_eq!(scratch.leftovers(), Vec::<PathBuf>::new());
+}
+
+/// Creates the simulator's state file `state` for `model`, as any process on the simulator does.
+fn make_state(scratch: &Scratch, model: &str, state: &Path) {
+    cuvisor(
+        &["sim", "fault", "fail-alloc", "--gpu", "0", "--count", "0"],
+        scratch,
+        &[
+            ("CUVISOR_SIM", model),
+            ("CUVISOR_SIM_STATE", state.to_str().unwrap()),
+        ],
+    )
+    .exits(0);
+    assert!(state.is_file());
+}
+
+/// The attack: `--state /etc/passwd` made /etc/passwd.coord. cuvisor creates nothing beside a
+/// file that is not a simulator state file: a --state (or CUVISOR_SIM_STATE) that exists must
+/// be one, of this machine model, not reached through a symbolic link, and a `.coord` that is
+/// not a directory is not followed. Runs on one real state file still share its coordinator.
+#[test]
+fn state_etc_passwd_gets_nothing_made_beside_it() {
+    let scratch = Scratch::new("state-passwd");
+    let marker = scratch.path("ran");
+    let touch = format!("touch {}", marker.display());
+    let run = |state: &Path, cmd: &str| {
+        cuvisor(
+            &[
+                "run",
+                "--memory",
+                "1Gi",
+                "--sim",
+                "single",
+                "--state",
+                state.to_str().unwrap(),
+                "--",
+                "sh",
+                "-c",
+                cmd,
+            ],
+            &scratch,
+            &[],
+        )
+    };
+    let passwd = scratch.path("passwd");
+    std::fs::write(&passwd, "root:x:0:0:root:/root:/bin/bash\n").unwrap();
+    let empty = scratch.path("empty");
+    std::fs::write(&empty, "").unwrap();
+    let other_model = scratch.path("dgx.state");
+    make_state(&scratch, "dgx1-v100", &other_model);
+    let real = scratch.path("gpu");
+    make_state(&scratch, "single", &real);
+    let link = scratch.path("link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let not_ours = "exists and is not a cuvisor simulator state file: refused, so that nothing \
+                    is made beside it (give a new path, or one a simulated run made)";
+    for (state, why) in [
+        (&passwd, not_ours.to_string()),
+        (&empty, not_ours.to_string()),
+        (
+            &other_model,
+            "the state of another simulated machine, not single (give a new path, or remove it)"
+                .into(),
+        ),
+        (
+            &link,
+            "is a symbolic link, not a regular file; give a simulator state file or a new path"
+                .into(),
+        ),
+    ] {
+        let ran = run(state, &touch).exits(2);
+        assert_eq!(
+            ran.stderr(),
+            format!("error: --state {}: {why}\n", state.display())
+        );
+        assert!(!marker.exists(), "the command ran:\n{}", ran.show());
+        assert!(!coord_beside(state).exists(), "{}", ran.show());
+    }
+    // The same for the environment's state file.
+    let ran = cuvisor(
+        &[
+            "run", "--memory", "1Gi", "--sim", "single", "--", "sh", "-c", &touch,
+        ],
+        &scratch,
+        &[("CUVISOR_SIM_STATE", passwd.to_str().unwrap())],
+    )
+    .exits(2);
+    assert_eq!(
+        ran.stderr(),
+        format!(
+            "error: CUVISOR_SIM_STATE={}: {not_ours}\n",
+            passwd.display()
+        )
+    );
+    assert!(!coord_beside(&passwd).exists());
+
+    // A `.coord` beside a real state file that is a symbolic link (to a directory) is refused.
+    let planted = scratch.path("planted");
+    let planted_state = scratch.path("planted.state");
+    make_state(&scratch, "single", &planted_state);
+    std::fs::create_dir(&planted).unwrap();
+    std::os::unix::fs::symlink(&planted, coord_beside(&planted_state)).unwrap();
+    let ran = run(&planted_state, &touch).exits(1);
+    assert_eq!(
+        ran.stderr(),
+        format!(
+            "error: the simulated GPU's coordinator directory {}: is a symbolic link, not a \
+             directory\n",
+            coord_beside(&planted_state).display()
+        )
+    );
+    assert!(!marker.exists());
+    assert_eq!(std::fs::read_dir(&planted).unwrap().count(), 0);
+
+    // A real state file, and one not made yet: two runs side by side get one coordinator
+    // beside it.
+    let show = "echo \"$CUVISOR_COORD_DIR\"; test -d \"$CUVISOR_COORD_DIR\"; sleep 0.5";
+    for state in [real.clone(), scratch.path("new-gpu")] {
+        let spawn = || {
+            command(
+                &[
+                    "run",
+                    "--memory",
+                    "1Gi",
+                    "--sim",
+                    "single",
+                    "--state",
+                    state.to_str().unwrap(),
+                    "--",
+                    "sh",
+                    "-c",
+                    show,
+                ],
+                &scratch,
+                &[],
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        };
+        let (a, b) = (spawn(), spawn());
+        for side in [a, b] {
+            let out = side.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                format!("{}\n", coord_beside(&state).display())
+            );
+        }
+        assert!(coord_beside(&state).is_dir());
+    }
+    assert_eq!(scratch.leftovers(), Vec::<PathBuf>::new());
+}
+
+/// Whether `pid` is a live process running `comm`: a zombie has ended, and a pid that another
+/// program now has is not it.
+fn alive(pid: i32, comm: &str) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // "PID (COMM) STATE ..."
+    let Some((head, rest)) = stat.rsplit_once(") ") else {
+        return false;
+    };
+    head.ends_with(&format!("({comm}")) && !rest.starts_with(['Z', 'X'])
+}
+
+/// Polls `cond` every 10 ms for up to `limit`; whether it came true.
+fn soon(limit: std::time::Duration, cond: impl Fn() -> bool) -> bool {
+    let started = std::time::Instant::now();
+    loop {
+        if cond() {
+            return true;
+        }
+        if started.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// `cuvisor run --memory 1Gi -- sh -c 'echo $$; exec sleep 30'`, once the command is `sleep`:
+/// cuvisor and the command's pid.
+fn run_sleeping(scratch: &Scratch) -> (std::process::Child, i32) {
+    let mut child = command(
+        &[
+            "run",
+            "--memory",
+            "1Gi",
+            "--",
+            "sh",
+            "-c",
+            "echo $$; exec sleep 30",
+        ],
+        scratch,
+        &[],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let pid: i32 = line.trim().parse().unwrap();
+    assert!(
+        soon(std::time::Duration::from_secs(5), || alive(pid, "sleep")),
+        "the command never became sleep"
+    );
+    (child, pid)
+}
+
+/// SIGKILLs cuvisor and waits for it.
+fn sigkill(mut cuvisor: std::process::Child) {
+    // SAFETY: plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(cuvisor.id() as i32, libc::SIGKILL) }, 0);
+    cuvisor.wait().unwrap();
+}
+
+/// The attack: SIGKILL of `cuvisor run` (which can pass nothing on) left its command running,
+/// under no cuvisor at all. The command now dies with it (PR_SET_PDEATHSIG), within a second.
+#[test]
+fn sigkill_of_cuvisor_run_kills_its_command_within_a_second() {
+    let scratch = Scratch::new("sigkill");
+    let (cuvisor, pid) = run_sleeping(&scratch);
+    sigkill(cuvisor);
+    let gone = soon(std::time::Duration::from_secs(1), || !alive(pid, "sleep"));
+    if !gone {
+        // SAFETY: plain kill(2); it is the sleep this test started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    assert!(gone, "the command (pid {pid}) outlived cuvisor by a second");
+}
+
+/// The attack: SIGHUP (a closed terminal, a restarted session) killed `cuvisor run` and left
+/// its command running and its temporary directory behind; SIGQUIT, SIGUSR1 and SIGUSR2 did
+/// the same. Each now reaches the command, which decides how to end; cuvisor exits with its
+/// status and removes its temporary state.
+#[test]
+fn sighup_of_cuvisor_run_reaches_the_command_and_the_scratch_is_removed() {
+    let scratch = Scratch::new("sighup");
+    for (sig, name, code) in [
+        (libc::SIGHUP, "HUP", 44),
+        (libc::SIGQUIT, "QUIT", 45),
+        (libc::SIGUSR1, "USR1", 46),
+        (libc::SIGUSR2, "USR2", 47),
+    ] {
+        // Bounded: a command left behind ends by itself.
+        let script = format!(
+            "trap 'echo got {name}; exit {code}' {name}; echo ready; i=0; \
+             while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; exit 99"
+        );
+        let mut child = command(
+            &["run", "--memory", "1Gi", "--", "sh", "-c", &script],
+            &scratch,
+            &[],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        assert_eq!(lines.next().unwrap().unwrap(), "ready");
+        assert_eq!(
+            scratch.leftovers().len(),
+            1,
+            "the run's temporary directory"
+        );
+        // SAFETY: plain kill(2) of our own child.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(code), "SIG{name}: {status}");
+        assert_eq!(lines.next().unwrap().unwrap(), format!("got {name}"));
+        assert_eq!(scratch.leftovers(), Vec::<PathBuf>::new(), "SIG{name}");
+    }
+}
+
+/// The attack's leftovers: a SIGKILLed `cuvisor run` cannot remove its temporary directory.
+/// The next run does (its owner's lock is free), and nothing else: not a live run's, not a
+/// --keep-state one's, not one without the lock, not one of another name, not a symbolic link
+/// or what it leads to, not another user's.
+#[test]
+fn scratch_of_a_sigkilled_run_is_removed_by_the_next_run() {
+    let scratch = Scratch::new("stale");
+    let tmp = scratch.tmp();
+    let (killed, pid) = run_sleeping(&scratch);
+    let left = scratch.leftovers();
+    assert_eq!(left.len(), 1, "{left:?}");
+    let stale = left[0].clone();
+    assert!(stale.join(".cuvisor-run.lock").is_file());
+    sigkill(killed);
+    assert!(soon(std::time::Duration::from_secs(1), || !alive(
+        pid, "sleep"
+    )));
+    assert!(stale.is_dir(), "a SIGKILLed cuvisor cleaned up");
+
+    // A live run.
+    let mut live = command(
+        &[
+            "run",
+            "--memory",
+            "1Gi",
+            "--",
+            "sh",
+            "-c",
+            "trap 'exit 0' TERM; echo ready; i=0; while [ $i -lt 100 ]; do sleep 0.1; \
+             i=$((i+1)); done",
+        ],
+        &scratch,
+        &[],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut ready = String::new();
+    BufReader::new(live.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready, "ready\n");
+    let live_dir: Vec<PathBuf> = scratch
+        .leftovers()
+        .into_iter()
+        .filter(|p| *p != stale)
+        .collect();
+    assert_eq!(live_dir.len(), 1, "{live_dir:?}");
+    // A kept one.
+    let ran = cuvisor(
+        &["run", "--memory", "1Gi", "--keep-state", "--", "true"],
+        &scratch,
+        &[],
+    )
+    .exits(0);
+    let kept = PathBuf::from(ran.stderr().trim().strip_prefix("cuvisor: kept ").unwrap());
+    // Look-alikes, each with a lock nobody holds.
+    let lookalike = |name: &str| {
+        let d = tmp.join(name);
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join(".cuvisor-run.lock"), "").unwrap();
+        d
+    };
+    let no_lock = tmp.join("cuvisor-run-nolock");
+    std::fs::create_dir(&no_lock).unwrap();
+    let long_name = lookalike("cuvisor-run-toolong");
+    let elsewhere = lookalike("../elsewhere");
+    std::fs::write(elsewhere.join("precious"), "x").unwrap();
+    let link = tmp.join("cuvisor-run-link01");
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let others = if unsafe { libc::geteuid() } == 0 {
+        let d = lookalike("cuvisor-run-other1");
+        std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
+        Some(d)
+    } else {
+        eprintln!("not root: the part with another user's directory did not run");
+        None
+    };
+
+    // The next run.
+    cuvisor(&["run", "--memory", "1Gi", "--", "true"], &scratch, &[]).exits(0);
+    assert!(!stale.exists(), "the dead run's directory is still there");
+    for kept in [&live_dir[0], &kept, &no_lock, &long_name, &elsewhere]
+        .into_iter()
+        .chain(others.as_ref())
+    {
+        assert!(kept.is_dir(), "{} was removed", kept.display());
+    }
+    assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    assert!(elsewhere.join("precious").is_file());
+
+    // The live run ends and removes its own.
+    // SAFETY: plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(live.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(live.wait().unwrap().code(), Some(0));
+    assert!(!live_dir[0].exists());
 }

@@ -126,6 +126,72 @@ pub struct Model {
     pub default_kernel_ns: u64,
 }
 
+/// The most a machine file may hold: a real one is a few KiB.
+pub const MAX_MODEL_FILE: u64 = 1 << 20;
+
+/// What a file is, for messages: "a FIFO", "a directory", ...
+pub fn file_kind(t: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt as _;
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_symlink() {
+        "a symbolic link"
+    } else {
+        "a regular file"
+    }
+}
+
+/// A machine file's text. Only a regular file of at most [`MAX_MODEL_FILE`] bytes is read: the
+/// file is checked before it is opened, opened with O_NONBLOCK (so a FIFO put there since
+/// cannot block the open) and checked again on the descriptor, and the read stops past the
+/// bound, so neither a FIFO, a device nor a huge file can hang or swamp the caller.
+fn read_model_file(path: &str) -> Result<String, String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let regular = |m: std::fs::Metadata| {
+        if !m.is_file() {
+            Err(format!(
+                "{path} is {}, not a machine file (a regular .toml/.json file)",
+                file_kind(m.file_type())
+            ))
+        } else if m.len() > MAX_MODEL_FILE {
+            Err(too_large(path, m.len()))
+        } else {
+            Ok(())
+        }
+    };
+    regular(std::fs::metadata(path).map_err(|e| format!("cannot read {path}: {e}"))?)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| format!("cannot read {path}: {e}"))?;
+    regular(
+        file.metadata()
+            .map_err(|e| format!("cannot read {path}: {e}"))?,
+    )?;
+    let mut text = String::new();
+    file.take(MAX_MODEL_FILE + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read {path}: {e}"))?;
+    if text.len() as u64 > MAX_MODEL_FILE {
+        return Err(too_large(path, text.len() as u64));
+    }
+    Ok(text)
+}
+
+fn too_large(path: &str, len: u64) -> String {
+    format!("{path} holds more than {MAX_MODEL_FILE} bytes ({len}): not a machine file")
+}
+
 impl Model {
     /// The model `CUVISOR_SIM` names (default `single`).
     pub fn from_env() -> Result<Model, String> {
@@ -148,8 +214,7 @@ impl Model {
                 PRESETS.join(", ")
             ));
         }
-        let text = std::fs::read_to_string(spec)
-            .map_err(|e| format!("CUVISOR_SIM: cannot read {spec}: {e}"))?;
+        let text = read_model_file(spec).map_err(|e| format!("CUVISOR_SIM: {e}"))?;
         let file: ModelFile = if spec.ends_with(".json") {
             serde_json::from_str(&text).map_err(|e| format!("CUVISOR_SIM: {spec}: {e}"))?
         } else {

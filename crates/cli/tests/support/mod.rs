@@ -106,3 +106,38 @@ pub fn cuvisor(args: &[&str], scratch: &Scratch, env: &[(&str, &str)]) -> Ran {
         args: args.join(" "),
     }
 }
+
+/// `cuvisor ARGS` as [`cuvisor`] runs it, but the test fails (and cuvisor is killed) if it has
+/// not ended within `limit`: for input that once made it hang.
+pub fn cuvisor_within(
+    limit: std::time::Duration,
+    args: &[&str],
+    scratch: &Scratch,
+    env: &[(&str, &str)],
+) -> Ran {
+    use std::process::Stdio;
+    let mut child = command(args, scratch, env)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run cuvisor");
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("cuvisor {} still running after {limit:?}", args.join(" "));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Ran {
+        out: child.wait_with_output().unwrap(),
+        args: args.join(" "),
+    }
+}
+
+/// A FIFO at `path` (mkfifo(1)).
+pub fn mkfifo(path: &Path) {
+    let ok = Command::new("mkfifo").arg(path).status().unwrap().success();
+    assert!(ok, "mkfifo {}", path.display());
+}
