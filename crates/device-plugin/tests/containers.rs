@@ -279,6 +279,10 @@ fn pair(tag: &str) -> Pair {
             "wait",
             "/run/cuvisor-test/go",
             "procs",
+            // Both list the processes before either frees (else the faster one's free can
+            // come before the slower one's list).
+            "wait",
+            "/run/cuvisor-test/go2",
             "free",
             "info",
         ]
@@ -289,6 +293,9 @@ fn pair(tag: &str) -> Pair {
     b.wait_for("launch 20 ", LIMIT).unwrap();
     let (used, held) = (node.used(), node.held());
     node.go("go");
+    a.wait_for("procs ", LIMIT).unwrap();
+    b.wait_for("procs ", LIMIT).unwrap();
+    node.go("go2");
     let (a, b) = (a.wait(LIMIT).unwrap(), b.wait(LIMIT).unwrap());
     let after = node.used();
     Pair {
@@ -331,6 +338,7 @@ fn two_containers_of_two_uids_hold_their_own_quotas_at_once() {
                 &format!("info free 0 total {quota}"),
                 "launch 20 0",
                 "waited /run/cuvisor-test/go",
+                "waited /run/cuvisor-test/go2",
                 "free 0",
                 &format!("info free {quota} total {quota}"),
                 "done",
@@ -343,12 +351,6 @@ fn two_containers_of_two_uids_hold_their_own_quotas_at_once() {
 /// While both hold their quotas the GPU holds both: 10 GiB in use, one process with 4 GiB and
 /// one with 6, and each tenant sees both in the driver's NVML process list.
 #[test]
-#[ignore = "reason: the simulator judges liveness by pid across pid namespaces. The second \
-            container's cuInit (Shared::reclaim_dead, crates/sim/src/state.rs) finds the first \
-            tenant's slot, pid 1 of another namespace, reads /proc/1/stat in its own namespace \
-            (itself, another start time), takes it for dead and gives its 4 GiB back: the GPU \
-            shows 6 GiB in use while 10 are held, and the tenants' NVML process lists (which \
-            reclaim too) end up empty"]
 fn two_containers_on_one_gpu_each_see_the_others_memory() {
     if !container::usable("two_containers_on_one_gpu_each_see_the_others_memory") {
         return;
@@ -373,11 +375,6 @@ fn two_containers_on_one_gpu_each_see_the_others_memory() {
 /// Two containers of two uids on one GPU share its compute coordinator (the directory Allocate
 /// mounts read-write for every container of the GPU): neither falls back to a private one.
 #[test]
-#[ignore = "reason: the GPU's coordinator file is created by the first container that launches \
-            (crates/shm/src/coordinator.rs, Coordinator::open_dir) with its umask's mode, 0644, \
-            owned by its uid; a container of another uid cannot open it read-write (EACCES) and \
-            falls back to a private coordinator: its compute share is not coordinated with the \
-            other containers of the GPU"]
 fn two_containers_of_two_uids_share_the_gpus_compute_coordinator() {
     if !container::usable("two_containers_of_two_uids_share_the_gpus_compute_coordinator") {
         return;
