@@ -127,6 +127,16 @@ impl Node {
     fn spec(&self, r: &api::ContainerAllocateResponse, uid: u32, steps: &[&str]) -> Spec {
         let args = std::iter::once(tenant().to_string_lossy().into_owned())
             .chain(steps.iter().map(|s| s.to_string()));
+        self.spec_of(r, uid, args)
+    }
+
+    /// As `spec`, with any command.
+    fn spec_of(
+        &self,
+        r: &api::ContainerAllocateResponse,
+        uid: u32,
+        args: impl IntoIterator<Item = String>,
+    ) -> Spec {
         let mut spec = Spec::new(args).user(uid, uid);
         let envs: BTreeMap<_, _> = r.envs.iter().collect();
         for (k, v) in envs {
@@ -467,4 +477,170 @@ fn allocate_read_only_mounts_are_read_only_in_the_container() {
         .collect();
     want.push("writable state".into());
     assert_eq!(out.stdout.lines().collect::<Vec<_>>(), want, "{out}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attacks a tenant can make from inside its container, each of which once broke isolation.
+
+/// The tenant's lines after `id`, for steps that print no `id`.
+fn lines(out: &container::Exited) -> Vec<&str> {
+    after_id(&out.stdout)
+}
+
+/// Pointing CUVISOR_CONFIG at a file the tenant wrote (`memory = 1Ti`), setting it empty, raising
+/// CUVISOR_MEMORY_LIMIT, moving CUVISOR_STATE_DIR, emptying LD_PRELOAD: the quota stays the one
+/// the plugin mounted (the library reads its fixed path, and comes in through /etc/ld.so.preload).
+#[test]
+fn a_tenant_cannot_raise_its_quota_through_its_environment() {
+    if !container::usable("a_tenant_cannot_raise_its_quota_through_its_environment") {
+        return;
+    }
+    let node = Node::new("forged");
+    let r = node.allocate(0..2);
+    std::fs::write(
+        node.dir.join("shared/forged.conf"),
+        format!("version = 1\nstate_dir = {SHARED}/st\nmemory = 1Ti\n"),
+    )
+    .unwrap();
+    let quota = 2 * GIB;
+    for (k, v) in [
+        ("CUVISOR_CONFIG", format!("{SHARED}/forged.conf")),
+        ("CUVISOR_CONFIG", String::new()),
+        ("CUVISOR_MEMORY_LIMIT", "1Ti".into()),
+        ("CUVISOR_STATE_DIR", format!("{SHARED}/st")),
+        ("LD_PRELOAD", String::new()),
+    ] {
+        let spec = node
+            .spec(&r, 1000, &["info", "alloc", "2048", "alloc", "1", "free"])
+            .env(k, &v);
+        let out = container::run(&spec, LIMIT).unwrap();
+        assert_eq!(
+            lines(&out),
+            [
+                format!("info free {quota} total {quota}").as_str(),
+                "alloc 2048 0",
+                "alloc 1 2",
+                "free 0",
+                "done"
+            ],
+            "{k}={v:?}\n{out}"
+        );
+    }
+    assert!(
+        !node.dir.join("shared/st").exists(),
+        "no ledger where the tenant said"
+    );
+}
+
+/// A set-user-ID program reads none of its caller's environment (AT_SECURE, as secure_getenv
+/// does): a limit the caller sets, which the plain program honours (the environment may lower
+/// the quota), and the log level, are ignored. Kubernetes lets setuid programs gain privileges
+/// by default (allowPrivilegeEscalation unset), so the container does too.
+#[test]
+fn a_setuid_program_ignores_the_callers_environment() {
+    if !container::usable("a_setuid_program_ignores_the_callers_environment") {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let node = Node::new("setuid");
+    // One allocation each: a lower limit a process sets is the whole container's from then on.
+    let (r_plain, r_suid) = (node.allocate(0..2), node.allocate(2..4));
+    let dir = node.dir.join("suid");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let suid = dir.join("tenant");
+    std::fs::copy(tenant(), &suid).unwrap();
+    std::os::unix::fs::chown(&suid, Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let driver = built().join("sim/libcuda.so.1");
+    let caller = |exe: &Path, r: &api::ContainerAllocateResponse| {
+        node.spec_of(r, 1000, [exe.to_string_lossy().into_owned(), "info".into()])
+            .env("CUVISOR_MEMORY_LIMIT", "1Mi")
+            .env("CUVISOR_LOG", "info")
+            .env("TENANT_LIBCUDA", driver.to_string_lossy())
+            .host_path(&dir)
+            .allow_setuid()
+    };
+    let plain = container::run(&caller(tenant(), &r_plain), LIMIT).unwrap();
+    assert_eq!(
+        lines(&plain),
+        [
+            format!("info free {} total {}", 1 << 20, 1 << 20).as_str(),
+            "done"
+        ],
+        "the plain program honours the caller's lower limit\n{plain}"
+    );
+    assert!(plain.stderr.contains("cuvisor: enforcing"), "{plain}");
+    let privileged = container::run(&caller(&suid, &r_suid), LIMIT).unwrap();
+    let quota = 2 * GIB;
+    assert_eq!(
+        lines(&privileged),
+        [format!("info free {quota} total {quota}").as_str(), "done"],
+        "the setuid program takes the mounted file alone\n{privileged}"
+    );
+    assert!(
+        !privileged.stderr.contains("cuvisor:"),
+        "CUVISOR_LOG was read\n{privileged}"
+    );
+}
+
+/// A tenant truncates its ledger in a loop, replaces it by a symlink to a host file, by a
+/// version the plugin does not speak, and holds its flock: the plugin's metrics and sweeper,
+/// run all along, neither crash (SIGBUS, SIGSEGV), nor hang, nor touch the host file, and
+/// Allocate still answers.
+#[test]
+fn a_tenant_attacking_its_ledger_cannot_crash_hang_or_steer_the_plugin() {
+    if !container::usable("a_tenant_attacking_its_ledger_cannot_crash_hang_or_steer_the_plugin") {
+        return;
+    }
+    let node = Node::new("ledger-attack");
+    let r = node.allocate(0..2);
+    let made = container::run(&node.spec(&r, 1000, &["alloc", "1024"]), LIMIT).unwrap();
+    assert!(made.success(), "{made}");
+    let victim = node.dir.join("victim");
+    std::fs::write(&victim, "host data\n").unwrap();
+    let l = "/var/run/cuvisor/state/ledger";
+    let script = format!(
+        "end=$(($(date +%s) + 2)); \
+         while [ $(date +%s) -lt $end ]; do truncate -s 0 {l}; truncate -s 200000 {l}; done; \
+         echo truncated; rm -f {l}; ln -s {victim} {l}; sleep 1; echo linked; rm -f {l}; \
+         printf 'CUVLEDG1\\143\\000\\000\\000' > {l}; truncate -s 200000 {l}; \
+         flock {l} sleep 2; echo done",
+        victim = victim.display()
+    );
+    let spec = node.spec_of(&r, 1000, ["/bin/sh".into(), "-c".into(), script]);
+    let mut attacker = Container::start(&spec).unwrap();
+    let metrics = cuvisor_device_plugin::metrics::Metrics::new(
+        node.plugin.registry(),
+        cuvisor_device_plugin::podresources::PodCache::new(),
+    );
+    let sweeper = cuvisor_device_plugin::cleanup::Sweeper::new(
+        node.plugin.registry_mut().clone(),
+        Duration::from_secs(3600),
+    );
+    let (mut scrapes, mut slowest) = (0, Duration::ZERO);
+    let start = std::time::Instant::now();
+    while !attacker.stdout().contains("done") {
+        assert!(
+            start.elapsed() < LIMIT,
+            "the attack did not end\n{}",
+            attacker.stderr()
+        );
+        let t = std::time::Instant::now();
+        let text = metrics.render();
+        assert!(text.contains("cuvisor_"), "{text}");
+        assert!(sweeper.sweep().is_empty(), "nothing is removed");
+        slowest = slowest.max(t.elapsed());
+        scrapes += 1;
+    }
+    let out = attacker.wait(LIMIT).unwrap();
+    assert!(out.success(), "{out}");
+    assert!(scrapes > 10, "{scrapes} scrapes");
+    assert!(
+        slowest < Duration::from_millis(500),
+        "a scrape took {slowest:?}"
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "host data\n");
+    let again = node.allocate(2..4);
+    assert!(!again.mounts.is_empty(), "Allocate still answers");
 }

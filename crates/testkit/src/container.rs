@@ -63,6 +63,9 @@ pub struct Spec {
     /// Host paths the container must see at the same path (read-only) even where it has file
     /// systems of its own (`/tmp`, `/run`): a build directory, a test binary's directory.
     pub host_paths: Vec<PathBuf>,
+    /// Let set-user-ID programs gain their privileges (`noNewPrivileges: false`), as a
+    /// Kubernetes container does by default (`allowPrivilegeEscalation` unset).
+    pub setuid: bool,
 }
 
 impl Spec {
@@ -105,6 +108,10 @@ impl Spec {
             host_path: host.into(),
             permissions: permissions.into(),
         });
+        self
+    }
+    pub fn allow_setuid(mut self) -> Spec {
+        self.setuid = true;
         self
     }
     pub fn host_path(mut self, p: impl Into<PathBuf>) -> Spec {
@@ -651,7 +658,7 @@ fn config(spec: &Spec, bundle: &Path) -> Result<Value, String> {
             "cwd": "/",
             "capabilities": { "bounding": CAPS, "effective": CAPS, "permitted": CAPS },
             "rlimits": [{ "type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024 }],
-            "noNewPrivileges": true,
+            "noNewPrivileges": !spec.setuid,
         },
         "root": { "path": "rootfs", "readonly": true },
         "hostname": "cuvisor-tenant",

@@ -35,8 +35,11 @@ static void *sym(void *lib, const char *name) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    CHECK(cuda != NULL, "dlopen libcuda.so.1: %s", dlerror());
+    /* TENANT_LIBCUDA: the driver by path, for a set-user-ID tenant (whose loader ignores
+     * LD_LIBRARY_PATH). */
+    const char *driver = getenv("TENANT_LIBCUDA") ? getenv("TENANT_LIBCUDA") : "libcuda.so.1";
+    void *cuda = dlopen(driver, RTLD_NOW | RTLD_LOCAL);
+    CHECK(cuda != NULL, "dlopen %s: %s", driver, dlerror());
     CUresult (*cuInit)(unsigned) = sym(cuda, "cuInit");
     CUresult (*retain)(void **, int) = sym(cuda, "cuDevicePrimaryCtxRetain");
     CUresult (*setCurrent)(void *) = sym(cuda, "cuCtxSetCurrent");
