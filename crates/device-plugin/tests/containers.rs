@@ -609,7 +609,7 @@ fn a_tenant_attacking_its_ledger_cannot_crash_hang_or_steer_the_plugin() {
         victim = victim.display()
     );
     let spec = node.spec_of(&r, 1000, ["/bin/sh".into(), "-c".into(), script]);
-    let mut attacker = Container::start(&spec).unwrap();
+    let attacker = Container::start(&spec).unwrap();
     let metrics = cuvisor_device_plugin::metrics::Metrics::new(
         node.plugin.registry(),
         cuvisor_device_plugin::podresources::PodCache::new(),
