@@ -88,24 +88,30 @@ fn decide() -> Mode {
 }
 
 /// Gives this process's charges back when it exits normally (a killed process's are reclaimed
-/// by whoever looks next).
+/// by whoever looks next). An extern "C" callback cannot unwind: a panic here would abort the
+/// user's program at its exit, so it is caught and dropped.
 extern "C" fn release_at_exit() {
-    if let Some(Some(c)) = COMPUTE.get() {
-        c.at_exit();
-    }
-    if let Some(Mode::Enforce(q)) = MODE.get() {
-        q.release_at_exit();
-    }
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(Some(c)) = COMPUTE.get() {
+            c.at_exit();
+        }
+        if let Some(Mode::Enforce(q)) = MODE.get() {
+            q.release_at_exit();
+        }
+    });
 }
 
-/// In the child of a fork: a process slot of its own (see `Quota::after_fork`).
+/// In the child of a fork: a process slot of its own (see `Quota::after_fork`). Behind a panic
+/// boundary, as above.
 extern "C" fn after_fork_in_child() {
-    if let Some(Mode::Enforce(q)) = MODE.get() {
-        q.after_fork();
-    }
-    if let Some(Some(c)) = COMPUTE.get() {
-        c.after_fork();
-    }
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(Mode::Enforce(q)) = MODE.get() {
+            q.after_fork();
+        }
+        if let Some(Some(c)) = COMPUTE.get() {
+            c.after_fork();
+        }
+    });
 }
 
 #[ctor::ctor(unsafe)]

@@ -478,6 +478,7 @@ fn everything_refused() {
     setup();
     let start = std::time::Instant::now();
     // SAFETY (all calls in this body): the driver API's contract, with valid out-pointers.
+    // SAFETY: a test's own FFI call: valid pointers to locals, handles the driver returned.
     unsafe {
         for size in [1usize, 512, 1 << 20, 1 << 30] {
             for _ in 0..50 {
@@ -788,6 +789,7 @@ fn allocation_paths() {
     assert_eq!(base, GIB, "the 1 GiB quota");
     // SAFETY (all calls in this body): the driver API's contract: valid out-pointers and
     // descriptors, handles the driver returned.
+    // SAFETY: a test's own FFI call: valid pointers to locals, handles the driver returned.
     unsafe {
         charged_exactly("cuMemAlloc_v2", 64 * MIB, || {
             let mut p = 0;
@@ -1044,6 +1046,7 @@ fn ipc_side() {
     use std::io::BufRead;
     setup();
     // SAFETY (all calls in this body): the driver API's contract, with valid out-pointers.
+    // SAFETY: a test's own FFI call: valid pointers to locals, handles the driver returned.
     unsafe {
         if std::env::var("ROLE").as_deref() == Ok("exporter") {
             let mut p = 0;
@@ -1141,6 +1144,7 @@ fn context_reserve() {
     let dir = PathBuf::from(std::env::var_os("CUVISOR_STATE_DIR").unwrap());
     // SAFETY (all calls in this body): the driver API's contract, with valid out-pointers and
     // contexts the driver returned.
+    // SAFETY: a test's own FFI call: valid pointers to locals, handles the driver returned.
     unsafe {
         ok(cu::cuInit(0));
         let mut c1 = null_mut();
@@ -1232,6 +1236,7 @@ fn each_context_is_charged_its_reserve_and_gives_it_back() {
 fn per_device() {
     // SAFETY (all calls in this body): the driver API's contract, with valid out-pointers and
     // handles the driver returned.
+    // SAFETY: a test's own FFI call: valid pointers to locals, handles the driver returned.
     unsafe {
         ok(cu::cuInit(0));
         let nvml = NvmlMemory::open();
@@ -1330,6 +1335,7 @@ fn teardown() {
     let used = || ledger_used(&dir)[0];
     // SAFETY (all calls in this body): the driver API's contract, with valid out-pointers and
     // contexts the driver returned.
+    // SAFETY: a test's own FFI call: valid pointers to locals, handles the driver returned.
     unsafe {
         ok(cu::cuInit(0));
         let mut keep = null_mut();

@@ -91,11 +91,11 @@ fn next_after(caller: *const c_void, name: *const c_char) -> *mut c_void {
         }
         // SAFETY: as above; l_name is the loader's NUL-terminated path of the object.
         let file = unsafe { (*map).l_name };
-        // SAFETY: RTLD_NOLOAD only returns a handle for an object already loaded (the vDSO and
-        // other pseudo-objects have none, and are skipped).
         let h = if file.is_null() {
             std::ptr::null_mut()
         } else {
+            // SAFETY: RTLD_NOLOAD only returns a handle for an object already loaded (the vDSO
+            // and other pseudo-objects have none, and are skipped).
             unsafe { libc::dlopen(file, libc::RTLD_LAZY | libc::RTLD_NOLOAD) }
         };
         if h.is_null() {

@@ -83,8 +83,8 @@ pub fn run() {
     while (now_ns() - t0) as f64 / 1e9 < idle_after {
         match how.as_str() {
             "plain" => plain(),
-            // SAFETY: see the file-level note.
             "coop" => {
+                // SAFETY: see the file-level note.
                 ok(unsafe { cu::cuLaunchCooperativeKernel(f, 1, 1, 1, 32, 1, 1, 0, s, params) })
             }
             // SAFETY: see the file-level note.

@@ -314,8 +314,9 @@ struct Gpu<'d> {
 
 impl<'d> Gpu<'d> {
     fn open(drv: &'d Driver) -> Result<Gpu<'d>> {
-        // SAFETY (for each driver call below): the entry points are the driver's, called with
-        // the arguments cuda.h documents: valid out-pointers to locals, handles the driver gave.
+        // (For each driver call below: the entry points are the driver's, called with the
+        // arguments cuda.h documents: valid out-pointers to locals, handles the driver gave.)
+        // SAFETY: see the line above.
         let r = unsafe { (drv.init)(0) };
         if r != err::SUCCESS {
             return Err(Failure::Runtime(format!(
@@ -324,8 +325,8 @@ impl<'d> Gpu<'d> {
             )));
         }
         let mut ctx: CUcontext = std::ptr::null_mut();
-        // SAFETY: see above.
         check(
+            // SAFETY: see above.
             unsafe { (drv.primary_ctx_retain)(&mut ctx, DEVICE) },
             "cuDevicePrimaryCtxRetain(0)",
         )?;
@@ -351,8 +352,8 @@ impl<'d> Gpu<'d> {
             return Err(not_sim("cuModuleGetFunction(sim_busy)", r));
         }
         let mut stream: CUstream = std::ptr::null_mut();
-        // SAFETY: see above.
         check(
+            // SAFETY: see above.
             unsafe { (drv.stream_create)(&mut stream, STREAM_NON_BLOCKING) },
             "cuStreamCreate",
         )?;
@@ -389,8 +390,8 @@ impl<'d> Gpu<'d> {
 
     fn event(&self) -> Result<CUevent> {
         let mut e: CUevent = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer; the context is current.
         check(
+            // SAFETY: a valid out-pointer; the context is current.
             unsafe { (self.drv.event_create)(&mut e, EVENT_DISABLE_TIMING) },
             "cuEventCreate",
         )?;

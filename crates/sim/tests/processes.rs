@@ -53,6 +53,7 @@ fn two_processes_share_one_device_memory() {
                 too_much.is_err(),
                 "together the processes cannot exceed the device"
             );
+            // SAFETY: uninitialised device memory, never read: only its allocation is tested.
             let fits = unsafe { stream.alloc::<u8>(6 * GIB) }.unwrap();
             assert_eq!(ctx.mem_get_info().unwrap().0, 0);
             // NVML's process list shows both processes with what each holds.

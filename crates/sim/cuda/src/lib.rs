@@ -158,6 +158,11 @@ pub(crate) fn drv() -> Result<&'static Driver, CUresult> {
 }
 
 extern "C" fn release_slot_at_exit() {
+    // A panic cannot unwind out of an extern "C" callback (it would abort at exit).
+    let _ = std::panic::catch_unwind(release_slot);
+}
+
+fn release_slot() {
     if let Some(Ok(d)) = DRIVER.get() {
         // A forked child runs its parent's atexit handlers too: only the owner gives it back.
         if d.sim.shared.procs()[d.slot]
