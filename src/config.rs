@@ -10,17 +10,9 @@
 //! or symlink at the last component) of at most [`MAX_FILE`] bytes; an environment value that is
 //! not UTF-8 is malformed. Every malformed value fails closed.
 //!
-//! The limits file is lines of `key = value` (`#` starts a comment):
-//!
-//! ```text
-//! version = 1
-//! state_dir = /var/run/cuvisor/containers/3f2a       # the container's ledger directory
-//! memory = 6Gi                                        # every device
-//! memory.0 = 6Gi                                      # by CUDA device ordinal
-//! memory.GPU-5f2ac1de-0000-4000-8000-000000000001 = 6Gi   # by GPU UUID
-//! context_reserve = 300Mi                             # charged per CUDA context
-//! compute = limit=30                                  # or share=2, or none (see below)
-//! ```
+//! The limits file's format is crates/shm's `limits::LimitsFile` (the plugin renders it with the
+//! same type): `version`, `state_dir`, `coord_dir`, `memory` / `memory.<ordinal>` /
+//! `memory.<GPU UUID>`, `context_reserve`, `compute`.
 //!
 //! Compute (`compute` in the file, `CUVISOR_COMPUTE` in the environment): `limit=P` caps the
 //! container at P % of each GPU's time, even when the GPU is idle; `share=W` gives it weight W
@@ -45,13 +37,7 @@ pub fn parse_quantity(text: &str) -> Result<u64, String> {
     cuvisor_shm::quantity::parse_quantity(text).map_err(|e| format!("{text:?}: {e}"))
 }
 
-/// Which devices a memory limit applies to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Target {
-    All,
-    Ordinal(u32),
-    Uuid([u8; 16]),
-}
+pub use cuvisor_shm::limits::Target;
 
 /// The compute policy of a container.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -169,16 +155,15 @@ pub fn load_compute(env: Env, fixed: &Path) -> ComputeConfig {
     };
     // `load` has read the same file and environment without error, or we would not be here.
     let file = limits_file(env, fixed).ok().flatten();
-    if let Some((_, text)) = &file {
-        for (n, raw) in text.lines().enumerate() {
-            let line = raw.split('#').next().unwrap_or("").trim();
-            match line.split_once('=').map(|(k, v)| (k.trim(), v.trim())) {
-                Some(("compute", v)) => {
-                    cc.compute = compute_or_min(v, &format!("line {}", n + 1), &mut cc.errors)
-                }
-                Some(("coord_dir", v)) => cc.coord_dir = PathBuf::from(v),
-                _ => {}
-            }
+    if let Some(f) = file
+        .as_ref()
+        .and_then(|(_, text)| cuvisor_shm::limits::LimitsFile::parse(text).ok())
+    {
+        if let Some(c) = &f.compute {
+            cc.compute = compute_or_min(c, "the limits file's compute", &mut cc.errors);
+        }
+        if let Some(d) = f.coord_dir {
+            cc.coord_dir = d;
         }
     }
     let env_compute = var(env, "CUVISOR_COMPUTE").unwrap_or_else(|e| {
@@ -307,60 +292,15 @@ fn parse_env_limits(text: &str) -> Result<Vec<(Target, u64)>, String> {
 
 pub use cuvisor_shm::uuid::parse as parse_uuid;
 
+/// The limits file's memory settings (crates/shm's `LimitsFile`, which the plugin renders).
 fn parse_file(text: &str) -> Result<Config, String> {
-    let mut cfg = Config {
-        limits: Vec::new(),
+    let f = cuvisor_shm::limits::LimitsFile::parse(text)?;
+    Ok(Config {
+        limits: f.memory,
         caps: Vec::new(),
-        state_dir: PathBuf::new(),
-        context_reserve: 0,
-    };
-    let mut version = None;
-    for (n, raw) in text.lines().enumerate() {
-        let line = raw.split('#').next().unwrap_or("").trim();
-        if line.is_empty() {
-            continue;
-        }
-        let at = |e: String| format!("line {}: {e}", n + 1);
-        let (key, value) = line
-            .split_once('=')
-            .ok_or_else(|| at(format!("{line:?} is not KEY = VALUE")))?;
-        let (key, value) = (key.trim(), value.trim());
-        match key {
-            "version" => version = Some(value.to_string()),
-            "state_dir" => cfg.state_dir = PathBuf::from(value),
-            "context_reserve" => cfg.context_reserve = parse_quantity(value).map_err(at)?,
-            "compute" | "coord_dir" => {} // read by load_compute
-            "memory" => cfg
-                .limits
-                .push((Target::All, parse_quantity(value).map_err(at)?)),
-            k if k.starts_with("memory.") => {
-                let dev = &k["memory.".len()..];
-                let target = match dev.parse::<u32>() {
-                    Ok(o) => Target::Ordinal(o),
-                    Err(_) => Target::Uuid(parse_uuid(dev).ok_or_else(|| {
-                        at(format!(
-                            "{dev:?} is neither a device ordinal nor a GPU UUID"
-                        ))
-                    })?),
-                };
-                cfg.limits
-                    .push((target, parse_quantity(value).map_err(at)?));
-            }
-            other => return Err(at(format!("unknown key {other:?}"))),
-        }
-    }
-    match version.as_deref() {
-        Some("1") => {}
-        Some(v) => return Err(format!("version {v} (this cuvisor reads version 1)")),
-        None => return Err("no `version = 1` line".into()),
-    }
-    if cfg.state_dir.as_os_str().is_empty() {
-        return Err("no state_dir".into());
-    }
-    if cfg.limits.is_empty() {
-        return Err("no memory limit".into());
-    }
-    Ok(cfg)
+        state_dir: f.state_dir,
+        context_reserve: f.context_reserve.unwrap_or(0),
+    })
 }
 
 #[cfg(test)]

@@ -106,21 +106,27 @@ fn mount(container: &Path, host: &Path, read_only: bool) -> api::Mount {
     }
 }
 
-/// The limits file for memory quotas `(uuid, bytes)`.
+/// The limits file for memory quotas `(uuid, bytes)` (crates/shm's `LimitsFile`, which the
+/// library parses).
 pub fn limits_file(cfg: &Config, quotas: &[(String, u64)]) -> String {
-    let mut t = String::from("# written by cuvisor-device-plugin\nversion = 1\n");
-    t += &format!("state_dir = {}\n", cfg.container.state_dir.display());
-    t += &format!("coord_dir = {}\n", cfg.container.coord_dir.display());
-    for (uuid, bytes) in quotas {
-        t += &format!("memory.{uuid} = {bytes}\n");
+    use cuvisor_shm::limits::{LimitsFile, Target};
+    LimitsFile {
+        state_dir: cfg.container.state_dir.clone(),
+        coord_dir: Some(cfg.container.coord_dir.clone()),
+        memory: quotas
+            .iter()
+            .filter_map(|(uuid, bytes)| {
+                Some((Target::Uuid(cuvisor_shm::uuid::parse(uuid)?), *bytes))
+            })
+            .collect(),
+        context_reserve: cfg
+            .resources
+            .context_reserve
+            .as_deref()
+            .and_then(|c| cuvisor_shm::quantity::parse_quantity(c).ok()),
+        compute: cfg.resources.compute.clone(),
     }
-    if let Some(c) = &cfg.resources.context_reserve {
-        t += &format!("context_reserve = {c}\n");
-    }
-    if let Some(c) = &cfg.resources.compute {
-        t += &format!("compute = {c}\n");
-    }
-    t
+    .render()
 }
 
 fn new_dir(root: &Path) -> Result<(String, PathBuf), String> {

@@ -15,6 +15,7 @@ pub mod compute;
 pub mod coordinator;
 pub mod lease;
 pub mod ledger;
+pub mod limits;
 pub mod mapped;
 pub mod process;
 pub mod quantity;
