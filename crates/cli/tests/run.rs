@@ -21,18 +21,11 @@ const GIB: u64 = 1 << 30;
 fn twin() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tf_stress/twin.c");
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("tf_stress_twin-{}", std::process::id()));
-        let status = Command::new("cc")
-            .args(["-O1", "-Wall", "-Werror", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .arg("-ldl")
-            .status()
-            .expect("run cc");
-        assert!(status.success(), "compiling {}", src.display());
-        out
+        cuvisor_testkit::compile_c(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tf_stress/twin.c"),
+            Path::new(env!("CARGO_TARGET_TMPDIR")),
+            "tf_stress_twin",
+        )
     })
 }
 

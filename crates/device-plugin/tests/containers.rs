@@ -26,7 +26,6 @@ use cuvisor_testkit::container::{self, Container, Spec};
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::Ordering::Acquire;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -48,18 +47,11 @@ fn built() -> &'static Path {
 fn tenant() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/tenant.c");
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("dp_tenant-{}", std::process::id()));
-        let status = Command::new("cc")
-            .args(["-O1", "-Wall", "-Werror", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .arg("-ldl")
-            .status()
-            .expect("run cc");
-        assert!(status.success(), "compiling {}", src.display());
-        out
+        cuvisor_testkit::compile_c(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/tenant.c"),
+            Path::new(env!("CARGO_TARGET_TMPDIR")),
+            "dp_tenant",
+        )
     })
 }
 

@@ -63,3 +63,19 @@ pub fn built(profile_dir: &Path) -> &'static Path {
         profile_dir.to_path_buf()
     })
 }
+
+/// Compiles the C program `src` (with `-O1 -Wall -Werror -ldl`) to `<dir>/<name>-<pid>` and
+/// returns its path: per pid, since other test runs may share the target directory. Call it once
+/// per test binary (behind a `OnceLock`).
+pub fn compile_c(src: &Path, dir: &Path, name: &str) -> PathBuf {
+    let out = dir.join(format!("{name}-{}", std::process::id()));
+    let status = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&out)
+        .arg(src)
+        .arg("-ldl")
+        .status()
+        .expect("run cc");
+    assert!(status.success(), "compiling {}", src.display());
+    out
+}
