@@ -636,3 +636,89 @@ fn a_tenant_attacking_its_ledger_cannot_crash_hang_or_steer_the_plugin() {
     let again = node.allocate(2..4);
     assert!(!again.mounts.is_empty(), "Allocate still answers");
 }
+
+/// kubelet restarts while a tenant runs: its PodResources socket goes away (the plugin's cache
+/// has no answer) and comes back. Nothing is removed meanwhile: the tenant's ledger directory
+/// stays and it allocates again afterwards. Only when kubelet no longer lists the pod is the
+/// allocation removed.
+#[test]
+fn a_kubelet_restart_and_a_podresources_outage_remove_nothing() {
+    if !container::usable("a_kubelet_restart_and_a_podresources_outage_remove_nothing") {
+        return;
+    }
+    use cuvisor_device_plugin::cleanup::{Reason, Sweeper};
+    use cuvisor_device_plugin::podresources::PodCache;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in_rt = rt.enter();
+    let node = Node::new("outage");
+    let r = node.allocate(0..2);
+    let inv = node.plugin.inventory();
+    let ids: Vec<String> = (0..2).map(|k| inv.unit_id(0, k)).collect();
+    let sock = node.dir.join("pod-resources.sock");
+    let pods = support::pods::FakePods::default();
+    pods.run("tenant", "cuvisor.io/gpu-memory", &ids);
+    let mut kubelet = pods.serve(&sock);
+    let cache = PodCache::new();
+    rt.spawn(
+        cache
+            .clone()
+            .refresh(sock.clone(), Duration::from_millis(20)),
+    );
+    let sweeper = Sweeper::new(node.plugin.registry_mut().clone(), Duration::ZERO)
+        .with_liveness(Box::new(cache.clone()));
+    let until = |what: &str, ok: &dyn Fn() -> bool| {
+        let t = std::time::Instant::now();
+        while !ok() {
+            assert!(t.elapsed() < Duration::from_secs(10), "never: {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let steps = [
+        "alloc",
+        "1024",
+        "wait",
+        "/run/cuvisor-test/go",
+        "alloc",
+        "1024",
+        "info",
+        "free",
+    ];
+    let mut tenant = Container::start(&node.spec(&r, 1000, &steps)).unwrap();
+    tenant.wait_for("alloc 1024 0", LIMIT).unwrap();
+    until("kubelet answers", &|| cache.get().is_some());
+    assert!(sweeper.sweep().is_empty());
+
+    // kubelet goes away (a restart, an outage): no answer, nothing removed.
+    kubelet.abort();
+    let _ = std::fs::remove_file(&sock);
+    until("the outage is seen", &|| cache.get().is_none());
+    for _ in 0..20 {
+        assert!(sweeper.sweep().is_empty(), "removed during the outage");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // kubelet is back, listing the pod.
+    kubelet = pods.serve(&sock);
+    until("kubelet answers again", &|| cache.get().is_some());
+    assert!(sweeper.sweep().is_empty());
+    node.go("go");
+    let out = tenant.wait(LIMIT).unwrap();
+    assert_eq!(
+        lines(&out),
+        [
+            "alloc 1024 0",
+            "waited /run/cuvisor-test/go",
+            "alloc 1024 0",
+            &format!("info free 0 total {}", 2 * GIB),
+            "free 0",
+            "done"
+        ],
+        "the tenant kept its allocation through the outage\n{out}"
+    );
+    // The pod ends: kubelet no longer lists it, and the allocation goes.
+    pods.end("tenant");
+    let allocation = r.annotations["cuvisor.io/allocation"].clone();
+    until("the allocation is removed", &|| {
+        sweeper.sweep() == vec![(allocation.clone(), Reason::Liveness)]
+    });
+    kubelet.abort();
+}

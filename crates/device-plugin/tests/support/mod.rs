@@ -2,6 +2,8 @@
 //! what of it `nvidia-smi topo -m` text can show.
 #![allow(dead_code)]
 
+pub mod pods;
+
 use cuvisor_device_plugin::topology::model::DEFAULT_PCIE_LINK_GBPS;
 use cuvisor_device_plugin::topology::{Gpu, Link, Memory, NvLink, PcieLevel, Topology};
 use cuvisor_sim::model::{self, Model};
