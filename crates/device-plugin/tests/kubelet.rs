@@ -177,8 +177,29 @@ fn spawn_plugin_with(
     metrics_port: u16,
     sections: &str,
 ) -> PluginProcess {
+    spawn_plugin_under(s, preset, metrics_port, sections, None)
+}
+
+/// The plugin, started by `bash -c 'ulimit ULIMIT && exec ...'` when `ulimit` is given.
+fn spawn_plugin_under(
+    s: &Scratch,
+    preset: &str,
+    metrics_port: u16,
+    sections: &str,
+    ulimit: Option<&str>,
+) -> PluginProcess {
     let cfg = write_config(s, metrics_port, sections);
-    let child = Command::new(EXE)
+    let mut cmd = match ulimit {
+        None => Command::new(EXE),
+        Some(u) => {
+            let mut c = Command::new("bash");
+            c.arg("-c")
+                .arg(format!("ulimit {u} && exec \"$0\" \"$@\""))
+                .arg(EXE);
+            c
+        }
+    };
+    let child = cmd
         .arg("--config")
         .arg(cfg)
         .args(["--sim", preset])
@@ -717,9 +738,13 @@ fn free_port() -> u16 {
 }
 
 async fn scrape(port: u16) -> std::io::Result<String> {
+    http_get(port, "/metrics").await
+}
+
+async fn http_get(port: u16, path: &str) -> std::io::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut c = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
         .await?;
     let mut out = String::new();
     c.read_to_string(&mut out).await?;
@@ -1051,5 +1076,60 @@ async fn allocate_names_device_nodes_by_minor_number() {
     let r = allocate(&mut mems, &units(&uuids[1], 0..2)).await.unwrap();
     assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], uuids[1]);
     assert_eq!(gpu_nodes(&r), [node(1)], "{:?}", r.devices);
+    drop(kubelet);
+}
+
+/// The attack: 400 idle TCP connections to the metrics port (anyone on the pod network can open
+/// them) took all of the plugin's file descriptors, and Allocate, which creates files, failed
+/// with EMFILE (while the accept loop spun on the error). Here the plugin runs with 256
+/// descriptors (soft and hard, so raising the soft limit does not help), 400 clients connect at
+/// once and hold their connections without sending anything, and meanwhile Allocate succeeds,
+/// ListAndWatch serves, and /healthz and /metrics answer at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_hundred_idle_metrics_connections_do_not_exhaust_the_plugins_descriptors() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let s = Scratch::new("idle-conns");
+    let mut kubelet = Kubelet::start(&s.dp());
+    let port = free_port();
+    let _plugin = spawn_plugin_under(&s, "single", port, "", Some("-n 256"));
+    let regs = kubelet.registrations(2, Duration::from_secs(30)).await;
+    let mut mems = client(&s.dp(), &regs["cuvisor.io/gpu-memory"].endpoint).await;
+    let list = first_list(&mut mems).await;
+    assert_eq!(list.len(), 16);
+
+    // 400 idle clients, all at once, each holding its connection until the test ends. (The
+    // plugin's accept queue holds 128: the rest get in as their SYNs are sent again, from 1 s.)
+    let connected = Arc::new(AtomicUsize::new(0));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    for _ in 0..400 {
+        let connected = connected.clone();
+        let mut stopped = stopped.clone();
+        tokio::spawn(async move {
+            let c = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
+            if c.is_ok() {
+                connected.fetch_add(1, Ordering::Relaxed);
+            }
+            let _ = stopped.changed().await;
+            drop(c);
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let held = connected.load(Ordering::Relaxed);
+    assert!(held > 256, "only {held} idle clients connected: no attack");
+
+    let ids: Vec<String> = list[..2].iter().map(|d| d.id.clone()).collect();
+    let r = allocate(&mut mems, &ids)
+        .await
+        .unwrap_or_else(|e| panic!("Allocate with {held} idle metrics clients: {e}"));
+    assert!(r.envs.contains_key("CUVISOR_CONFIG"));
+    assert_eq!(first_list(&mut mems).await.len(), 16);
+    for path in ["/healthz", "/metrics"] {
+        let resp = tokio::time::timeout(Duration::from_secs(2), http_get(port, path))
+            .await
+            .unwrap_or_else(|_| panic!("{path} did not answer within 2 s"))
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert!(resp.starts_with("HTTP/1.1 200"), "{path}: {resp}");
+    }
+    let _ = stop.send(true);
     drop(kubelet);
 }
