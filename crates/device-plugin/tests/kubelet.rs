@@ -1133,3 +1133,23 @@ async fn four_hundred_idle_metrics_connections_do_not_exhaust_the_plugins_descri
     let _ = stop.send(true);
     drop(kubelet);
 }
+
+/// The plugin raises its soft limit on open files to the hard limit (a container runtime's soft
+/// default is often 1024, far below the hard one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_low_soft_open_files_limit_is_raised_to_the_hard_limit() {
+    let s = Scratch::new("nofile");
+    let mut kubelet = Kubelet::start(&s.dp());
+    let plugin = spawn_plugin_under(&s, "single", 0, "", Some("-S -n 64"));
+    kubelet.registrations(2, Duration::from_secs(30)).await;
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", plugin.0.id())).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let v: Vec<&str> = line.split_whitespace().collect();
+    let (soft, hard) = (v[3], v[4]);
+    assert_ne!(soft, "64", "{line}");
+    assert_eq!(soft, hard, "{line}");
+    drop(kubelet);
+}
