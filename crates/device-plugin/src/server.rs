@@ -311,29 +311,32 @@ impl Plugin {
         Ok(prepared.response)
     }
 
-    /// Serves every resource and keeps it registered until `shutdown` resolves.
+    /// Serves every resource and keeps it registered until `shutdown` resolves, or until a
+    /// resource cannot be served (its socket cannot be bound): then the others are stopped and
+    /// the reason returned, so that the plugin exits instead of running without serving.
     pub async fn run(
         self: Arc<Self>,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), String> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let mut tasks = Vec::new();
+        let mut tasks = tokio::task::JoinSet::new();
         for (kind, _) in self.resources() {
             let p = self.clone();
             let rx = stop_rx.clone();
-            tasks.push(tokio::spawn(
-                async move { p.keep_registered(kind, rx).await },
-            ));
+            tasks.spawn(async move { p.keep_registered(kind, rx).await });
         }
-        shutdown.await;
+        let failed = tokio::select! {
+            _ = shutdown => None,
+            // Before the stop, a server task ends only when it cannot serve.
+            Some(r) = tasks.join_next() => Some(r),
+        };
         let _ = stop_tx.send(true);
-        for t in tasks {
-            match t.await {
-                Ok(r) => r?,
-                Err(e) => return Err(format!("a server task failed: {e}")),
-            }
+        // The first failure is the reason.
+        let mut result = failed.map_or(Ok(()), task_result);
+        while let Some(r) = tasks.join_next().await {
+            result = result.and(task_result(r));
         }
-        Ok(())
+        result
     }
 
     async fn keep_registered(
@@ -412,6 +415,10 @@ impl Plugin {
         );
         Ok((tx, task))
     }
+}
+
+fn task_result(r: Result<Result<(), String>, tokio::task::JoinError>) -> Result<(), String> {
+    r.unwrap_or_else(|e| Err(format!("a server task failed: {e}")))
 }
 
 fn inode(p: &Path) -> Option<u64> {

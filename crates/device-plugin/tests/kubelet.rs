@@ -1153,3 +1153,100 @@ async fn a_low_soft_open_files_limit_is_raised_to_the_hard_limit() {
     assert_eq!(soft, hard, "{line}");
     drop(kubelet);
 }
+
+/// The plugin binary with config `cfg`, run until it exits (at most `within`): its exit code and
+/// what it wrote to stderr. A plugin still running then is killed and the test fails: it kept
+/// running with a configuration it cannot serve.
+fn run_plugin_to_exit(
+    s: &Scratch,
+    preset: &str,
+    cfg: &Path,
+    within: Duration,
+) -> (Option<i32>, String) {
+    let mut child = Command::new(EXE)
+        .arg("--config")
+        .arg(cfg)
+        .args(["--sim", preset])
+        .env("CUVISOR_SIM_STATE", s.0.join("sim.state"))
+        .env_remove("LD_PRELOAD")
+        .env_remove("CUVISOR_CONFIG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cuvisor-device-plugin");
+    let deadline = Instant::now() + within;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the plugin was still running after {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (status.code(), err)
+}
+
+/// The plugin's stderr is one line, its reason for exiting, and it starts with `start`.
+fn one_line_reason(err: &str, start: &str) -> String {
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    let line = lines[0].strip_prefix("cuvisor-device-plugin: ").unwrap();
+    assert!(line.starts_with(start), "{line}");
+    line.to_string()
+}
+
+/// A `socket_dir` so long that its sockets do not fit in a Unix socket address: the plugin ran
+/// on, serving nothing. Now it exits at once with the reason.
+#[test]
+fn a_socket_dir_too_long_for_a_unix_socket_stops_the_plugin() {
+    let s = Scratch::new("long-dir");
+    let long = s.0.join("d".repeat(100));
+    std::fs::create_dir_all(&long).unwrap();
+    let cfg = write_config(&s, 0, "");
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        &format!("socket_dir = {:?}", s.dp()),
+        &format!("socket_dir = {long:?}"),
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let (code, err) = run_plugin_to_exit(&s, "single", &cfg, Duration::from_secs(20));
+    assert_eq!(code, Some(2), "{err}");
+    let line = one_line_reason(&err, "");
+    assert!(
+        line.contains("socket_dir: the Unix socket path ") && line.contains("at most 107 bytes"),
+        "{line}"
+    );
+}
+
+/// A socket directory that cannot be made (a file stands in its way): binding fails after
+/// start-up. The plugin used to run on without serving; now it stops with the reason.
+#[test]
+fn a_socket_dir_that_cannot_be_served_stops_the_plugin() {
+    let s = Scratch::new("unservable");
+    std::fs::write(s.0.join("file"), "").unwrap();
+    let blocked = s.0.join("file").join("dp");
+    let cfg = write_config(&s, 0, "");
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        &format!("socket_dir = {:?}", s.dp()),
+        &format!("socket_dir = {blocked:?}"),
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let (code, err) = run_plugin_to_exit(&s, "single", &cfg, Duration::from_secs(20));
+    assert_eq!(code, Some(2), "{err}");
+    let last = err.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("cuvisor-device-plugin: ")
+            && last.contains(&s.0.join("file").display().to_string()),
+        "{err}"
+    );
+}
