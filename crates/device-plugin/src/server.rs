@@ -48,6 +48,41 @@ struct Hold {
     by: Vec<String>,
 }
 
+/// Refuses a configuration whose ListAndWatch response, for a resource it advertises, would be
+/// longer than kubelet accepts ([`api::KUBELET_MAX_MESSAGE`]): kubelet would drop the stream
+/// and the resource would never appear. Checked on the message at its longest (every device
+/// Unhealthy); for memory units, the reason names the smallest `memory_unit` that fits.
+pub fn check_list_sizes(cfg: &Config, inv: &Inventory) -> Result<(), String> {
+    let max = api::KUBELET_MAX_MESSAGE;
+    let r = &cfg.resources;
+    for (memory, name) in [(false, &r.gpu), (true, &r.gpu_memory)] {
+        if name.is_empty() || inv.list_len(memory, max) <= max {
+            continue;
+        }
+        let len = inv.list_len(memory, usize::MAX);
+        let gpus = inv.gpus().len();
+        let over = format!(
+            "would be {len} bytes, over the {max} bytes (4 MiB) kubelet's gRPC client accepts \
+             (grpc-go's default maximum receive message size)"
+        );
+        return Err(if memory {
+            let units: u64 = inv.gpus().iter().map(|g| u64::from(g.units)).sum();
+            let fix = match inv.smallest_unit_within(max) {
+                Some(mib) => format!("; the smallest memory_unit that fits is \"{mib}Mi\""),
+                None => String::new(),
+            };
+            format!(
+                "resources.memory_unit = {:?}: the ListAndWatch response for {name} ({units} \
+                 memory units on {gpus} GPU(s)) {over}{fix}",
+                r.memory_unit
+            )
+        } else {
+            format!("resources.gpu: the ListAndWatch response for {name} ({gpus} GPUs) {over}")
+        });
+    }
+    Ok(())
+}
+
 /// The socket file name of a resource's server.
 pub fn endpoint(kind: Kind) -> &'static str {
     match kind {
@@ -63,6 +98,7 @@ impl Plugin {
         cfg.validate().map_err(|e| e.0)?;
         let unit = cfg.memory_unit_bytes().map_err(|e| e.0)?;
         let inv = Inventory::new(topology, unit)?;
+        check_list_sizes(&cfg, &inv)?;
         inject::install_shared(&cfg)?;
         let registry = Registry::open(&cfg.state_root)?;
         Ok(Plugin {

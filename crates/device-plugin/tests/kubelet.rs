@@ -1206,6 +1206,46 @@ fn one_line_reason(err: &str, start: &str) -> String {
     line.to_string()
 }
 
+/// The attack on the configuration: `memory_unit = "1Mi"` on a DGX-1 (8 x 16 GiB) makes
+/// ListAndWatch's response 131072 devices, about 9 MB, over the 4 MiB kubelet's gRPC client
+/// accepts: kubelet would drop the stream and never see the resource, while the plugin ran on.
+/// Now the plugin refuses to start, with the reason and the smallest unit that fits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_1mi_memory_unit_on_a_dgx1_stops_the_plugin_with_the_smallest_unit_that_fits() {
+    let s = Scratch::new("unit-1mi");
+    let cfg = write_config(&s, 0, "[resources]\nmemory_unit = \"1Mi\"\n");
+    let (code, err) = run_plugin_to_exit(&s, "dgx1-v100", &cfg, Duration::from_secs(20));
+    assert_eq!(code, Some(2), "{err}");
+    let line = one_line_reason(
+        &err,
+        "resources.memory_unit = \"1Mi\": the ListAndWatch response",
+    );
+    assert!(line.contains("(131072 memory units on 8 GPU(s))"), "{line}");
+    assert!(line.contains("over the 4194304 bytes (4 MiB)"), "{line}");
+    let unit = line
+        .rsplit_once("the smallest memory_unit that fits is ")
+        .map(|(_, u)| u.trim_matches('"').to_string())
+        .unwrap_or_else(|| panic!("no unit that fits in {line}"));
+    // That unit does start, and registers.
+    let mut kubelet = Kubelet::start(&s.dp());
+    let _plugin = spawn_plugin_with(
+        &s,
+        "dgx1-v100",
+        0,
+        &format!("[resources]\nmemory_unit = {unit:?}\n"),
+    );
+    let regs = kubelet.registrations(2, Duration::from_secs(30)).await;
+    let mut mems = client(&s.dp(), &regs["cuvisor.io/gpu-memory"].endpoint).await;
+    let n = first_list(&mut mems).await.len();
+    let mib: u64 = unit.trim_end_matches("Mi").parse().unwrap();
+    assert_eq!(
+        n as u64,
+        8 * ((16 << 10) / mib),
+        "{unit} units of 8 x 16 GiB"
+    );
+    drop(kubelet);
+}
+
 /// A `socket_dir` so long that its sockets do not fit in a Unix socket address: the plugin ran
 /// on, serving nothing. Now it exits at once with the reason.
 #[test]
