@@ -5,11 +5,16 @@
 //! both files every [`POLL`]. When kubelet restarts it re-creates `kubelet.sock` (a new inode)
 //! and removes plugin sockets: a new kubelet socket means Register again; a missing or replaced
 //! plugin socket means serve again, then Register. Allocations live in the [`Registry`], which
-//! outlives every server.
+//! outlives every server. A resource that cannot be served (its socket cannot be bound) ends
+//! [`Plugin::run`] with the reason, so that the plugin exits rather than run without serving.
+//!
+//! Every accepted connection is wrapped in [`crate::authority::AuthorityFix`], so that a kubelet
+//! that sends the socket path as `:authority` (before 1.26) is served.
 
 use crate::api::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use crate::api::registration_client::RegistrationClient;
 use crate::api::{self, VERSION};
+use crate::authority::AuthorityFix;
 use crate::config::Config;
 use crate::inventory::Inventory;
 use crate::registry::{Kind, Registry, RegistryView};
@@ -439,7 +444,12 @@ impl Plugin {
         }
         let _ = std::fs::remove_file(sock);
         let listener = UnixListener::bind(sock).map_err(|e| format!("{}: {e}", sock.display()))?;
-        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        // Each connection's `:authority` made acceptable to h2 (older kubelets send the
+        // socket path): see crate::authority.
+        let incoming = tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            |c| c.map(AuthorityFix::new),
+        );
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let svc = DevicePluginServer::new(Service { plugin: self, kind });
         let task = tokio::spawn(

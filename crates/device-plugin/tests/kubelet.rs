@@ -18,6 +18,8 @@ use tokio::sync::mpsc;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+mod raw_h2;
+
 const EXE: &str = env!("CARGO_BIN_EXE_cuvisor-device-plugin");
 const GIB: u64 = 1 << 30;
 
@@ -1289,4 +1291,66 @@ fn a_socket_dir_that_cannot_be_served_stops_the_plugin() {
             && last.contains(&s.0.join("file").display().to_string()),
         "{err}"
     );
+}
+
+/// The attack on compatibility: kubelet before 1.26 dials a plugin with the socket path as
+/// HTTP/2 `:authority` (grpc-java too; grpcio sends it percent-encoded), and h2 under tonic
+/// reset every such request with PROTOCOL_ERROR, so such a kubelet could not use the plugin.
+/// Here a raw HTTP/2 client sends GetDevicePluginOptions with `:authority` = the socket path,
+/// encoded as grpc-go does (literals with incremental indexing), then the same request again
+/// from the dynamic table on the same connection, then a ListAndWatch; and on a second
+/// connection the percent-encoded path, as a literal without indexing. Each is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_with_the_socket_path_as_authority_are_served() {
+    use prost::Message;
+    let s = Scratch::new("authority");
+    let mut kubelet = Kubelet::start(&s.dp());
+    let _plugin = spawn_plugin(&s, "single");
+    let regs = kubelet.registrations(2, Duration::from_secs(30)).await;
+    let sock = s.dp().join(&regs["cuvisor.io/gpu-memory"].endpoint);
+    let path = sock.display().to_string();
+    tokio::task::spawn_blocking(move || {
+        let options = |r: &raw_h2::Reply| {
+            assert_eq!(r.reset, None, "the stream was reset: {r:?}");
+            assert_eq!(r.goaway, None, "the connection went away: {r:?}");
+            assert_eq!(r.header(":status"), Some("200"), "{r:?}");
+            assert_eq!(r.header("grpc-status"), Some("0"), "{r:?}");
+            api::DevicePluginOptions::decode(r.message().expect("a response message")).unwrap()
+        };
+        let mut c = raw_h2::Client::connect(&sock).unwrap();
+        let m = "/v1beta1.DevicePlugin/GetDevicePluginOptions";
+        let r = c
+            .unary(&raw_h2::first_request(m, path.as_bytes()), &[])
+            .unwrap();
+        assert!(options(&r).get_preferred_allocation_available);
+        // Again, every field from the dynamic table (the authority among them).
+        let r = c.unary(&raw_h2::repeated_request(), &[]).unwrap();
+        assert!(options(&r).get_preferred_allocation_available);
+        // A streaming call on the same connection: the first list arrives.
+        let mut b = Vec::new();
+        raw_h2::indexed(&mut b, 3);
+        raw_h2::indexed(&mut b, 6);
+        raw_h2::indexing(&mut b, 4, b"/v1beta1.DevicePlugin/ListAndWatch");
+        for i in [65, 64, 63] {
+            // :authority, content-type, te (the new :path pushed them one down)
+            raw_h2::indexed(&mut b, i);
+        }
+        let r = c.first_message(&b, &[]).unwrap();
+        assert_eq!((r.reset, r.header(":status")), (None, Some("200")), "{r:?}");
+        let list = api::ListAndWatchResponse::decode(r.message().unwrap()).unwrap();
+        assert_eq!(list.devices.len(), 16);
+        // grpcio's form, on a connection of its own: the path percent-encoded.
+        let mut g = raw_h2::Client::connect(&sock).unwrap();
+        let mut b = Vec::new();
+        raw_h2::indexed(&mut b, 3);
+        raw_h2::indexed(&mut b, 6);
+        raw_h2::not_indexed(&mut b, 4, m.as_bytes());
+        raw_h2::not_indexed(&mut b, 1, path.replace('/', "%2F").as_bytes());
+        raw_h2::not_indexed(&mut b, 31, b"application/grpc");
+        let r = g.unary(&b, &[]).unwrap();
+        assert!(options(&r).get_preferred_allocation_available);
+    })
+    .await
+    .unwrap();
+    drop(kubelet);
 }
