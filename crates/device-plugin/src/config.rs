@@ -5,6 +5,7 @@
 //! ```toml
 //! version = 1
 //! socket_dir = "/var/lib/kubelet/device-plugins"   # kubelet.sock lives here; so do our sockets
+//!                                                  # (each socket's path: at most 107 bytes)
 //! state_root = "/var/lib/cuvisor"                  # per-allocation directories, ld.so.preload
 //! metrics_port = 9400                              # 0: no metrics endpoint
 //!
@@ -15,7 +16,8 @@
 //! [resources]
 //! gpu = "cuvisor.io/gpu"                 # whole GPUs ("" to not advertise)
 //! gpu_memory = "cuvisor.io/gpu-memory"   # memory units ("" to not advertise)
-//! memory_unit = "1Gi"                    # one device ID per unit
+//! memory_unit = "1Gi"                    # one device ID per unit; at least 1Mi, and few
+//!                                        # enough units that ListAndWatch fits in 4 MiB
 //! # compute = "share=2"                  # for memory units; unset: share = memory fraction
 //! # context_reserve = "300Mi"
 //!

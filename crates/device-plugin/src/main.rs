@@ -7,6 +7,11 @@
 //! `--sim` runs on the simulated GPU (sets `CUVISOR_SIM` and loads the simulated
 //! libnvidia-ml.so.1 from `sim/` next to this executable, where a workspace build puts it).
 //!
+//! Before anything runs: the soft open-files limit is raised to the hard one, and the
+//! configuration is checked (socket paths against `sun_path`, then, after discovery, every
+//! ListAndWatch response against kubelet's 4 MiB); a refusal, or a socket that cannot be served
+//! later, exits with status 2 and one line: `cuvisor-device-plugin: <the reason>`.
+//!
 //! Runs: the health monitor (NVML XIDs and NVLink, a thread of its own) feeding ListAndWatch;
 //! the kubelet gRPC servers; the PodResources cache (`[pod_resources]`) for pod labels and the
 //! sweeper's liveness rule; the metrics endpoint (`metrics_port`, 0: none); the sweeper.
