@@ -13,8 +13,9 @@
 //!   `grpc.WithAuthority("localhost")` to `dial` in
 //!   `pkg/kubelet/cm/devicemanager/plugin/v1beta1/client.go`.
 //! - grpc-java over a `DomainSocketAddress`: the path (grpc/grpc-java#12664).
-//! - grpcio (gRPC C-core, Python) from 1.57 with `unix:` targets: the path percent-encoded,
-//!   `%2Frun%2Fx.sock` (grpc/grpc#38142, after grpc/grpc#33571).
+//! - grpcio (gRPC C-core, Python) from 1.57 with `unix:` targets: the path percent-encoded
+//!   (grpc/grpc#38142, after grpc/grpc#33571); grpcio 1.85.3 dialing `unix:/tmp/d/x.sock`
+//!   sends `tmp%2Fd%2Fx.sock` (seen with `GRPC_TRACE=http`).
 //! - others: grpc-dart before grpc/grpc-dart#577, grpc-swift-nio-transport#176, grpcurl before
 //!   fullstorydev/grpcurl#445.
 //!
