@@ -5,6 +5,7 @@
 //! ```toml
 //! version = 1
 //! socket_dir = "/var/lib/kubelet/device-plugins"   # kubelet.sock lives here; so do our sockets
+//!                                                  # (each socket's path: at most 107 bytes)
 //! state_root = "/var/lib/cuvisor"                  # per-allocation directories, ld.so.preload
 //! metrics_port = 9400                              # 0: no metrics endpoint
 //!
@@ -15,7 +16,8 @@
 //! [resources]
 //! gpu = "cuvisor.io/gpu"                 # whole GPUs ("" to not advertise)
 //! gpu_memory = "cuvisor.io/gpu-memory"   # memory units ("" to not advertise)
-//! memory_unit = "1Gi"                    # one device ID per unit
+//! memory_unit = "1Gi"                    # one device ID per unit; at least 1Mi, and few
+//!                                        # enough units that ListAndWatch fits in 4 MiB
 //! # compute = "share=2"                  # for memory units; unset: share = memory fraction
 //! # context_reserve = "300Mi"
 //!
@@ -48,12 +50,18 @@
 //! interval_seconds = 60
 //! ```
 
+use crate::registry::Kind;
+use crate::server::endpoint;
 use crate::topology::Weights;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// The configuration format this build reads.
 pub const VERSION: u32 = 1;
+
+/// The longest path a Unix socket can be bound or connected at, in bytes: Linux's `sun_path`
+/// is 108 bytes and Rust's standard library keeps one for the terminating NUL.
+pub const MAX_SOCKET_PATH: usize = 107;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -313,6 +321,31 @@ impl Config {
                 "pod_resources.socket = {pr:?}: must be an absolute path (or \"\": not asked)"
             ));
         }
+        // Every socket the plugin binds or connects to must fit in sun_path: a longer one
+        // fails at bind or connect, after the plugin has started.
+        let mut sockets = vec![(
+            "socket_dir",
+            self.socket_dir.join(crate::api::KUBELET_SOCKET),
+        )];
+        for (kind, name) in [(Kind::Gpu, &r.gpu), (Kind::Memory, &r.gpu_memory)] {
+            if !name.is_empty() {
+                sockets.push(("socket_dir", self.socket_dir.join(endpoint(kind))));
+            }
+        }
+        if !pr.as_os_str().is_empty() {
+            sockets.push(("pod_resources.socket", pr.clone()));
+        }
+        for (key, path) in sockets {
+            let len = path.as_os_str().len();
+            if len > MAX_SOCKET_PATH {
+                return err(format!(
+                    "{key}: the Unix socket path {} is {len} bytes; a Unix socket path is at \
+                     most {MAX_SOCKET_PATH} bytes (sun_path holds {} with the terminating NUL)",
+                    path.display(),
+                    MAX_SOCKET_PATH + 1
+                ));
+            }
+        }
         if self.pod_resources.refresh_seconds == 0 {
             return err("pod_resources.refresh_seconds = 0: must be at least 1".into());
         }
@@ -449,6 +482,48 @@ mod tests {
         assert_eq!(c.pod_resources.socket, PathBuf::new());
         assert_eq!(c.pod_resources.refresh_seconds, 10);
         assert_eq!(c.host_coord_dir(), PathBuf::from("/tmp/st/coord"));
+    }
+
+    /// A socket_dir whose sockets do not fit in sun_path is refused up front, naming the
+    /// socket; one whose longest socket is exactly 107 bytes is fine.
+    #[test]
+    fn a_socket_dir_too_long_for_a_unix_socket_is_refused() {
+        // "/" + dir + "/cuvisor-gpu-memory.sock" (24 bytes): the longest socket in it.
+        let longest = endpoint(Kind::Memory).len() + 2;
+        let dir = |n: usize| format!("/{}", "d".repeat(n));
+        let fits = format!("socket_dir = {:?}", dir(MAX_SOCKET_PATH - longest));
+        let c = Config::parse(&fits).unwrap();
+        assert_eq!(
+            c.socket_dir.join(endpoint(Kind::Memory)).as_os_str().len(),
+            MAX_SOCKET_PATH
+        );
+        let over = format!("socket_dir = {:?}", dir(MAX_SOCKET_PATH - longest + 1));
+        let e = Config::parse(&over).unwrap_err().0;
+        assert!(
+            e.starts_with("socket_dir: the Unix socket path ")
+                && e.contains("/cuvisor-gpu-memory.sock is 108 bytes")
+                && e.contains("at most 107 bytes"),
+            "{e}"
+        );
+        // Without the memory resource, its socket is not served: kubelet.sock is then the
+        // longest (the whole-GPU socket is shorter still).
+        let only_gpu = format!("{over}\n[resources]\ngpu_memory = \"\"");
+        assert!(Config::parse(&only_gpu).is_ok());
+        let kubelet = format!(
+            "socket_dir = {:?}",
+            dir(MAX_SOCKET_PATH - crate::api::KUBELET_SOCKET.len() - 1)
+        );
+        let e = Config::parse(&format!("{kubelet}\n[resources]\ngpu_memory = \"\""))
+            .unwrap_err()
+            .0;
+        assert!(e.contains("/kubelet.sock is 108 bytes"), "{e}");
+        // The PodResources socket is connected to: the same bound.
+        let pr = format!(
+            "[pod_resources]\nsocket = {:?}",
+            format!("{}/kubelet.sock", dir(100))
+        );
+        let e = Config::parse(&pr).unwrap_err().0;
+        assert!(e.starts_with("pod_resources.socket: "), "{e}");
     }
 
     #[test]

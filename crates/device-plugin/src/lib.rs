@@ -9,7 +9,15 @@
 //! - [`inject`]: what Allocate puts into a container (files written on the host + the response).
 //! - [`registry`]: what has been allocated (kept on disk under the state root).
 //! - [`cleanup`]: removing the host directories of allocations whose container is gone.
-//! - [`server`]: the gRPC servers, registration with kubelet, re-registration on restart.
+//! - [`server`]: the gRPC servers, registration with kubelet, re-registration on restart; the
+//!   start-up check that each ListAndWatch response fits in the 4 MiB kubelet receives
+//!   ([`server::check_list_sizes`], [`api::KUBELET_MAX_MESSAGE`]).
+//! - [`authority`]: each plugin connection's HTTP/2 `:authority` made acceptable to h2: kubelet
+//!   before 1.26 (and grpc-java, grpcio) sends the socket path, which h2 refuses with
+//!   PROTOCOL_ERROR before tonic sees the request; it becomes `localhost`.
+//! - [`metrics`]: the Prometheus endpoint, bounded so that idle or slow clients cannot take
+//!   descriptors or time from Allocate (at most [`metrics::MAX_CONNECTIONS`] open, a deadline
+//!   for the request and for the response).
 //!
 //! # Interfaces for the health and metrics modules
 //!
@@ -28,6 +36,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod authority;
 pub mod cleanup;
 pub mod config;
 pub mod inject;

@@ -7,6 +7,11 @@
 //! `--sim` runs on the simulated GPU (sets `CUVISOR_SIM` and loads the simulated
 //! libnvidia-ml.so.1 from `sim/` next to this executable, where a workspace build puts it).
 //!
+//! Before anything runs: the soft open-files limit is raised to the hard one, and the
+//! configuration is checked (socket paths against `sun_path`, then, after discovery, every
+//! ListAndWatch response against kubelet's 4 MiB); a refusal, or a socket that cannot be served
+//! later, exits with status 2 and one line: `cuvisor-device-plugin: <the reason>`.
+//!
 //! Runs: the health monitor (NVML XIDs and NVLink, a thread of its own) feeding ListAndWatch;
 //! the kubelet gRPC servers; the PodResources cache (`[pod_resources]`) for pod labels and the
 //! sweeper's liveness rule; the metrics endpoint (`metrics_port`, 0: none); the sweeper.
@@ -81,8 +86,34 @@ fn open_nvml(sim: Option<&str>) -> Result<Nvml, String> {
     }
 }
 
+/// Raises the soft limit on open files to the hard limit, as Go programs (kubelet among them)
+/// do at startup: every Allocate opens files, every kubelet connection and every metrics client
+/// holds a descriptor, and a container runtime's default soft limit (often 1024) is far below
+/// its hard one. A limit that cannot be raised stays as it is.
+fn raise_open_files_limit() -> std::io::Result<()> {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into `l`, which lives for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if l.rlim_cur < l.rlim_max {
+        l.rlim_cur = l.rlim_max;
+        // SAFETY: setrlimit reads one rlimit from `l`, which lives for the call.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let args = Args::parse();
+    if let Err(e) = raise_open_files_limit() {
+        eprintln!("cuvisor-device-plugin: cannot raise the open files limit: {e}");
+    }
     let cfg = match &args.config {
         Some(p) => Config::load(p).unwrap_or_else(|e| fail(e.0)),
         None => Config::default(),

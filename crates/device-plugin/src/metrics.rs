@@ -45,8 +45,9 @@ use cuvisor_shm::ledger::Snapshot;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 /// Upper bounds of the topology score histogram's buckets (`+Inf` is added).
 pub const SCORE_BUCKETS: [f64; 10] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
@@ -449,53 +450,167 @@ pub fn render(
     out
 }
 
-/// Serves `GET /metrics` on `listener` until the task is dropped. One request per connection.
+/// At most this many metrics connections are open at once (each holds a file descriptor).
+pub const MAX_CONNECTIONS: usize = 32;
+/// A client has this long from being accepted to the end of its request head.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(3);
+/// The longest request head read; a longer one is answered 431 and closed.
+pub const MAX_REQUEST_HEAD: usize = 8 * 1024;
+/// Rendering and writing the response may take this long (a client that does not read its
+/// response is cut off).
+pub const RESPONSE_DEADLINE: Duration = Duration::from_secs(10);
+/// How long the accept loop waits after a failed accept (EMFILE, ENFILE, ENOBUFS...) before
+/// trying again, instead of spinning on the error.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// The open connections, oldest first, and whether each is still reading its request.
+#[derive(Default)]
+struct Slots {
+    open: Vec<Slot>,
+}
+
+struct Slot {
+    id: u64,
+    reading: bool,
+    task: tokio::task::AbortHandle,
+}
+
+fn slots(s: &Mutex<Slots>) -> std::sync::MutexGuard<'_, Slots> {
+    s.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Serves `GET /metrics` and `GET /healthz` on `listener` until the task is dropped. One request
+/// per connection.
+///
+/// The endpoint listens on every address of the node, so anyone on the pod network can reach it;
+/// no number of idle or slow clients may take file descriptors (Allocate needs them) or time
+/// from the plugin:
+///
+/// - at most [`MAX_CONNECTIONS`] are open; when a connection comes and all are taken, one is
+///   closed at once to make room: the oldest still sending its request, else the oldest. So a
+///   scraper or kubelet's liveness probe, which sends its request at once, gets in however many
+///   idle, trickling or non-reading connections are held: to push it out, 32 new connections
+///   must arrive between its connect and its request;
+/// - the request head must arrive within [`REQUEST_DEADLINE`] of the accept and be at most
+///   [`MAX_REQUEST_HEAD`] bytes; the response must be written within [`RESPONSE_DEADLINE`];
+/// - one render at a time (reading every ledger), on a blocking thread; `/healthz` renders
+///   nothing;
+/// - a failed accept (out of descriptors) is retried after a pause, not in a busy loop.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    let open = Arc::new(Mutex::new(Slots::default()));
+    let render = Arc::new(tokio::sync::Mutex::new(()));
+    let mut next_id = 0u64;
     loop {
-        let Ok((mut conn, _)) = listener.accept().await else {
-            continue;
-        };
-        let m = metrics.clone();
-        tokio::spawn(async move {
-            let mut buf = Vec::with_capacity(1024);
-            let mut chunk = [0u8; 1024];
-            // The request head; a client that sends more than 16 KiB of it is cut off.
-            while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
-                match tokio::time::timeout(std::time::Duration::from_secs(5), conn.read(&mut chunk))
-                    .await
-                {
-                    Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
-                    _ => break,
-                }
+        let conn = match listener.accept().await {
+            Ok((conn, _)) => conn,
+            Err(_) => {
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
             }
-            let head = String::from_utf8_lossy(&buf);
-            let mut parts = head.split_whitespace();
-            let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-            let path = path.split('?').next().unwrap_or("");
-            let (status, ctype, body) = match (method, path) {
-                ("GET", "/metrics") => (
-                    "200 OK",
-                    "text/plain; version=0.0.4; charset=utf-8",
-                    tokio::task::spawn_blocking(move || m.render())
-                        .await
-                        .unwrap_or_default(),
-                ),
-                ("GET", "/") | ("GET", "/healthz") => {
-                    ("200 OK", "text/plain; charset=utf-8", "ok\n".to_string())
-                }
-                _ => (
-                    "404 Not Found",
-                    "text/plain; charset=utf-8",
-                    "not found\n".to_string(),
-                ),
-            };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = conn.write_all(resp.as_bytes()).await;
-            let _ = conn.shutdown().await;
+        };
+        let id = next_id;
+        next_id += 1;
+        let mut g = slots(&open);
+        g.open.retain(|s| !s.task.is_finished());
+        if g.open.len() >= MAX_CONNECTIONS {
+            let i = g.open.iter().position(|s| s.reading).unwrap_or(0);
+            g.open.remove(i).task.abort();
+        }
+        // Spawned under the lock: the task marks its slot only once it is there.
+        let task = tokio::spawn(answer(
+            conn,
+            metrics.clone(),
+            render.clone(),
+            open.clone(),
+            id,
+        ));
+        g.open.push(Slot {
+            id,
+            reading: true,
+            task: task.abort_handle(),
         });
+    }
+}
+
+/// One connection: the request head (bounded in size and time), then the response.
+async fn answer(
+    mut conn: TcpStream,
+    metrics: Arc<Metrics>,
+    render: Arc<tokio::sync::Mutex<()>>,
+    open: Arc<Mutex<Slots>>,
+    id: u64,
+) {
+    let deadline = tokio::time::Instant::now() + REQUEST_DEADLINE;
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    let complete = loop {
+        if buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            break true;
+        }
+        if buf.len() > MAX_REQUEST_HEAD {
+            break false;
+        }
+        match tokio::time::timeout_at(deadline, conn.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+            // Closed, failed or too slow: nothing to answer.
+            _ => return,
+        }
+    };
+    if let Some(s) = slots(&open).open.iter_mut().find(|s| s.id == id) {
+        s.reading = false;
+    }
+    let _ = tokio::time::timeout(RESPONSE_DEADLINE, async {
+        let (status, ctype, body) = if complete {
+            route(&buf, &metrics, &render).await
+        } else {
+            (
+                "431 Request Header Fields Too Large",
+                "text/plain; charset=utf-8",
+                "request head too large\n".to_string(),
+            )
+        };
+        let resp = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = conn.write_all(resp.as_bytes()).await;
+        let _ = conn.shutdown().await;
+    })
+    .await;
+}
+
+/// Status, content type and body for a request head.
+async fn route(
+    head: &[u8],
+    metrics: &Arc<Metrics>,
+    render: &Arc<tokio::sync::Mutex<()>>,
+) -> (&'static str, &'static str, String) {
+    let head = String::from_utf8_lossy(head);
+    let mut parts = head.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    match (method, path) {
+        ("GET", "/metrics") => {
+            // The guard goes with the render: a response cut off by its deadline does not let
+            // a second render start beside one still running.
+            let guard = render.clone().lock_owned().await;
+            let m = metrics.clone();
+            let body = tokio::task::spawn_blocking(move || {
+                let _guard = guard;
+                m.render()
+            })
+            .await
+            .unwrap_or_default();
+            ("200 OK", "text/plain; version=0.0.4; charset=utf-8", body)
+        }
+        ("GET", "/") | ("GET", "/healthz") => {
+            ("200 OK", "text/plain; charset=utf-8", "ok\n".to_string())
+        }
+        _ => (
+            "404 Not Found",
+            "text/plain; charset=utf-8",
+            "not found\n".to_string(),
+        ),
     }
 }
 

@@ -5,11 +5,16 @@
 //! both files every [`POLL`]. When kubelet restarts it re-creates `kubelet.sock` (a new inode)
 //! and removes plugin sockets: a new kubelet socket means Register again; a missing or replaced
 //! plugin socket means serve again, then Register. Allocations live in the [`Registry`], which
-//! outlives every server.
+//! outlives every server. A resource that cannot be served (its socket cannot be bound) ends
+//! [`Plugin::run`] with the reason, so that the plugin exits rather than run without serving.
+//!
+//! Every accepted connection is wrapped in [`crate::authority::AuthorityFix`], so that a kubelet
+//! that sends the socket path as `:authority` (before 1.26) is served.
 
 use crate::api::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use crate::api::registration_client::RegistrationClient;
 use crate::api::{self, VERSION};
+use crate::authority::AuthorityFix;
 use crate::config::Config;
 use crate::inventory::Inventory;
 use crate::registry::{Kind, Registry, RegistryView};
@@ -48,6 +53,41 @@ struct Hold {
     by: Vec<String>,
 }
 
+/// Refuses a configuration whose ListAndWatch response, for a resource it advertises, would be
+/// longer than kubelet accepts ([`api::KUBELET_MAX_MESSAGE`]): kubelet would drop the stream
+/// and the resource would never appear. Checked on the message at its longest (every device
+/// Unhealthy); for memory units, the reason names the smallest `memory_unit` that fits.
+pub fn check_list_sizes(cfg: &Config, inv: &Inventory) -> Result<(), String> {
+    let max = api::KUBELET_MAX_MESSAGE;
+    let r = &cfg.resources;
+    for (memory, name) in [(false, &r.gpu), (true, &r.gpu_memory)] {
+        if name.is_empty() || inv.list_len(memory, max) <= max {
+            continue;
+        }
+        let len = inv.list_len(memory, usize::MAX);
+        let gpus = inv.gpus().len();
+        let over = format!(
+            "would be {len} bytes, over the {max} bytes (4 MiB) kubelet's gRPC client accepts \
+             (grpc-go's default maximum receive message size)"
+        );
+        return Err(if memory {
+            let units: u64 = inv.gpus().iter().map(|g| u64::from(g.units)).sum();
+            let fix = match inv.smallest_unit_within(max) {
+                Some(mib) => format!("; the smallest memory_unit that fits is \"{mib}Mi\""),
+                None => String::new(),
+            };
+            format!(
+                "resources.memory_unit = {:?}: the ListAndWatch response for {name} ({units} \
+                 memory units on {gpus} GPU(s)) {over}{fix}",
+                r.memory_unit
+            )
+        } else {
+            format!("resources.gpu: the ListAndWatch response for {name} ({gpus} GPUs) {over}")
+        });
+    }
+    Ok(())
+}
+
 /// The socket file name of a resource's server.
 pub fn endpoint(kind: Kind) -> &'static str {
     match kind {
@@ -63,6 +103,7 @@ impl Plugin {
         cfg.validate().map_err(|e| e.0)?;
         let unit = cfg.memory_unit_bytes().map_err(|e| e.0)?;
         let inv = Inventory::new(topology, unit)?;
+        check_list_sizes(&cfg, &inv)?;
         inject::install_shared(&cfg)?;
         let registry = Registry::open(&cfg.state_root)?;
         Ok(Plugin {
@@ -311,29 +352,32 @@ impl Plugin {
         Ok(prepared.response)
     }
 
-    /// Serves every resource and keeps it registered until `shutdown` resolves.
+    /// Serves every resource and keeps it registered until `shutdown` resolves, or until a
+    /// resource cannot be served (its socket cannot be bound): then the others are stopped and
+    /// the reason returned, so that the plugin exits instead of running without serving.
     pub async fn run(
         self: Arc<Self>,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), String> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let mut tasks = Vec::new();
+        let mut tasks = tokio::task::JoinSet::new();
         for (kind, _) in self.resources() {
             let p = self.clone();
             let rx = stop_rx.clone();
-            tasks.push(tokio::spawn(
-                async move { p.keep_registered(kind, rx).await },
-            ));
+            tasks.spawn(async move { p.keep_registered(kind, rx).await });
         }
-        shutdown.await;
+        let failed = tokio::select! {
+            _ = shutdown => None,
+            // Before the stop, a server task ends only when it cannot serve.
+            Some(r) = tasks.join_next() => Some(r),
+        };
         let _ = stop_tx.send(true);
-        for t in tasks {
-            match t.await {
-                Ok(r) => r?,
-                Err(e) => return Err(format!("a server task failed: {e}")),
-            }
+        // The first failure is the reason.
+        let mut result = failed.map_or(Ok(()), task_result);
+        while let Some(r) = tasks.join_next().await {
+            result = result.and(task_result(r));
         }
-        Ok(())
+        result
     }
 
     async fn keep_registered(
@@ -400,7 +444,12 @@ impl Plugin {
         }
         let _ = std::fs::remove_file(sock);
         let listener = UnixListener::bind(sock).map_err(|e| format!("{}: {e}", sock.display()))?;
-        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        // Each connection's `:authority` made acceptable to h2 (older kubelets send the
+        // socket path): see crate::authority.
+        let incoming = tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            |c| c.map(AuthorityFix::new),
+        );
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let svc = DevicePluginServer::new(Service { plugin: self, kind });
         let task = tokio::spawn(
@@ -412,6 +461,10 @@ impl Plugin {
         );
         Ok((tx, task))
     }
+}
+
+fn task_result(r: Result<Result<(), String>, tokio::task::JoinError>) -> Result<(), String> {
+    r.unwrap_or_else(|e| Err(format!("a server task failed: {e}")))
 }
 
 fn inode(p: &Path) -> Option<u64> {

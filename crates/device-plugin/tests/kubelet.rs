@@ -18,6 +18,8 @@ use tokio::sync::mpsc;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+mod raw_h2;
+
 const EXE: &str = env!("CARGO_BIN_EXE_cuvisor-device-plugin");
 const GIB: u64 = 1 << 30;
 
@@ -177,8 +179,29 @@ fn spawn_plugin_with(
     metrics_port: u16,
     sections: &str,
 ) -> PluginProcess {
+    spawn_plugin_under(s, preset, metrics_port, sections, None)
+}
+
+/// The plugin, started by `bash -c 'ulimit ULIMIT && exec ...'` when `ulimit` is given.
+fn spawn_plugin_under(
+    s: &Scratch,
+    preset: &str,
+    metrics_port: u16,
+    sections: &str,
+    ulimit: Option<&str>,
+) -> PluginProcess {
     let cfg = write_config(s, metrics_port, sections);
-    let child = Command::new(EXE)
+    let mut cmd = match ulimit {
+        None => Command::new(EXE),
+        Some(u) => {
+            let mut c = Command::new("bash");
+            c.arg("-c")
+                .arg(format!("ulimit {u} && exec \"$0\" \"$@\""))
+                .arg(EXE);
+            c
+        }
+    };
+    let child = cmd
         .arg("--config")
         .arg(cfg)
         .args(["--sim", preset])
@@ -721,9 +744,13 @@ fn free_port() -> u16 {
 }
 
 async fn scrape(port: u16) -> std::io::Result<String> {
+    http_get(port, "/metrics").await
+}
+
+async fn http_get(port: u16, path: &str) -> std::io::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut c = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
         .await?;
     let mut out = String::new();
     c.read_to_string(&mut out).await?;
@@ -1055,5 +1082,279 @@ async fn allocate_names_device_nodes_by_minor_number() {
     let r = allocate(&mut mems, &units(&uuids[1], 0..2)).await.unwrap();
     assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], uuids[1]);
     assert_eq!(gpu_nodes(&r), [node(1)], "{:?}", r.devices);
+    drop(kubelet);
+}
+
+/// The attack: 400 idle TCP connections to the metrics port (anyone on the pod network can open
+/// them) took all of the plugin's file descriptors, and Allocate, which creates files, failed
+/// with EMFILE (while the accept loop spun on the error). Here the plugin runs with 256
+/// descriptors (soft and hard, so raising the soft limit does not help), 400 clients connect at
+/// once and hold their connections without sending anything, and meanwhile Allocate succeeds,
+/// ListAndWatch serves, and /healthz and /metrics answer at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_hundred_idle_metrics_connections_do_not_exhaust_the_plugins_descriptors() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let s = Scratch::new("idle-conns");
+    let mut kubelet = Kubelet::start(&s.dp());
+    let port = free_port();
+    let _plugin = spawn_plugin_under(&s, "single", port, "", Some("-n 256"));
+    let regs = kubelet.registrations(2, Duration::from_secs(30)).await;
+    let mut mems = client(&s.dp(), &regs["cuvisor.io/gpu-memory"].endpoint).await;
+    let list = first_list(&mut mems).await;
+    assert_eq!(list.len(), 16);
+
+    // 400 idle clients, all at once, each holding its connection until the test ends. (The
+    // plugin's accept queue holds 128: the rest get in as their SYNs are sent again, from 1 s.)
+    let connected = Arc::new(AtomicUsize::new(0));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    for _ in 0..400 {
+        let connected = connected.clone();
+        let mut stopped = stopped.clone();
+        tokio::spawn(async move {
+            let c = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
+            if c.is_ok() {
+                connected.fetch_add(1, Ordering::Relaxed);
+            }
+            let _ = stopped.changed().await;
+            drop(c);
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let held = connected.load(Ordering::Relaxed);
+    assert!(held > 256, "only {held} idle clients connected: no attack");
+
+    let ids: Vec<String> = list[..2].iter().map(|d| d.id.clone()).collect();
+    let r = allocate(&mut mems, &ids)
+        .await
+        .unwrap_or_else(|e| panic!("Allocate with {held} idle metrics clients: {e}"));
+    assert!(r.envs.contains_key("CUVISOR_CONFIG"));
+    assert_eq!(first_list(&mut mems).await.len(), 16);
+    for path in ["/healthz", "/metrics"] {
+        let resp = tokio::time::timeout(Duration::from_secs(2), http_get(port, path))
+            .await
+            .unwrap_or_else(|_| panic!("{path} did not answer within 2 s"))
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert!(resp.starts_with("HTTP/1.1 200"), "{path}: {resp}");
+    }
+    let _ = stop.send(true);
+    drop(kubelet);
+}
+
+/// The plugin raises its soft limit on open files to the hard limit (a container runtime's soft
+/// default is often 1024, far below the hard one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_low_soft_open_files_limit_is_raised_to_the_hard_limit() {
+    let s = Scratch::new("nofile");
+    let mut kubelet = Kubelet::start(&s.dp());
+    let plugin = spawn_plugin_under(&s, "single", 0, "", Some("-S -n 64"));
+    kubelet.registrations(2, Duration::from_secs(30)).await;
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", plugin.0.id())).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let v: Vec<&str> = line.split_whitespace().collect();
+    let (soft, hard) = (v[3], v[4]);
+    assert_ne!(soft, "64", "{line}");
+    assert_eq!(soft, hard, "{line}");
+    drop(kubelet);
+}
+
+/// The plugin binary with config `cfg`, run until it exits (at most `within`): its exit code and
+/// what it wrote to stderr. A plugin still running then is killed and the test fails: it kept
+/// running with a configuration it cannot serve.
+fn run_plugin_to_exit(
+    s: &Scratch,
+    preset: &str,
+    cfg: &Path,
+    within: Duration,
+) -> (Option<i32>, String) {
+    let mut child = Command::new(EXE)
+        .arg("--config")
+        .arg(cfg)
+        .args(["--sim", preset])
+        .env("CUVISOR_SIM_STATE", s.0.join("sim.state"))
+        .env_remove("LD_PRELOAD")
+        .env_remove("CUVISOR_CONFIG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cuvisor-device-plugin");
+    let deadline = Instant::now() + within;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the plugin was still running after {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (status.code(), err)
+}
+
+/// The plugin's stderr is one line, its reason for exiting, and it starts with `start`.
+fn one_line_reason(err: &str, start: &str) -> String {
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    let line = lines[0].strip_prefix("cuvisor-device-plugin: ").unwrap();
+    assert!(line.starts_with(start), "{line}");
+    line.to_string()
+}
+
+/// The attack on the configuration: `memory_unit = "1Mi"` on a DGX-1 (8 x 16 GiB) makes
+/// ListAndWatch's response 131072 devices, about 9 MB, over the 4 MiB kubelet's gRPC client
+/// accepts: kubelet would drop the stream and never see the resource, while the plugin ran on.
+/// Now the plugin refuses to start, with the reason and the smallest unit that fits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_1mi_memory_unit_on_a_dgx1_stops_the_plugin_with_the_smallest_unit_that_fits() {
+    let s = Scratch::new("unit-1mi");
+    let cfg = write_config(&s, 0, "[resources]\nmemory_unit = \"1Mi\"\n");
+    let (code, err) = run_plugin_to_exit(&s, "dgx1-v100", &cfg, Duration::from_secs(20));
+    assert_eq!(code, Some(2), "{err}");
+    let line = one_line_reason(
+        &err,
+        "resources.memory_unit = \"1Mi\": the ListAndWatch response",
+    );
+    assert!(line.contains("(131072 memory units on 8 GPU(s))"), "{line}");
+    assert!(line.contains("over the 4194304 bytes (4 MiB)"), "{line}");
+    let unit = line
+        .rsplit_once("the smallest memory_unit that fits is ")
+        .map(|(_, u)| u.trim_matches('"').to_string())
+        .unwrap_or_else(|| panic!("no unit that fits in {line}"));
+    // That unit does start, and registers.
+    let mut kubelet = Kubelet::start(&s.dp());
+    let _plugin = spawn_plugin_with(
+        &s,
+        "dgx1-v100",
+        0,
+        &format!("[resources]\nmemory_unit = {unit:?}\n"),
+    );
+    let regs = kubelet.registrations(2, Duration::from_secs(30)).await;
+    let mut mems = client(&s.dp(), &regs["cuvisor.io/gpu-memory"].endpoint).await;
+    let n = first_list(&mut mems).await.len();
+    let mib: u64 = unit.trim_end_matches("Mi").parse().unwrap();
+    assert_eq!(
+        n as u64,
+        8 * ((16 << 10) / mib),
+        "{unit} units of 8 x 16 GiB"
+    );
+    drop(kubelet);
+}
+
+/// A `socket_dir` so long that its sockets do not fit in a Unix socket address: the plugin ran
+/// on, serving nothing. Now it exits at once with the reason.
+#[test]
+fn a_socket_dir_too_long_for_a_unix_socket_stops_the_plugin() {
+    let s = Scratch::new("long-dir");
+    let long = s.0.join("d".repeat(100));
+    std::fs::create_dir_all(&long).unwrap();
+    let cfg = write_config(&s, 0, "");
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        &format!("socket_dir = {:?}", s.dp()),
+        &format!("socket_dir = {long:?}"),
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let (code, err) = run_plugin_to_exit(&s, "single", &cfg, Duration::from_secs(20));
+    assert_eq!(code, Some(2), "{err}");
+    let line = one_line_reason(&err, "");
+    assert!(
+        line.contains("socket_dir: the Unix socket path ") && line.contains("at most 107 bytes"),
+        "{line}"
+    );
+}
+
+/// A socket directory that cannot be made (a file stands in its way): binding fails after
+/// start-up. The plugin used to run on without serving; now it stops with the reason.
+#[test]
+fn a_socket_dir_that_cannot_be_served_stops_the_plugin() {
+    let s = Scratch::new("unservable");
+    std::fs::write(s.0.join("file"), "").unwrap();
+    let blocked = s.0.join("file").join("dp");
+    let cfg = write_config(&s, 0, "");
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        &format!("socket_dir = {:?}", s.dp()),
+        &format!("socket_dir = {blocked:?}"),
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let (code, err) = run_plugin_to_exit(&s, "single", &cfg, Duration::from_secs(20));
+    assert_eq!(code, Some(2), "{err}");
+    let last = err.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("cuvisor-device-plugin: ")
+            && last.contains(&s.0.join("file").display().to_string()),
+        "{err}"
+    );
+}
+
+/// The attack on compatibility: kubelet before 1.26 dials a plugin with the socket path as
+/// HTTP/2 `:authority` (grpc-java too; grpcio sends it percent-encoded), and h2 under tonic
+/// reset every such request with PROTOCOL_ERROR, so such a kubelet could not use the plugin.
+/// Here a raw HTTP/2 client sends GetDevicePluginOptions with `:authority` = the socket path,
+/// encoded as grpc-go does (literals with incremental indexing), then the same request again
+/// from the dynamic table on the same connection, then a ListAndWatch; and on a second
+/// connection the percent-encoded path, as a literal without indexing. Each is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_with_the_socket_path_as_authority_are_served() {
+    use prost::Message;
+    let s = Scratch::new("authority");
+    let mut kubelet = Kubelet::start(&s.dp());
+    let _plugin = spawn_plugin(&s, "single");
+    let regs = kubelet.registrations(2, Duration::from_secs(30)).await;
+    let sock = s.dp().join(&regs["cuvisor.io/gpu-memory"].endpoint);
+    let path = sock.display().to_string();
+    tokio::task::spawn_blocking(move || {
+        let options = |r: &raw_h2::Reply| {
+            assert_eq!(r.reset, None, "the stream was reset: {r:?}");
+            assert_eq!(r.goaway, None, "the connection went away: {r:?}");
+            assert_eq!(r.header(":status"), Some("200"), "{r:?}");
+            assert_eq!(r.header("grpc-status"), Some("0"), "{r:?}");
+            api::DevicePluginOptions::decode(r.message().expect("a response message")).unwrap()
+        };
+        let mut c = raw_h2::Client::connect(&sock).unwrap();
+        let m = "/v1beta1.DevicePlugin/GetDevicePluginOptions";
+        let r = c
+            .unary(&raw_h2::first_request(m, path.as_bytes()), &[])
+            .unwrap();
+        assert!(options(&r).get_preferred_allocation_available);
+        // Again, every field from the dynamic table (the authority among them).
+        let r = c.unary(&raw_h2::repeated_request(), &[]).unwrap();
+        assert!(options(&r).get_preferred_allocation_available);
+        // A streaming call on the same connection: the first list arrives.
+        let mut b = Vec::new();
+        raw_h2::indexed(&mut b, 3);
+        raw_h2::indexed(&mut b, 6);
+        raw_h2::indexing(&mut b, 4, b"/v1beta1.DevicePlugin/ListAndWatch");
+        for i in [65, 64, 63] {
+            // :authority, content-type, te (the new :path pushed them one down)
+            raw_h2::indexed(&mut b, i);
+        }
+        let r = c.first_message(&b, &[]).unwrap();
+        assert_eq!((r.reset, r.header(":status")), (None, Some("200")), "{r:?}");
+        let list = api::ListAndWatchResponse::decode(r.message().unwrap()).unwrap();
+        assert_eq!(list.devices.len(), 16);
+        // grpcio's form, on a connection of its own: the path percent-encoded.
+        let mut g = raw_h2::Client::connect(&sock).unwrap();
+        let mut b = Vec::new();
+        raw_h2::indexed(&mut b, 3);
+        raw_h2::indexed(&mut b, 6);
+        raw_h2::not_indexed(&mut b, 4, m.as_bytes());
+        raw_h2::not_indexed(&mut b, 1, path.replace('/', "%2F").as_bytes());
+        raw_h2::not_indexed(&mut b, 31, b"application/grpc");
+        let r = g.unary(&b, &[]).unwrap();
+        assert!(options(&r).get_preferred_allocation_available);
+    })
+    .await
+    .unwrap();
     drop(kubelet);
 }

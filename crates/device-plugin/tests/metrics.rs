@@ -333,3 +333,84 @@ async fn metrics_name_containers_from_pod_resources_and_read_their_ledgers() {
     }
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// The attack: idle connections and clients that trickle their request a byte at a time. Each
+/// held a descriptor and a task for as long as it liked (a 5 s wait per read, up to 16 KiB).
+/// Now: at most `MAX_CONNECTIONS` stay open, the rest are closed at once; a trickler is cut off
+/// at `REQUEST_DEADLINE`; and a probe still gets in while every slot is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_trickling_metrics_clients_are_crowded_out_and_cut_off() {
+    let root = tmp("slow");
+    let reg = Registry::open(&root).unwrap();
+    let m = Metrics::new(reg.view(), PodCache::new());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(metrics::serve(listener, Arc::new(m)));
+
+    // Whether the server closed `c` within `within` (EOF or reset), sending nothing.
+    async fn closed(c: &mut tokio::net::TcpStream, within: Duration) -> bool {
+        let mut b = [0u8; 64];
+        match tokio::time::timeout(within, c.read(&mut b)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => true,
+            Ok(Ok(n)) => panic!("the server answered {:?}", &b[..n]),
+            Err(_) => false,
+        }
+    }
+
+    let n = 100;
+    let mut idle = Vec::new();
+    for _ in 0..n {
+        idle.push(
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap(),
+        );
+    }
+    let t0 = std::time::Instant::now();
+    let mut cut = 0;
+    for c in &mut idle {
+        if closed(c, Duration::from_millis(20)).await {
+            cut += 1;
+        }
+    }
+    assert!(
+        cut >= n - metrics::MAX_CONNECTIONS,
+        "{cut} of {n} idle connections closed within {:?}; at most {} may stay",
+        t0.elapsed(),
+        32
+    );
+
+    // Every slot is held by an idle client: a probe still gets in and is answered.
+    let resp = tokio::time::timeout(Duration::from_secs(1), http_get(port, "/healthz"))
+        .await
+        .expect("/healthz answered while the slots are held");
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+
+    // A client that sends its request a byte every 200 ms is cut off at the deadline.
+    let mut slow = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    // A request head that never ends.
+    let head = b"GET /metrics HTTP/1.1\r\nX-Slow: "
+        .iter()
+        .chain([b'a'; 200].iter());
+    let mut cut_at = None;
+    for b in head {
+        if slow.write_all(&[*b]).await.is_err()
+            || closed(&mut slow, Duration::from_millis(200)).await
+        {
+            cut_at = Some(started.elapsed());
+            break;
+        }
+    }
+    let cut_at = cut_at.expect("a trickling client was never cut off");
+    assert!(
+        cut_at >= Duration::from_secs(3) - Duration::from_millis(300)
+            && cut_at <= Duration::from_secs(3) + Duration::from_secs(1),
+        "cut off after {cut_at:?}, the deadline is {:?}",
+        Duration::from_secs(3)
+    );
+    drop(idle);
+    let _ = std::fs::remove_dir_all(&root);
+}
