@@ -29,7 +29,7 @@
 //!
 //! [container]                            # paths inside the container
 //! library = "/usr/local/lib/cuvisor/libcuvisor.so"
-//! limits = "/var/run/cuvisor/limits.conf"
+//! # (the limits file is always at /var/run/cuvisor/limits.conf: the library's fixed path)
 //! state_dir = "/var/run/cuvisor/state"
 //! coord_dir = "/var/run/cuvisor/coord"
 //!
@@ -111,7 +111,9 @@ pub struct HostPaths {
 #[serde(default, deny_unknown_fields)]
 pub struct ContainerPaths {
     pub library: PathBuf,
-    pub limits: PathBuf,
+    /// Accepted only as the library's fixed path (`cuvisor_shm::CONTAINER_LIMITS`), where the
+    /// limits file is always mounted: the library reads it there and nowhere else.
+    pub limits: Option<PathBuf>,
     pub state_dir: PathBuf,
     pub coord_dir: PathBuf,
 }
@@ -194,7 +196,7 @@ impl Default for ContainerPaths {
     fn default() -> ContainerPaths {
         ContainerPaths {
             library: PathBuf::from("/usr/local/lib/cuvisor/libcuvisor.so"),
-            limits: PathBuf::from("/var/run/cuvisor/limits.conf"),
+            limits: None,
             state_dir: PathBuf::from("/var/run/cuvisor/state"),
             coord_dir: PathBuf::from("/var/run/cuvisor/coord"),
         }
@@ -307,12 +309,20 @@ impl Config {
             ("host.library", &self.host.library),
             ("host.dev_dir", &self.host.dev_dir),
             ("container.library", &self.container.library),
-            ("container.limits", &self.container.limits),
             ("container.state_dir", &self.container.state_dir),
             ("container.coord_dir", &self.container.coord_dir),
         ] {
             if !p.is_absolute() {
                 return err(format!("{key} = {p:?}: must be an absolute path"));
+            }
+        }
+        if let Some(l) = &self.container.limits {
+            if l != std::path::Path::new(cuvisor_shm::CONTAINER_LIMITS) {
+                return err(format!(
+                    "container.limits = {l:?}: the limits file is always mounted at {}, the one \
+                     path the library reads it from (remove the key)",
+                    cuvisor_shm::CONTAINER_LIMITS
+                ));
             }
         }
         let pr = &self.pod_resources.socket;
@@ -443,6 +453,17 @@ mod tests {
             1 << 30,
             "1 GiB units"
         );
+    }
+
+    #[test]
+    fn the_limits_path_is_the_librarys_fixed_one_or_refused() {
+        let fixed = format!(
+            "[container]\nlimits = \"{}\"\n",
+            cuvisor_shm::CONTAINER_LIMITS
+        );
+        assert!(Config::parse(&fixed).is_ok());
+        let e = Config::parse("[container]\nlimits = \"/etc/cuvisor.conf\"\n").unwrap_err();
+        assert!(e.to_string().contains("always mounted at"), "{e}");
     }
 
     #[test]

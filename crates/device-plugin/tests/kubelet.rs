@@ -4,15 +4,17 @@
 //! span rule, kubelet restarts; and an end-to-end run of the tf_stress twin under what Allocate
 //! answered.
 
+mod support;
+
 use cuvisor_device_plugin::api::device_plugin_client::DevicePluginClient;
 use cuvisor_device_plugin::api::registration_server::{Registration, RegistrationServer};
 use cuvisor_device_plugin::api::{self, RegisterRequest};
-use cuvisor_device_plugin::podresources::v1;
+
 use cuvisor_device_plugin::server::connect_unix;
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
@@ -613,81 +615,7 @@ fn twin() -> PathBuf {
     .clone()
 }
 
-/// A running pod: name, resource, device IDs.
-type Pod = (String, String, Vec<String>);
-
-/// The fake kubelet's PodResources service: answers with what the test says runs.
-#[derive(Clone, Default)]
-struct FakePods(Arc<Mutex<Vec<Pod>>>);
-
-impl FakePods {
-    /// Serves on `sock` until the test's runtime ends.
-    fn serve(&self, sock: &Path) {
-        let l = tokio::net::UnixListener::bind(sock).unwrap();
-        let svc = v1::pod_resources_lister_server::PodResourcesListerServer::new(self.clone());
-        tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(svc)
-                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(l))
-                .await
-                .unwrap();
-        });
-    }
-
-    /// Pod `pod` (namespace "ml", container "main") holds `ids` of `resource`.
-    fn run(&self, pod: &str, resource: &str, ids: &[String]) {
-        self.0
-            .lock()
-            .unwrap()
-            .push((pod.into(), resource.into(), ids.to_vec()));
-    }
-
-    fn end(&self, pod: &str) {
-        self.0.lock().unwrap().retain(|(p, _, _)| p != pod);
-    }
-}
-
-#[tonic::async_trait]
-impl v1::pod_resources_lister_server::PodResourcesLister for FakePods {
-    async fn list(
-        &self,
-        _: Request<v1::ListPodResourcesRequest>,
-    ) -> Result<Response<v1::ListPodResourcesResponse>, Status> {
-        let pods = self.0.lock().unwrap().clone();
-        Ok(Response::new(v1::ListPodResourcesResponse {
-            pod_resources: pods
-                .into_iter()
-                .map(|(pod, resource, ids)| v1::PodResources {
-                    name: pod,
-                    namespace: "ml".into(),
-                    containers: vec![v1::ContainerResources {
-                        name: "main".into(),
-                        devices: vec![v1::ContainerDevices {
-                            resource_name: resource,
-                            device_ids: ids,
-                            topology: None,
-                        }],
-                        ..Default::default()
-                    }],
-                })
-                .collect(),
-        }))
-    }
-
-    async fn get_allocatable_resources(
-        &self,
-        _: Request<v1::AllocatableResourcesRequest>,
-    ) -> Result<Response<v1::AllocatableResourcesResponse>, Status> {
-        Ok(Response::new(Default::default()))
-    }
-
-    async fn get(
-        &self,
-        _: Request<v1::GetPodResourcesRequest>,
-    ) -> Result<Response<v1::GetPodResourcesResponse>, Status> {
-        Err(Status::unimplemented("not in this fake"))
-    }
-}
+use support::pods::FakePods;
 
 type DeviceStream = tonic::Streaming<api::ListAndWatchResponse>;
 
@@ -766,7 +694,7 @@ async fn xid_and_nvlink_reach_list_and_watch_and_metrics_are_served() {
     let s = Scratch::new("health");
     let mut kubelet = Kubelet::start(&s.dp());
     let pods = FakePods::default();
-    pods.serve(&s.0.join("pod-resources.sock"));
+    let _kubelet = pods.serve(&s.0.join("pod-resources.sock"));
     let port = free_port();
     let _plugin = spawn_plugin_with(
         &s,
@@ -910,7 +838,7 @@ async fn a_gpu_is_never_given_whole_and_in_memory_units_at_once() {
     let s = Scratch::new("conflict");
     let mut kubelet = Kubelet::start(&s.dp());
     let pods = FakePods::default();
-    pods.serve(&s.0.join("pod-resources.sock"));
+    let _kubelet = pods.serve(&s.0.join("pod-resources.sock"));
     let _plugin = spawn_plugin_with(
         &s,
         "dgx1-v100",
@@ -1127,7 +1055,12 @@ async fn four_hundred_idle_metrics_connections_do_not_exhaust_the_plugins_descri
     let r = allocate(&mut mems, &ids)
         .await
         .unwrap_or_else(|e| panic!("Allocate with {held} idle metrics clients: {e}"));
-    assert!(r.envs.contains_key("CUVISOR_CONFIG"));
+    assert!(
+        r.mounts
+            .iter()
+            .any(|m| m.container_path == cuvisor_shm::CONTAINER_LIMITS),
+        "a whole answer: the limits file is mounted"
+    );
     assert_eq!(first_list(&mut mems).await.len(), 16);
     for path in ["/healthz", "/metrics"] {
         let resp = tokio::time::timeout(Duration::from_secs(2), http_get(port, path))
