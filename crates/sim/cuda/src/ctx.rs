@@ -145,6 +145,8 @@ fn create(dev: usize, flags: u32) -> Result<usize, CUresult> {
 
 fn destroy(h: usize) -> Res {
     contexts().get(h)?;
+    // What the runtime stored in the context goes first, while the context still answers.
+    crate::export_table::context_gone(h);
     deactivate(h)?;
     contexts().remove(h)?;
     // A destroyed context leaves every thread's stack; this thread's at least.
@@ -468,12 +470,20 @@ export! {
 }
 
 /// The primary context of device `i`, made (not retained, so unable to work) on first need. Its
-/// handle stays the same for the life of the process, retained or not.
+/// handle stays the same for the life of the process, retained or not: libcudart gets it
+/// through its private table (`export_table`), makes it current and only then retains it.
 fn primary_object(i: usize, p: &mut Primary) -> usize {
     if p.handle == 0 {
         p.handle = register(i, p.flags);
     }
     p.handle
+}
+
+/// The handle of device `dev`'s primary context, without retaining it.
+pub(crate) fn primary_handle(dev: CUdevice) -> Result<usize, CUresult> {
+    let (i, _) = device(dev)?;
+    let mut p = primaries()[i].lock().unwrap_or_else(|e| e.into_inner());
+    Ok(primary_object(i, &mut p))
 }
 
 fn primary_release(dev: CUdevice) -> Res {
@@ -489,6 +499,9 @@ fn primary_release(dev: CUdevice) -> Res {
             }
         }
     };
+    // The last reference: what the runtime stored in the context goes first, outside the lock
+    // (its destructors may call the driver back), while the context still answers.
+    crate::export_table::context_gone(h);
     let mut p = primaries()[i].lock().unwrap_or_else(|e| e.into_inner());
     p.refs = p.refs.saturating_sub(1);
     if p.refs == 0 {
@@ -512,7 +525,9 @@ fn primary_set_flags(dev: CUdevice, flags: c_uint, v2: bool) -> Res {
     Ok(())
 }
 
-/// Frees every allocation of the primary context; the context itself stays retained.
+/// Frees every allocation of the primary context and drops what the runtime stored in it (its
+/// destructors run, as a reset tears down the context's state); the context itself stays
+/// retained.
 fn primary_reset(dev: CUdevice) -> Res {
     let (i, _) = device(dev)?;
     let h = {
@@ -520,6 +535,7 @@ fn primary_reset(dev: CUdevice) -> Res {
         (p.refs > 0).then_some(p.handle)
     };
     if let Some(h) = h {
+        crate::export_table::context_gone(h);
         mem::free_context(h);
     }
     Ok(())
