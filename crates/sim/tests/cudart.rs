@@ -12,8 +12,9 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The runtime tested: the newest 12.x wheel when this test was written.
+/// The runtimes tested: the newest 12.x and 13.x wheels when this test was written.
 const CUDART12: (&str, &str) = ("nvidia-cuda-runtime-cu12", "12.9.79");
+const CUDART13: (&str, &str) = ("nvidia-cuda-runtime", "13.5.37");
 
 /// `target/ci-tools/<package>-<version>/`, the venv holding the pinned wheel, installing it
 /// first if needed. None (after a SKIPPED line) where it cannot be had, outside CI.
@@ -84,28 +85,39 @@ fn run(cmd: &mut Command) -> Result<(), String> {
     }
 }
 
-/// The runtime library inside the venv (`lib/python3.X/site-packages/nvidia/cuda_runtime/lib`).
+/// The runtime library inside the venv: `lib/python3.X/site-packages/nvidia/cuda_runtime/lib`
+/// (12.x wheels) or `.../nvidia/cu13/lib` (13.x).
 fn find_lib(venv: &Path, name: &str) -> PathBuf {
     let lib = venv.join("lib");
     for py in std::fs::read_dir(&lib).expect("venv/lib").flatten() {
-        let p = py
-            .path()
-            .join("site-packages/nvidia/cuda_runtime/lib")
-            .join(name);
-        if p.exists() {
-            return p;
+        for dir in ["cuda_runtime", "cu13"] {
+            let p = py
+                .path()
+                .join("site-packages/nvidia")
+                .join(dir)
+                .join("lib")
+                .join(name);
+            if p.exists() {
+                return p;
+            }
         }
     }
     panic!("{name} is not in {}", lib.display());
 }
 
-/// Runs probe.py against the runtime on the simulator's `preset`, with `env` added; its answers.
+/// Runs probe.py against the runtime on the simulator's `single` preset, with `env` added; its
+/// answers.
 fn probe(venv: &Path, lib: &Path, tag: &str, env: &[(&str, &str)]) -> Value {
+    probe_on(venv, lib, tag, "single", env)
+}
+
+/// As [`probe`], on the machine `model` (a preset or a model file's path).
+fn probe_on(venv: &Path, lib: &Path, tag: &str, model: &str, env: &[(&str, &str)]) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cudart/probe.py");
     let state = common::state_file(tag);
     let mut cmd = Command::new(venv.join("bin/python"));
     cmd.arg(&script).arg(lib);
-    common::sim_env(&mut cmd, "single", &state);
+    common::sim_env(&mut cmd, model, &state);
     cmd.env_remove("LD_PRELOAD")
         .env_remove("CUVISOR_CONFIG")
         .env_remove("CUVISOR_MEMORY_LIMIT");
@@ -289,4 +301,41 @@ fn cudart12_under_libcuvisor_sees_the_quota() {
     assert_eq!((u(&m[1]), u(&m[2])), (GIB - (64 << 20), GIB));
     // 3 GiB: within the GPU, beyond the quota.
     assert_eq!(u(&at(&v, "cudaMalloc_too_large")[0]), 2);
+}
+
+/// libcudart 13.x refuses a 12.x driver (cudaErrorInsufficientDriver, 35, at the default model's
+/// 12080); on a model whose driver reports 13.0 (R580) it enumerates the device. It gets no
+/// further yet: making a context, it resolves `cuCtxGetDevice` at 13000, the simulator's
+/// `cuCtxGetDevice_v2` is not implemented, and cudaMemGetInfo answers 801.
+#[test]
+fn cudart13_counts_devices_on_a_13_0_driver() {
+    let test = "cudart13_counts_devices_on_a_13_0_driver";
+    let Some(venv) = cudart_venv(test, CUDART13) else {
+        return;
+    };
+    let lib = find_lib(&venv, "libcudart.so.13");
+    let v = probe_on(&venv, &lib, &format!("{test}-12"), "single", &[]);
+    assert_eq!(u(&at(&v, "cudaGetDeviceCount")[0]), 35, "{v}");
+
+    let model = std::env::temp_dir().join(format!("cuvisor-{test}-{}.toml", std::process::id()));
+    std::fs::write(
+        &model,
+        "driver_version = 13000\n[[device]]\nmemory = \"16Gi\"\n",
+    )
+    .unwrap();
+    let v = probe_on(&venv, &lib, test, model.to_str().unwrap(), &[]);
+    let _ = std::fs::remove_file(&model);
+    all_succeeded(
+        &v,
+        &[
+            "cudaGetDeviceCount",
+            "cudaRuntimeGetVersion",
+            "cudaGetDeviceProperties",
+        ],
+    );
+    assert_eq!(u(&at(&v, "cudaGetDeviceCount")[1]), 1);
+    assert_eq!(u(&at(&v, "cudaRuntimeGetVersion")[1]), 13050);
+    assert_eq!(u(&at(&v, "cudaDriverGetVersion")[1]), 13000);
+    let name = &Model::load("single").unwrap().devices[0].name;
+    assert_eq!(at(&v, "cudaGetDeviceProperties")[1], name.as_str());
 }

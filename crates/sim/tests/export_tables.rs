@@ -71,6 +71,7 @@ fn tables_libcudart_asks_for_are_answered_without_null_slots() {
         (TOOLS_TLS, 4),
         (CONTEXT_CHECKS, 4),
         (INTEGRITY, 3),
+        ("21318c60-9714-3248-8ca6-41ff7324c8f2", 95), // asked for by 13.x runtimes
     ] {
         let t = table(uuid).unwrap();
         // SAFETY: see the file-level note (slot 0 is the size; reading `slots` slots stays in it).

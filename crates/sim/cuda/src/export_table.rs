@@ -68,15 +68,23 @@ enum Table {
     ContextChecks = 4,
     /// `d4082055-bde6-704b-8d34-ba123c66e1f2`, {ZL} INTEGRITY_CHECK (3 slots).
     IntegrityCheck = 5,
+    /// `21318c60-9714-3248-8ca6-41ff7324c8f2`, asked for by 13.x runtimes after TOOLS_TLS:
+    /// refused, libcudart 13.5 fails `cudaGetDeviceCount` with the driver's
+    /// CUDA_ERROR_INVALID_VALUE; answered, it calls none of its slots (seen on the simulator).
+    /// {WINE} (staging) relays it; another project names it CU_ETID_ToolsContext. 95 slots: what a
+    /// public test of a mock driver records a 595.99.02 driver serving to 13.4 runtimes ("a size
+    /// header and 94 slots"), found with this project's code search, repository not named there.
+    ToolsContext = 6,
 }
 
-const TABLES: [Table; 6] = [
+const TABLES: [Table; 7] = [
     Table::CudartInterface,
     Table::ToolsRuntimeCallbackHooks,
     Table::ToolsTls,
     Table::ContextLocalStorage,
     Table::ContextChecks,
     Table::IntegrityCheck,
+    Table::ToolsContext,
 ];
 
 /// Asked for by libcudart 12 before `cuInit`; refused quietly (it carries on without it).
@@ -91,6 +99,7 @@ impl Table {
             Table::ContextLocalStorage => "c693336e-1121-df11-a8c3-68f355d89593",
             Table::ContextChecks => "263e8860-7cd2-6143-92f6-bbd5006dfa7e",
             Table::IntegrityCheck => "d4082055-bde6-704b-8d34-ba123c66e1f2",
+            Table::ToolsContext => "21318c60-9714-3248-8ca6-41ff7324c8f2",
         })
     }
     fn name(self) -> &'static str {
@@ -101,6 +110,7 @@ impl Table {
             Table::ContextLocalStorage => "CONTEXT_LOCAL_STORAGE",
             Table::ContextChecks => "CONTEXT_CHECKS",
             Table::IntegrityCheck => "INTEGRITY_CHECK",
+            Table::ToolsContext => "TOOLS_CONTEXT",
         }
     }
 }
@@ -137,6 +147,7 @@ struct Tables {
     cls: [usize; 4],
     checks: [usize; 4],
     integrity: [usize; 3],
+    tools_context: [usize; 95],
 }
 
 fn tables() -> &'static Tables {
@@ -149,6 +160,7 @@ fn tables() -> &'static Tables {
             cls: unmodeled_row!(3; 0 1 2 3),
             checks: unmodeled_row!(4; 0 1 2 3),
             integrity: unmodeled_row!(5; 0 1 2),
+            tools_context: unmodeled_row!(6; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94),
         };
         t.cudart[0] = size_of_val(&t.cudart);
         t.cudart[1] = module_from_fatbin_wrapper as *const () as usize;
@@ -169,6 +181,7 @@ fn tables() -> &'static Tables {
         t.checks[3] = context_check_flags as *const () as usize;
         t.integrity[0] = size_of_val(&t.integrity);
         t.integrity[1] = integrity_check as *const () as usize;
+        t.tools_context[0] = size_of_val(&t.tools_context);
         t
     })
 }
@@ -182,6 +195,7 @@ impl Tables {
             Table::ContextLocalStorage => &self.cls,
             Table::ContextChecks => &self.checks,
             Table::IntegrityCheck => &self.integrity,
+            Table::ToolsContext => &self.tools_context,
         }
     }
 }
