@@ -854,3 +854,28 @@ fn an_opened_ipc_handle_charges_nothing() {
     writeln!(exporter.stdin.as_mut().unwrap()).unwrap();
     assert!(exporter.wait().unwrap().success());
 }
+
+#[test]
+fn a_primary_context_keeps_its_handle_when_released() {
+    in_child!("a_primary_context_keeps_its_handle_when_released");
+    // SAFETY: see the file-level note.
+    unsafe {
+        let h = setup();
+        let mut p = 0;
+        ok(cu::cuMemAlloc_v2(&mut p, 64 * MIB));
+        ok(cu::cuDevicePrimaryCtxRelease_v2(0));
+        // Still current, no longer retained: cuda.h's CUDA_ERROR_CONTEXT_IS_DESTROYED, "a primary
+        // context which has not yet been initialized".
+        let mut cur = null_mut();
+        ok(cu::cuCtxGetCurrent(&mut cur));
+        assert_eq!(cur, h);
+        assert_eq!(
+            cu::cuMemAlloc_v2(&mut p, MIB),
+            CUDA_ERROR_CONTEXT_IS_DESTROYED
+        );
+        let mut again = null_mut();
+        ok(cu::cuDevicePrimaryCtxRetain(&mut again, 0));
+        assert_eq!(again, h, "one primary context object per device");
+        assert_eq!(free_mem(), 16 * GIB, "the last release freed what it held");
+    }
+}

@@ -13,13 +13,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub(crate) struct Context {
     pub dev: usize,
     pub flags: AtomicU32,
+    /// Whether the context can do work: a created one until it is destroyed, a primary one while
+    /// it is retained. A primary context's handle exists before and after (see [`primary_handle`]).
     pub alive: AtomicBool,
     /// The context's legacy default stream (NULL / CU_STREAM_LEGACY).
     pub legacy: Arc<Stream>,
     /// When the last work queued in this context ends (what cuCtxSynchronize waits for).
     pub work_tail: Arc<AtomicU64>,
-    /// Device memory the context itself takes (the model's `context_memory`).
-    pub overhead: u64,
+    /// Device memory the context itself takes while alive (the model's `context_memory`).
+    overhead: AtomicU64,
 }
 
 pub(crate) static CONTEXTS: OnceLock<Registry<Context>> = OnceLock::new();
@@ -65,13 +67,18 @@ pub(crate) fn device(dev: CUdevice) -> Result<(usize, &'static Device), CUresult
         .ok_or(err::INVALID_DEVICE)
 }
 
-/// The calling thread's current context.
+/// The calling thread's current context. A primary context that is current but not retained is
+/// CUDA_ERROR_CONTEXT_IS_DESTROYED, which `cuda.h` documents as "the context current to the
+/// calling thread ... is a primary context which has not yet been initialized".
 pub(crate) fn current() -> Result<(usize, Arc<Context>), CUresult> {
     drv()?;
     let h = STACK
         .with(|s| s.borrow().last().copied())
         .ok_or(err::INVALID_CONTEXT)?;
     let c = contexts().get(h).map_err(|_| err::INVALID_CONTEXT)?;
+    if !c.alive.load(Acquire) {
+        return Err(err::CONTEXT_IS_DESTROYED);
+    }
     Ok((h, c))
 }
 
@@ -79,39 +86,69 @@ pub(crate) fn get(h: CUcontext) -> Result<Arc<Context>, CUresult> {
     contexts().get(h as usize).map_err(|_| err::INVALID_CONTEXT)
 }
 
-fn create(dev: usize, flags: u32) -> Result<usize, CUresult> {
-    let d = drv()?;
-    let overhead = d.sim.model.devices[dev].context_memory;
-    if overhead > 0
-        && !d
-            .sim
-            .shared
-            .charge(d.slot, dev, overhead, d.sim.model.devices[dev].memory)
-    {
-        return Err(err::OUT_OF_MEMORY);
-    }
+/// A context object that cannot do work yet ([`activate`] makes it).
+fn register(dev: usize, flags: u32) -> usize {
     let work_tail = Arc::new(AtomicU64::new(0));
     let ctx = Context {
         dev,
         flags: AtomicU32::new(flags),
-        alive: AtomicBool::new(true),
+        alive: AtomicBool::new(false),
         legacy: Arc::new(Stream::new(dev, 0, 0, work_tail.clone())),
         work_tail,
-        overhead,
+        overhead: AtomicU64::new(0),
     };
     let (h, c) = contexts().insert(ctx);
     c.legacy.set_ctx(h);
+    h
+}
+
+/// Charges the context's own memory and lets it work.
+fn activate(h: usize) -> Res {
+    let d = drv()?;
+    let c = contexts().get(h)?;
+    let overhead = d.sim.model.devices[c.dev].context_memory;
+    if overhead > 0
+        && !d
+            .sim
+            .shared
+            .charge(d.slot, c.dev, overhead, d.sim.model.devices[c.dev].memory)
+    {
+        return Err(err::OUT_OF_MEMORY);
+    }
+    c.overhead.store(overhead, Release);
+    c.alive.store(true, Release);
+    Ok(())
+}
+
+/// Frees what the context holds (its allocations, its own memory); it can no longer work.
+fn deactivate(h: usize) -> Res {
+    let c = contexts().get(h)?;
+    c.alive.store(false, Release);
+    mem::free_context(h);
+    let overhead = c.overhead.swap(0, AcqRel);
+    if overhead > 0 {
+        let d = drv()?;
+        d.sim.shared.uncharge(d.slot, c.dev, overhead);
+    }
+    Ok(())
+}
+
+fn create(dev: usize, flags: u32) -> Result<usize, CUresult> {
+    drv()?;
+    let h = register(dev, flags);
+    if let Err(e) = activate(h) {
+        let _ = contexts().remove(h);
+        return Err(e);
+    }
     Ok(h)
 }
 
 fn destroy(h: usize) -> Res {
-    let c = contexts().remove(h)?;
-    c.alive.store(false, Release);
-    mem::free_context(h);
-    let d = drv()?;
-    if c.overhead > 0 {
-        d.sim.shared.uncharge(d.slot, c.dev, c.overhead);
-    }
+    contexts().get(h)?;
+    // What the runtime stored in the context goes first, while the context still answers.
+    crate::export_table::context_gone(h);
+    deactivate(h)?;
+    contexts().remove(h)?;
     // A destroyed context leaves every thread's stack; this thread's at least.
     STACK.with(|s| s.borrow_mut().retain(|&x| x != h));
     Ok(())
@@ -257,11 +294,12 @@ export! {
             return Err(err::INVALID_VALUE);
         }
         let mut p = primaries()[i].lock().unwrap_or_else(|e| e.into_inner());
+        let h = primary_object(i, &mut p);
         if p.refs == 0 {
-            p.handle = create(i, p.flags)?;
+            activate(h)?;
         }
         p.refs += 1;
-        write(pctx, p.handle as CUcontext)
+        write(pctx, h as CUcontext)
     }
 
     fn cuDevicePrimaryCtxRelease(dev: CUdevice) { primary_release(dev) }
@@ -431,16 +469,43 @@ export! {
     }
 }
 
-fn primary_release(dev: CUdevice) -> Res {
+/// The primary context of device `i`, made (not retained, so unable to work) on first need. Its
+/// handle stays the same for the life of the process, retained or not: libcudart gets it
+/// through its private table (`export_table`), makes it current and only then retains it.
+fn primary_object(i: usize, p: &mut Primary) -> usize {
+    if p.handle == 0 {
+        p.handle = register(i, p.flags);
+    }
+    p.handle
+}
+
+/// The handle of device `dev`'s primary context, without retaining it.
+pub(crate) fn primary_handle(dev: CUdevice) -> Result<usize, CUresult> {
     let (i, _) = device(dev)?;
     let mut p = primaries()[i].lock().unwrap_or_else(|e| e.into_inner());
+    Ok(primary_object(i, &mut p))
+}
+
+fn primary_release(dev: CUdevice) -> Res {
+    let (i, _) = device(dev)?;
+    let h = {
+        let mut p = primaries()[i].lock().unwrap_or_else(|e| e.into_inner());
+        match p.refs {
+            0 => return Err(err::INVALID_CONTEXT),
+            1 => p.handle,
+            _ => {
+                p.refs -= 1;
+                return Ok(());
+            }
+        }
+    };
+    // The last reference: what the runtime stored in the context goes first, outside the lock
+    // (its destructors may call the driver back), while the context still answers.
+    crate::export_table::context_gone(h);
+    let mut p = primaries()[i].lock().unwrap_or_else(|e| e.into_inner());
+    p.refs = p.refs.saturating_sub(1);
     if p.refs == 0 {
-        return Err(err::INVALID_CONTEXT);
-    }
-    p.refs -= 1;
-    if p.refs == 0 {
-        destroy(p.handle)?;
-        p.handle = 0;
+        deactivate(h)?;
     }
     Ok(())
 }
@@ -454,18 +519,24 @@ fn primary_set_flags(dev: CUdevice, flags: c_uint, v2: bool) -> Res {
         return Err(err::PRIMARY_CONTEXT_ACTIVE);
     }
     p.flags = flags;
-    if p.refs > 0 {
+    if p.handle != 0 {
         contexts().get(p.handle)?.flags.store(flags, Relaxed);
     }
     Ok(())
 }
 
-/// Frees every allocation of the primary context; the context itself stays retained.
+/// Frees every allocation of the primary context and drops what the runtime stored in it (its
+/// destructors run, as a reset tears down the context's state); the context itself stays
+/// retained.
 fn primary_reset(dev: CUdevice) -> Res {
     let (i, _) = device(dev)?;
-    let p = primaries()[i].lock().unwrap_or_else(|e| e.into_inner());
-    if p.refs > 0 {
-        mem::free_context(p.handle);
+    let h = {
+        let p = primaries()[i].lock().unwrap_or_else(|e| e.into_inner());
+        (p.refs > 0).then_some(p.handle)
+    };
+    if let Some(h) = h {
+        crate::export_table::context_gone(h);
+        mem::free_context(h);
     }
     Ok(())
 }

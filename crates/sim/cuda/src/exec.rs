@@ -419,7 +419,7 @@ fn host_func(
     Ok(())
 }
 
-fn load_module(module: *mut CUmodule, image: *const c_void) -> Res {
+pub(crate) fn load_module(module: *mut CUmodule, image: *const c_void) -> Res {
     ctx::current()?;
     if module.is_null() || image.is_null() {
         return Err(err::INVALID_VALUE);

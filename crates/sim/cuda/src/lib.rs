@@ -7,11 +7,13 @@
 //!
 //! Layout: `abi` helpers and the export macro here; `ctx` devices and contexts; `mem` every
 //! allocation path, copies and pools; `exec` modules, launches, streams, events and graphs;
-//! `procaddr` cuGetProcAddress.
+//! `procaddr` cuGetProcAddress; `export_table` cuGetExportTable, the private tables NVIDIA's
+//! runtime asks for.
 #![allow(clippy::missing_safety_doc)]
 
 mod ctx;
 mod exec;
+mod export_table;
 mod mem;
 mod proc_table;
 mod procaddr;
@@ -216,11 +218,6 @@ export! {
     fn cuGetErrorString(e: CUresult, out: *mut *const c_char) {
         let text = err_entry(e)?.2;
         write(out, text.as_ptr())
-    }
-
-    fn cuGetExportTable(_table: *mut *const std::ffi::c_void, _id: *const u8) {
-        // The export tables are private driver interfaces (libcudart uses them); we offer none.
-        Err(err::NOT_SUPPORTED)
     }
 }
 

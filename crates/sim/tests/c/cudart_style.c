@@ -123,7 +123,12 @@ int main(void) {
     CUresult (*exportTable)(const void **, const void *) = get("cuGetExportTable", 12000, 0);
     const void *table;
     char uuid[16] = {0};
-    CHECK(exportTable(&table, uuid) == 801, "cuGetExportTable answers CUDA_ERROR_NOT_SUPPORTED");
+    CHECK(exportTable(&table, uuid) == 1 && table == NULL, "cuGetExportTable refuses an unknown id");
+    /* CUDART_INTERFACE (6bd5fb6c-5bf4-e74a-8987-d93912fd9df9): slot 0 is its size in bytes. */
+    const unsigned char cudart_interface[16] = {0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a,
+                                                0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9};
+    CHECK(exportTable(&table, cudart_interface) == 0 && table && ((const size_t *)table)[0] == 13 * 8,
+          "cuGetExportTable answers the table libcudart asks for");
     printf("OK\n");
     return 0;
 }

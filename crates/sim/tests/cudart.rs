@@ -1,0 +1,341 @@
+//! NVIDIA's own CUDA runtime, unmodified, on the simulator: libcudart from the PyPI wheel
+//! `nvidia-cuda-runtime-cu12` (pinned), driven from Python through ctypes (`cudart/probe.py`).
+//!
+//! The wheel (about 3.5 MB) is installed once into a virtual environment under
+//! `target/ci-tools/`, which later runs reuse. Where it cannot be installed (no network, no
+//! python3), a test prints a loud SKIPPED line, or fails when `CI` is set: it never passes
+//! without having run.
+mod common;
+
+use cuvisor_sim::model::Model;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The runtimes tested: the newest 12.x and 13.x wheels when this test was written.
+const CUDART12: (&str, &str) = ("nvidia-cuda-runtime-cu12", "12.9.79");
+const CUDART13: (&str, &str) = ("nvidia-cuda-runtime", "13.5.37");
+
+/// `target/ci-tools/<package>-<version>/`, the venv holding the pinned wheel, installing it
+/// first if needed. None (after a SKIPPED line) where it cannot be had, outside CI.
+fn cudart_venv(test: &str, (package, version): (&str, &str)) -> Option<PathBuf> {
+    let tools = cuvisor_testkit::profile_dir_of_test()
+        .parent()
+        .expect("target/")
+        .join("ci-tools");
+    let venv = tools.join(format!("{package}-{version}"));
+    // One install at a time in this process (its tests run as threads).
+    static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
+    if venv.join("installed").exists() {
+        return Some(venv);
+    }
+    // Installed beside its final place and renamed into it, so that two tests (or two test
+    // processes) installing at once never see half a venv.
+    let tmp = tools.join(format!("{package}-{version}.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let install = || -> Result<(), String> {
+        std::fs::create_dir_all(&tools).map_err(|e| format!("{}: {e}", tools.display()))?;
+        run(Command::new("python3").arg("-m").arg("venv").arg(&tmp))?;
+        run(Command::new(tmp.join("bin/pip"))
+            .args([
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+            ])
+            .arg(format!("{package}=={version}")))?;
+        std::fs::write(tmp.join("installed"), "").map_err(|e| e.to_string())?;
+        Ok(())
+    };
+    match install() {
+        Ok(()) => {
+            if std::fs::rename(&tmp, &venv).is_err() {
+                // Another process got there first; theirs is as good.
+                let _ = std::fs::remove_dir_all(&tmp);
+            }
+            Some(venv)
+        }
+        Err(why) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            let what = format!("cannot install {package}=={version} from PyPI: {why}");
+            if cuvisor_testkit::container::in_ci() {
+                panic!("{test}: {what}. CI is set, so this fails instead of skipping");
+            }
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n*** SKIPPED {test}: {what} (with CI set this fails) ***\n"
+            );
+            None
+        }
+    }
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{cmd:?}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// The runtime library inside the venv: `lib/python3.X/site-packages/nvidia/cuda_runtime/lib`
+/// (12.x wheels) or `.../nvidia/cu13/lib` (13.x).
+fn find_lib(venv: &Path, name: &str) -> PathBuf {
+    let lib = venv.join("lib");
+    for py in std::fs::read_dir(&lib).expect("venv/lib").flatten() {
+        for dir in ["cuda_runtime", "cu13"] {
+            let p = py
+                .path()
+                .join("site-packages/nvidia")
+                .join(dir)
+                .join("lib")
+                .join(name);
+            if p.exists() {
+                return p;
+            }
+        }
+    }
+    panic!("{name} is not in {}", lib.display());
+}
+
+/// Runs probe.py against the runtime on the simulator's `single` preset, with `env` added; its
+/// answers.
+fn probe(venv: &Path, lib: &Path, tag: &str, env: &[(&str, &str)]) -> Value {
+    probe_on(venv, lib, tag, "single", env)
+}
+
+/// As [`probe`], on the machine `model` (a preset or a model file's path).
+fn probe_on(venv: &Path, lib: &Path, tag: &str, model: &str, env: &[(&str, &str)]) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cudart/probe.py");
+    let state = common::state_file(tag);
+    let mut cmd = Command::new(venv.join("bin/python"));
+    cmd.arg(&script).arg(lib);
+    common::sim_env(&mut cmd, model, &state);
+    cmd.env_remove("LD_PRELOAD")
+        .env_remove("CUVISOR_CONFIG")
+        .env_remove("CUVISOR_MEMORY_LIMIT");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run python");
+    let _ = std::fs::remove_file(&state);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "probe.py failed: {}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        out.status
+    );
+    serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("probe.py printed no JSON ({e}):\n{stdout}\n{stderr}"))
+}
+
+fn at(v: &Value, key: &str) -> Vec<Value> {
+    v[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+        .clone()
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not an integer: {v}"))
+}
+
+/// cudaSuccess, and what every call listed answered first.
+fn all_succeeded(v: &Value, calls: &[&str]) {
+    for c in calls {
+        assert_eq!(u(&at(v, c)[0]), 0, "{c} answered {:?}", at(v, c));
+    }
+}
+
+#[test]
+fn cudart12_runs_on_the_simulator() {
+    let test = "cudart12_runs_on_the_simulator";
+    let Some(venv) = cudart_venv(test, CUDART12) else {
+        return;
+    };
+    let lib = find_lib(&venv, "libcudart.so.12");
+    let v = probe(&venv, &lib, test, &[]);
+    let model = Model::load("single").unwrap();
+    let dev = &model.devices[0];
+
+    all_succeeded(
+        &v,
+        &[
+            "cudaGetDeviceCount",
+            "cudaRuntimeGetVersion",
+            "cudaGetDeviceProperties",
+            "cudaMemGetInfo",
+            "cudaMalloc",
+            "cudaFree",
+            "cudaStreamCreate",
+            "cudaMallocAsync",
+            "cudaFreeAsync",
+            "cudaStreamSynchronize",
+            "cudaEventCreate",
+            "cudaEventRecord",
+            "cudaEventSynchronize",
+            "cudaEventQuery",
+            "cudaEventElapsedTime",
+            "cudaEventDestroy",
+            "cudaStreamDestroy",
+            "cudaDeviceSynchronize",
+            "cudaDeviceReset",
+        ],
+    );
+    assert_eq!(u(&at(&v, "cudaGetDeviceCount")[1]), 1);
+    assert_eq!(u(&at(&v, "cudaRuntimeGetVersion")[1]), 12090);
+    assert_eq!(
+        u(&at(&v, "cudaDriverGetVersion")[1]),
+        model.driver_version as u64
+    );
+
+    let props = at(&v, "cudaGetDeviceProperties");
+    assert_eq!(props[1], dev.name.as_str());
+    let uuid: String = dev
+        .uuid_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(props[2], uuid.as_str());
+    assert_eq!(u(&props[3]), dev.memory);
+    assert_eq!(
+        (u(&props[4]), u(&props[5])),
+        (dev.cc.0 as u64, dev.cc.1 as u64)
+    );
+
+    let mem = |k| {
+        let m = at(&v, k);
+        (u(&m[1]), u(&m[2]))
+    };
+    assert_eq!(mem("cudaMemGetInfo"), (dev.memory, dev.memory));
+    assert!(at(&v, "cudaMalloc")[1].as_bool().unwrap());
+    assert_eq!(
+        mem("cudaMemGetInfo_after_malloc"),
+        (dev.memory - (64 << 20), dev.memory)
+    );
+    assert_eq!(mem("cudaMemGetInfo_after_free"), (dev.memory, dev.memory));
+    // cudaErrorMemoryAllocation, and not sticky: cudaGetLastError reports it once.
+    assert_eq!(u(&at(&v, "cudaMalloc_too_large")[0]), 2);
+    assert_eq!(u(&at(&v, "cudaGetLastError")[0]), 2);
+
+    assert!(at(&v, "cudaMallocAsync")[1].as_bool().unwrap());
+    let (free_async, _) = mem("cudaMemGetInfo_after_malloc_async");
+    assert!(
+        free_async <= dev.memory - (16 << 20),
+        "the pool holds the allocation"
+    );
+    assert_eq!(
+        mem("cudaMemGetInfo_after_free_async"),
+        (dev.memory, dev.memory),
+        "freed and synchronized, a pool with release threshold 0 gives it back"
+    );
+
+    // Two events recorded 50 ms apart on an idle stream: the time between them is the wall
+    // time between the records.
+    let ev = at(&v, "cudaEventElapsedTime");
+    let (ms, inner, outer) = (
+        ev[1].as_f64().unwrap(),
+        ev[2].as_f64().unwrap(),
+        ev[3].as_f64().unwrap(),
+    );
+    assert!(
+        inner - 1.0 <= ms && ms <= outer + 1.0,
+        "elapsed {ms} ms, records {inner}..{outer} ms apart"
+    );
+}
+
+#[test]
+fn cudart12_under_libcuvisor_sees_the_quota() {
+    let test = "cudart12_under_libcuvisor_sees_the_quota";
+    let Some(venv) = cudart_venv(test, CUDART12) else {
+        return;
+    };
+    let lib = find_lib(&venv, "libcudart.so.12");
+    let libcuvisor =
+        cuvisor_testkit::built(&cuvisor_testkit::profile_dir_of_test()).join("deps/libcuvisor.so");
+    let ledger = std::env::temp_dir().join(format!("cuvisor-cudart-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&ledger);
+    std::fs::create_dir_all(&ledger).unwrap();
+    let (preload, dir, coord) = (
+        libcuvisor.to_str().unwrap().to_string(),
+        ledger.to_str().unwrap().to_string(),
+        ledger.join("coord").to_str().unwrap().to_string(),
+    );
+    let v = probe(
+        &venv,
+        &lib,
+        test,
+        &[
+            ("LD_PRELOAD", &preload),
+            ("CUVISOR_STATE_DIR", &dir),
+            ("CUVISOR_COORD_DIR", &coord),
+            ("CUVISOR_MEMORY_LIMIT", "1Gi"),
+        ],
+    );
+    let _ = std::fs::remove_dir_all(&ledger);
+    const GIB: u64 = 1 << 30;
+    all_succeeded(
+        &v,
+        &[
+            "cudaGetDeviceCount",
+            "cudaMemGetInfo",
+            "cudaMalloc",
+            "cudaFree",
+        ],
+    );
+    let m = at(&v, "cudaMemGetInfo");
+    assert_eq!(
+        (u(&m[1]), u(&m[2])),
+        (GIB, GIB),
+        "the quota, not the 16 GiB GPU"
+    );
+    let m = at(&v, "cudaMemGetInfo_after_malloc");
+    assert_eq!((u(&m[1]), u(&m[2])), (GIB - (64 << 20), GIB));
+    // 3 GiB: within the GPU, beyond the quota.
+    assert_eq!(u(&at(&v, "cudaMalloc_too_large")[0]), 2);
+}
+
+/// libcudart 13.x refuses a 12.x driver (cudaErrorInsufficientDriver, 35, at the default model's
+/// 12080); on a model whose driver reports 13.0 (R580) it enumerates the device. It gets no
+/// further yet: making a context, it resolves `cuCtxGetDevice` at 13000, the simulator's
+/// `cuCtxGetDevice_v2` is not implemented, and cudaMemGetInfo answers 801.
+#[test]
+fn cudart13_counts_devices_on_a_13_0_driver() {
+    let test = "cudart13_counts_devices_on_a_13_0_driver";
+    let Some(venv) = cudart_venv(test, CUDART13) else {
+        return;
+    };
+    let lib = find_lib(&venv, "libcudart.so.13");
+    let v = probe_on(&venv, &lib, &format!("{test}-12"), "single", &[]);
+    assert_eq!(u(&at(&v, "cudaGetDeviceCount")[0]), 35, "{v}");
+
+    let model = std::env::temp_dir().join(format!("cuvisor-{test}-{}.toml", std::process::id()));
+    std::fs::write(
+        &model,
+        "driver_version = 13000\n[[device]]\nmemory = \"16Gi\"\n",
+    )
+    .unwrap();
+    let v = probe_on(&venv, &lib, test, model.to_str().unwrap(), &[]);
+    let _ = std::fs::remove_file(&model);
+    all_succeeded(
+        &v,
+        &[
+            "cudaGetDeviceCount",
+            "cudaRuntimeGetVersion",
+            "cudaGetDeviceProperties",
+        ],
+    );
+    assert_eq!(u(&at(&v, "cudaGetDeviceCount")[1]), 1);
+    assert_eq!(u(&at(&v, "cudaRuntimeGetVersion")[1]), 13050);
+    assert_eq!(u(&at(&v, "cudaDriverGetVersion")[1]), 13000);
+    let name = &Model::load("single").unwrap().devices[0].name;
+    assert_eq!(at(&v, "cudaGetDeviceProperties")[1], name.as_str());
+}
