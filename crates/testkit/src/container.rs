@@ -748,8 +748,9 @@ mod tests {
 
     #[test]
     fn mount_points_are_found_missing_through_symlinks_and_not_in_private_trees() {
-        // Not under /tmp: that is the container's own.
-        let d = crate::profile_dir_of_test().join(format!("cuvisor-mp-{}", std::process::id()));
+        // Not under /tmp or /run (the container's own trees): the build directory may be there
+        // (a clone under /tmp), so /var/tmp.
+        let d = Path::new("/var/tmp").join(format!("cuvisor-mp-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(d.join("real/sub")).unwrap();
         std::os::unix::fs::symlink(d.join("real"), d.join("abs")).unwrap();
