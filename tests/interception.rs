@@ -938,31 +938,6 @@ fn allocation_paths() {
             "over the quota"
         );
         assert_eq!(free_mem(), base, "a refused cuMemCreate holds nothing");
-        // A shareable-handle import is the exporter's memory, not new memory.
-        let mut shared = prop;
-        shared.requestedHandleTypes =
-            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-        charged_exactly("cuMemCreate + export + import", 32 * MIB, || {
-            let mut h = 0;
-            ok(cu::cuMemCreate(&mut h, 32 << 20, &shared, 0));
-            let mut fd: i32 = -1;
-            ok(cu::cuMemExportToShareableHandle(
-                &mut fd as *mut i32 as *mut c_void,
-                h,
-                cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                0,
-            ));
-            let mut imported = 0;
-            ok(cu::cuMemImportFromShareableHandle(
-                &mut imported,
-                fd as usize as *mut c_void,
-                cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-            ));
-            Box::new(move || {
-                ok(cu::cuMemRelease(imported));
-                ok(cu::cuMemRelease(h));
-            })
-        });
 
         // Stream-ordered: charged what the pool reserves for it (2 MiB granules), kept charged
         // while the pool keeps the freed memory, given back at the synchronization point where
@@ -1068,6 +1043,42 @@ fn allocation_paths() {
     assert_eq!(free_mem(), base);
     let dir = PathBuf::from(std::env::var_os("CUVISOR_STATE_DIR").unwrap());
     assert_eq!(ledger_used(&dir), vec![0], "the ledger agrees");
+    // A shareable-handle import is the exporter's memory, not new memory; exported memory
+    // stays charged until the process exits (an imported copy, maybe in another process, keeps
+    // it alive after every release this process can see).
+    // SAFETY: a test's own FFI call: valid pointers to locals, handles the driver returned.
+    unsafe {
+        let mut shared: cu::CUmemAllocationProp = std::mem::zeroed();
+        shared.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        shared.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        shared.requestedHandleTypes =
+            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        let mut h = 0;
+        ok(cu::cuMemCreate(&mut h, 32 << 20, &shared, 0));
+        let mut fd: i32 = -1;
+        ok(cu::cuMemExportToShareableHandle(
+            &mut fd as *mut i32 as *mut c_void,
+            h,
+            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        ));
+        let mut imported = 0;
+        ok(cu::cuMemImportFromShareableHandle(
+            &mut imported,
+            fd as usize as *mut c_void,
+            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        ));
+        assert_eq!(base - free_mem(), 32 * MIB, "the import adds nothing");
+        ok(cu::cuMemRelease(imported));
+        ok(cu::cuMemRelease(h));
+        libc::close(fd);
+        assert_eq!(
+            base - free_mem(),
+            32 * MIB,
+            "exported: charged until the process exits"
+        );
+    }
+    assert_eq!(ledger_used(&dir), vec![32 * MIB]);
     println!("child checked every path");
 }
 
@@ -1784,6 +1795,88 @@ fn destroying_a_pool_with_a_live_allocation_keeps_its_memory_charged() {
         out.stdout.contains("child checked the destroyed pool"),
         "{out}"
     );
+}
+
+fn export_release() {
+    setup();
+    let phys = Physical::new();
+    // SAFETY: (all calls in this body) the driver API's contract, with valid out-pointers,
+    // descriptors, and handles the driver returned.
+    unsafe {
+        let mut prop: cu::CUmemAllocationProp = std::mem::zeroed();
+        prop.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.requestedHandleTypes =
+            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        let fd_type = cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        let mut imports = Vec::new();
+        let mut fds = Vec::new();
+        for i in 0..4 {
+            let mut h = 0;
+            match cu::cuMemCreate(&mut h, (512 * MIB) as usize, &prop, 0) {
+                CUDA_SUCCESS => {}
+                CUDA_ERROR_OUT_OF_MEMORY => break,
+                r => panic!("create {i}: {r:?}"),
+            }
+            let mut fd: i32 = -1;
+            ok(cu::cuMemExportToShareableHandle(
+                &mut fd as *mut i32 as *mut c_void,
+                h,
+                fd_type,
+                0,
+            ));
+            // The importer could be another process (another container); here it is this one.
+            let mut imported = 0;
+            ok(cu::cuMemImportFromShareableHandle(
+                &mut imported,
+                fd as usize as *mut c_void,
+                fd_type,
+            ));
+            ok(cu::cuMemRelease(h));
+            imports.push(imported);
+            fds.push(fd);
+            phys.within(GIB, &format!("export {i}, exporter released"));
+        }
+        assert_eq!(
+            imports.len(),
+            2,
+            "released but still imported: the memory is alive, and so is its charge"
+        );
+        for h in imports {
+            ok(cu::cuMemRelease(h));
+        }
+        for fd in fds {
+            libc::close(fd);
+        }
+    }
+    assert_eq!(
+        phys.held(),
+        0,
+        "the last handle released, the memory is gone"
+    );
+    // The process cannot know when every imported copy is gone: exported memory stays charged
+    // until it exits (README, "What is counted").
+    assert_eq!(ledger_of_child(), vec![GIB]);
+    println!("child checked export and release");
+}
+
+#[test]
+fn export_then_release_keeps_the_exported_memory_charged() {
+    if is_child() {
+        return export_release();
+    }
+    let ledger = ledger_dir("vmm-export");
+    let out = run(&mut child(
+        "export_then_release_keeps_the_exported_memory_charged",
+        &ledger,
+        Some("1Gi"),
+    ))
+    .passed();
+    assert!(
+        out.stdout.contains("child checked export and release"),
+        "{out}"
+    );
+    assert_eq!(ledger_used(&ledger), vec![0], "given back when it exited");
 }
 
 /// Child body: two threads make random pool calls (create, allocate from a pool or the

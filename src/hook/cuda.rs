@@ -9,6 +9,10 @@
 //! answers (a pool's reserve, trims, the current pool of a device) come from here. Their frees
 //! give nothing back by themselves; synchronization points, trims, threshold changes, context
 //! teardown and memory queries settle the pools' charges down to what they still reserve.
+//!
+//! VMM memory that was exported (cuMemExportToShareableHandle) stays charged until the process
+//! exits: an imported copy, here or in another process, keeps it alive after the exporter's
+//! release, and no call tells when the last copy is gone.
 
 use super::hooks;
 use super::{procaddr, Lib, Real};
@@ -41,6 +45,7 @@ hooks! {
     Cuda cuStreamSynchronize_ptsz(stream: CUstream) => synchronized;
     Cuda cuEventSynchronize(event: CUevent) => synchronized;
     Cuda cuCtxSynchronize() => ctx_synchronized;
+    Cuda cuMemExportToShareableHandle(out: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int, flags: u64) => mem_export;
     Cuda cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) => mem_create;
     Cuda cuMemRelease(handle: CUmemGenericAllocationHandle) => mem_release;
     Cuda cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) => mem_map;
@@ -651,6 +656,24 @@ fn mem_create(
         .unwrap_or_else(|| real(h, size, prop, flags)),
         _ => real(h, size, prop, flags),
     }
+}
+
+/// An exported handle's memory lives while any imported copy does (cuMemRelease: freed when
+/// all handles, shareable counterparts included, are released), in this process or another, and
+/// nothing tells the exporter when the last copy goes: its charge stays until the process
+/// exits. Taking it out of the handle table is all it takes: no release or unmap finds it.
+fn mem_export(
+    real: impl Fn(*mut c_void, CUmemGenericAllocationHandle, c_int, u64) -> u32,
+    out: *mut c_void,
+    h: CUmemGenericAllocationHandle,
+    kind: c_int,
+    flags: u64,
+) -> u32 {
+    let r = real(out, h, kind, flags);
+    if let (SUCCESS, Mode::Enforce(q)) = (r, crate::mode()) {
+        q.pin_exported(h);
+    }
+    r
 }
 
 /// A mapped handle's memory lives until its last mapping goes, whenever the program releases

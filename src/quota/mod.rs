@@ -171,6 +171,14 @@ impl Quota {
         }
     }
 
+    /// VMM handle `h` was exported: an imported copy (in this process or another) keeps its
+    /// memory alive after any release here, and no call tells when the last copy is gone. Its
+    /// charge is taken out of the handle table, so no release or unmap gives it back: it stays
+    /// charged until the process exits (see `vmm`).
+    pub fn pin_exported(&self, h: u64) {
+        let _ = self.handles.remove(h);
+    }
+
     /// After a context was torn down, which frees what was allocated in it: gives back the
     /// charges of the keys `gone` says the driver no longer has. Only a definite answer counts;
     /// anything else keeps the charge (the quota errs on the safe side). Scans the whole table:
