@@ -1481,22 +1481,27 @@ fn tearing_down_a_context_gives_back_what_was_allocated_in_it() {
 struct Physical {
     sim: cuvisor_sim::state::Shared,
     base: u64,
+    dev: usize,
 }
 
 impl Physical {
     fn new() -> Physical {
-        let model = cuvisor_sim::model::preset("single").unwrap();
+        Physical::on("single", 0)
+    }
+    /// GPU `dev` of machine `preset`.
+    fn on(preset: &str, dev: usize) -> Physical {
+        let model = cuvisor_sim::model::preset(preset).unwrap();
         let state = std::env::var_os("CUVISOR_SIM_STATE").unwrap();
         let sim = cuvisor_sim::state::Shared::attach_at(&model, Path::new(&state)).unwrap();
         let base = sim
-            .device(0)
+            .device(dev)
             .mem_used
             .load(std::sync::atomic::Ordering::SeqCst);
-        Physical { sim, base }
+        Physical { sim, base, dev }
     }
     fn held(&self) -> u64 {
         self.sim
-            .device(0)
+            .device(self.dev)
             .mem_used
             .load(std::sync::atomic::Ordering::SeqCst)
             .saturating_sub(self.base)
@@ -2080,4 +2085,73 @@ fn random_pool_calls_on_two_threads_never_hold_more_than_the_quota() {
         .find(|l| l.contains("allocations fitted"));
     println!("{}", summary.unwrap_or_default());
     assert_eq!(ledger_used(&ledger), vec![0]);
+}
+
+fn other_device_stream() {
+    // SAFETY: (all calls in this body) the driver API's contract, with valid out-pointers and
+    // handles the driver returned.
+    unsafe {
+        ok(cu::cuInit(0));
+        let (mut c0, mut c1) = (null_mut(), null_mut());
+        ok(cu::cuDevicePrimaryCtxRetain(&mut c0, 0));
+        ok(cu::cuDevicePrimaryCtxRetain(&mut c1, 1));
+        ok(cu::cuCtxSetCurrent(c0));
+        let mut s0 = null_mut();
+        ok(cu::cuStreamCreate(&mut s0, 0));
+        let phys = std::sync::Arc::new(Physical::on("dgx1-v100", 0));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watcher = {
+            let (phys, stop) = (phys.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut peak = 0;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    peak = peak.max(phys.held());
+                }
+                peak
+            })
+        };
+        // GPU 1 current, a stream of GPU 0: the memory comes from GPU 0's pool.
+        ok(cu::cuCtxSetCurrent(c1));
+        let mut p = 0;
+        ok(cu::cuMemAllocAsync(&mut p, (768 * MIB) as usize, s0));
+        assert_eq!(phys.held(), 768 * MIB);
+        assert_eq!(free_mem(), GIB, "GPU 1's quota is untouched");
+        ok(cu::cuCtxSetCurrent(c0));
+        assert_eq!(free_mem(), GIB - 768 * MIB, "GPU 0's quota is charged");
+        ok(cu::cuCtxSetCurrent(c1));
+        let mut q = 0;
+        assert_eq!(
+            cu::cuMemAllocAsync(&mut q, (768 * MIB) as usize, s0),
+            CUDA_ERROR_OUT_OF_MEMORY,
+            "GPU 0's quota is full, whatever is current"
+        );
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let peak = watcher.join().unwrap();
+        assert!(peak <= GIB, "{} MiB held on GPU 0 at the peak", peak / MIB);
+        ok(cu::cuMemFreeAsync(p, s0));
+        ok(cu::cuStreamSynchronize(s0));
+        ok(cu::cuCtxSetCurrent(c0));
+        assert_eq!(free_mem(), GIB);
+        ok(cu::cuStreamDestroy_v2(s0));
+    }
+    println!("child checked the other device's stream");
+}
+
+#[test]
+fn an_async_allocation_on_another_devices_stream_is_charged_to_that_device() {
+    if is_child() {
+        return other_device_stream();
+    }
+    let ledger = ledger_dir("pools-other-device");
+    let mut cmd =
+        Child::new("an_async_allocation_on_another_devices_stream_is_charged_to_that_device")
+            .preset("dgx1-v100")
+            .command();
+    cuvisor_env(&mut cmd, &ledger, Some("0=1Gi,1=1Gi"));
+    let out = run(&mut cmd).passed();
+    assert!(
+        out.stdout
+            .contains("child checked the other device's stream"),
+        "{out}"
+    );
 }

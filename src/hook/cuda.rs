@@ -88,6 +88,10 @@ static REAL_DEVICE_GET_MEM_POOL: Real = Real::new(Lib::Cuda, c"cuDeviceGetMemPoo
 static REAL_DEVICE_GET_DEFAULT_MEM_POOL: Real = Real::new(Lib::Cuda, c"cuDeviceGetDefaultMemPool");
 static REAL_DEVICE_SET_MEM_POOL: Real = Real::new(Lib::Cuda, c"cuDeviceSetMemPool");
 static REAL_POINTER_GET_ATTRIBUTE: Real = Real::new(Lib::Cuda, c"cuPointerGetAttribute");
+static REAL_STREAM_GET_CTX: Real = Real::new(Lib::Cuda, c"cuStreamGetCtx");
+static REAL_CTX_GET_CURRENT: Real = Real::new(Lib::Cuda, c"cuCtxGetCurrent");
+static REAL_CTX_PUSH: Real = Real::new(Lib::Cuda, c"cuCtxPushCurrent_v2");
+static REAL_CTX_POP: Real = Real::new(Lib::Cuda, c"cuCtxPopCurrent_v2");
 
 fn call_real<F: Copy>(r: &Real) -> Option<F> {
     let a = r.get();
@@ -111,6 +115,43 @@ fn device_count() -> i32 {
         }
     }
     -1
+}
+
+/// The ordinal of the device of `stream`'s context: cuMemAllocAsync allocates from the current
+/// pool of the stream's device, which need not be the current context's.
+fn stream_ordinal(stream: CUstream) -> Option<i32> {
+    let h = stream as usize;
+    if device_count() == 1 || h == 0 || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD {
+        return current_ordinal(); // the current context's own stream
+    }
+    type GetCtx = unsafe extern "C" fn(CUstream, *mut CUcontext) -> u32;
+    type Ctx = unsafe extern "C" fn(*mut CUcontext) -> u32;
+    let get = call_real::<GetCtx>(&REAL_STREAM_GET_CTX)?;
+    let current = call_real::<Ctx>(&REAL_CTX_GET_CURRENT)?;
+    let (mut ctx, mut cur) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: cuStreamGetCtx(stream, CUcontext*) and cuCtxGetCurrent(CUcontext*) with valid
+    // out-pointers; the stream is the program's own argument.
+    if unsafe { get(stream, &mut ctx) } != SUCCESS || unsafe { current(&mut cur) } != SUCCESS {
+        return None;
+    }
+    if ctx == cur {
+        return current_ordinal();
+    }
+    let push = call_real::<unsafe extern "C" fn(CUcontext) -> u32>(&REAL_CTX_PUSH)?;
+    let pop = call_real::<Ctx>(&REAL_CTX_POP)?;
+    // SAFETY: the stream's context made current on this thread for one question, then popped
+    // again (the thread's stack is as it was).
+    if unsafe { push(ctx) } != SUCCESS {
+        return None;
+    }
+    let f = call_real::<unsafe extern "C" fn(*mut CUdevice) -> u32>(&REAL_CTX_GET_DEVICE);
+    let mut d = -1;
+    // SAFETY: cuCtxGetDevice(CUdevice*) with a valid out-pointer.
+    let ok = f.is_some_and(|f| unsafe { f(&mut d) } == SUCCESS);
+    let mut popped = std::ptr::null_mut();
+    // SAFETY: cuCtxPopCurrent_v2(CUcontext*) with a valid out-pointer, undoing our push.
+    unsafe { pop(&mut popped) };
+    ok.then_some(d)
 }
 
 /// The ordinal of the current context's device.
@@ -262,7 +303,9 @@ fn alloc_async(
     size: usize,
     s: CUstream,
 ) -> u32 {
-    pool_alloc("cuMemAllocAsync", dptr, size, None, || real(dptr, size, s))
+    pool_alloc("cuMemAllocAsync", dptr, size, Err(s), || {
+        real(dptr, size, s)
+    })
 }
 
 fn alloc_from_pool(
@@ -272,7 +315,7 @@ fn alloc_from_pool(
     pool: CUmemoryPool,
     s: CUstream,
 ) -> u32 {
-    pool_alloc("cuMemAllocFromPoolAsync", dptr, size, Some(pool), || {
+    pool_alloc("cuMemAllocFromPoolAsync", dptr, size, Ok(pool), || {
         real(dptr, size, pool, s)
     })
 }
@@ -355,15 +398,16 @@ pub(super) fn settle_pools_now_and_then(q: &Quota) {
     q.settle_pools_now_and_then(&DriverPools);
 }
 
-/// A stream-ordered allocation of `size` bytes from `pool` (None: the current pool of the
-/// current device, as cuMemAllocAsync takes). Charged the most it can grow the pool by first;
-/// after the driver allocated, the pool's charge is settled at what it reserves. A pool that
-/// grew past what the quota covers has the allocation freed and is trimmed again.
+/// A stream-ordered allocation of `size` bytes from `pool` (Ok), or from the current pool of
+/// the device of stream `Err(stream)`, as cuMemAllocAsync takes. Charged the most it can grow
+/// the pool by first; after the driver allocated, the pool's charge is settled at what it
+/// reserves. A pool that grew past what the quota covers has the allocation freed and is
+/// trimmed again.
 fn pool_alloc(
     call: &str,
     dptr: *mut CUdeviceptr,
     size: usize,
-    pool: Option<CUmemoryPool>,
+    pool: Result<CUmemoryPool, CUstream>,
     allocate: impl Fn() -> u32,
 ) -> u32 {
     if dptr.is_null() || size == 0 {
@@ -377,8 +421,12 @@ fn pool_alloc(
         }
         Mode::Enforce(q) => q,
     };
-    let ord = current_ordinal().unwrap_or(-1);
-    let Some(guess) = pool.map(|p| p as u64).or_else(|| current_pool(ord)) else {
+    let ord = match pool {
+        Ok(_) => current_ordinal(),
+        Err(stream) => stream_ordinal(stream),
+    }
+    .unwrap_or(-1);
+    let Some(guess) = pool.map(|p| p as u64).ok().or_else(|| current_pool(ord)) else {
         q.log_refusal(call, ord, size as u64, Refusal::NoEntry);
         return OOM;
     };
@@ -403,10 +451,10 @@ fn pool_alloc(
         return r;
     }
     let ptr = read(dptr).unwrap_or(0);
-    // cuMemAllocAsync takes the current pool of the *stream's* device: on a machine with more
-    // than one, ask the driver which pool the memory came from.
+    // On a machine with more than one device, make sure: ask the driver which pool the memory
+    // came from (a pool set current on the device since, say).
     let actual = match pool {
-        None if device_count() > 1 => {
+        Err(_) if device_count() > 1 => {
             pointer_attribute::<usize>(ptr, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE)
                 .map(|p| p as u64)
                 .filter(|&p| p != 0)
