@@ -261,6 +261,7 @@ impl Quota {
     /// Charges `bytes` on entry `e` for any allocation; a full quota first settles the pools
     /// (at most every 100 ms: nothing else lowers their reserves unseen) and, if memory was
     /// freed into pools since, trims those of this device, then tries once more.
+    #[inline]
     pub fn charge_making_room(
         &self,
         e: usize,
@@ -277,7 +278,7 @@ impl Quota {
                     for (pool, _) in self.pools.charged(None, Some(e)) {
                         d.trim(pool);
                     }
-                    self.settle_pools(d, None);
+                    self.try_settle_pools(d);
                 }
                 self.charge(e, bytes)
             }
@@ -439,7 +440,29 @@ impl Quota {
         if !self.pools.any() {
             return;
         }
-        let _one_at_a_time = self.pools.settler.lock().unwrap_or_else(|e| e.into_inner());
+        let one_at_a_time = self.pools.settler.lock().unwrap_or_else(|e| e.into_inner());
+        self.settle_locked(d, only, one_at_a_time);
+    }
+
+    /// [`Quota::settle_pools`] of every pool, unless another thread is settling (then it does
+    /// the work): for the allocation path, which must not wait on a lock (one a thread held when
+    /// the process forked would never be let go in the child).
+    fn try_settle_pools(&self, d: &impl PoolDriver) {
+        match self.pools.settler.try_lock() {
+            Ok(g) => self.settle_locked(d, None, g),
+            Err(std::sync::TryLockError::Poisoned(e)) => {
+                self.settle_locked(d, None, e.into_inner())
+            }
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+    }
+
+    fn settle_locked(
+        &self,
+        d: &impl PoolDriver,
+        only: Option<u64>,
+        _g: std::sync::MutexGuard<'_, ()>,
+    ) {
         if only.is_none() {
             self.pools.last_settle_ms.store(super::now_ms(), Relaxed);
         }
@@ -476,7 +499,7 @@ impl Quota {
         }
         let last = self.pools.last_settle_ms.load(Relaxed);
         if super::now_ms().saturating_sub(last) >= 100 {
-            self.settle_pools(d, None);
+            self.try_settle_pools(d);
         }
     }
 
@@ -524,7 +547,6 @@ impl Quota {
         if d.used(pool) == Some(0) {
             return Destroy::Now;
         }
-        let _g = self.pools.settler.lock().unwrap_or_else(|e| e.into_inner());
         if s.state
             .compare_exchange(LIVE, PUT_OFF, AcqRel, Acquire)
             .is_err()
