@@ -961,3 +961,116 @@ fn an_opened_ipc_handle_charges_nothing() {
     writeln!(exporter.stdin.as_mut().unwrap()).unwrap();
     assert!(exporter.wait().unwrap().success());
 }
+
+/// Exported VMM memory lives while another process holds an imported handle to it, after the
+/// exporter released its own (cuMemRelease: freed when all handles, shareable counterparts
+/// included, are released and all mappings unmapped), and goes when the importer lets go.
+#[test]
+fn exported_memory_lives_while_another_process_holds_an_import() {
+    use std::io::{BufRead, BufReader, Write};
+    let wait_line = || {
+        let mut line = String::new();
+        std::io::stdin().lock().read_line(&mut line).unwrap();
+    };
+    let fd_type = cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    if common::is_child() {
+        setup();
+        // SAFETY: see the file-level note.
+        unsafe {
+            if std::env::var("ROLE").as_deref() == Ok("exporter") {
+                let base = free_mem();
+                let mut prop: cu::CUmemAllocationProp = std::mem::zeroed();
+                prop.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+                prop.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+                prop.requestedHandleTypes = fd_type;
+                let mut h = 0;
+                ok(cu::cuMemCreate(&mut h, 8 * MIB, &prop, 0));
+                let mut fd: i32 = -1;
+                ok(cu::cuMemExportToShareableHandle(
+                    &mut fd as *mut i32 as *mut c_void,
+                    h,
+                    fd_type,
+                    0,
+                ));
+                println!("exported {} {fd}", std::process::id());
+                wait_line(); // the importer holds a handle now
+                ok(cu::cuMemRelease(h));
+                assert_eq!(
+                    base - free_mem(),
+                    8 * MIB,
+                    "imported elsewhere: still alive"
+                );
+                println!("released");
+                wait_line(); // the importer released its handle
+                assert_eq!(
+                    free_mem(),
+                    base,
+                    "the last handle is gone, and so is the memory"
+                );
+            } else {
+                let path = std::env::var("EXPORTED").unwrap();
+                // A new description of the exporter's file, as SCM_RIGHTS would pass it on.
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                    .unwrap();
+                let mut imported = 0;
+                ok(cu::cuMemImportFromShareableHandle(
+                    &mut imported,
+                    std::os::fd::AsRawFd::as_raw_fd(&f) as usize as *mut c_void,
+                    fd_type,
+                ));
+                println!("imported");
+                wait_line();
+                ok(cu::cuMemRelease(imported));
+            }
+        }
+        return;
+    }
+    let state = common::state_file("vmm-export");
+    let spawn = |role: &str, extra: Option<(&str, &str)>| {
+        let mut c =
+            common::Child::new("exported_memory_lives_while_another_process_holds_an_import")
+                .state(&state)
+                .env("ROLE", role);
+        if let Some((k, v)) = extra {
+            c = c.env(k, v);
+        }
+        let mut child = c
+            .command()
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        (child, out)
+    };
+    let until = |out: &mut BufReader<std::process::ChildStdout>, word: &str| {
+        let mut line = String::new();
+        while !line.contains(word) {
+            line.clear();
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "ended before {word:?}"
+            );
+        }
+        line
+    };
+    let (mut exporter, mut eout) = spawn("exporter", None);
+    let line = until(&mut eout, "exported ");
+    let mut words = line.trim().rsplit("exported ").next().unwrap().split(' ');
+    let (pid, fd) = (words.next().unwrap(), words.next().unwrap());
+    let path = format!("/proc/{pid}/fd/{fd}");
+    let (mut importer, mut iout) = spawn("importer", Some(("EXPORTED", path.as_str())));
+    until(&mut iout, "imported");
+    writeln!(exporter.stdin.as_mut().unwrap()).unwrap();
+    until(&mut eout, "released");
+    writeln!(importer.stdin.as_mut().unwrap()).unwrap();
+    assert!(importer.wait().unwrap().success(), "importer failed");
+    writeln!(exporter.stdin.as_mut().unwrap()).unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut eout, &mut rest).unwrap();
+    assert!(exporter.wait().unwrap().success(), "exporter: {rest}");
+    assert!(rest.contains("1 passed"), "exporter: {rest}");
+}
