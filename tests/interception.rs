@@ -938,52 +938,44 @@ fn allocation_paths() {
             "over the quota"
         );
         assert_eq!(free_mem(), base, "a refused cuMemCreate holds nothing");
-        // A shareable-handle import is the exporter's memory, not new memory.
-        let mut shared = prop;
-        shared.requestedHandleTypes =
-            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-        charged_exactly("cuMemCreate + export + import", 32 * MIB, || {
-            let mut h = 0;
-            ok(cu::cuMemCreate(&mut h, 32 << 20, &shared, 0));
-            let mut fd: i32 = -1;
-            ok(cu::cuMemExportToShareableHandle(
-                &mut fd as *mut i32 as *mut c_void,
-                h,
-                cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                0,
-            ));
-            let mut imported = 0;
-            ok(cu::cuMemImportFromShareableHandle(
-                &mut imported,
-                fd as usize as *mut c_void,
-                cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-            ));
-            Box::new(move || {
-                ok(cu::cuMemRelease(imported));
-                ok(cu::cuMemRelease(h));
-            })
-        });
 
-        // Stream-ordered: charged at the allocation, given back at the free (the pool may keep
-        // the memory reserved until a sync point, but the container no longer holds it).
+        // Stream-ordered: charged what the pool reserves for it (2 MiB granules), kept charged
+        // while the pool keeps the freed memory, given back at the synchronization point where
+        // the pool lets it go (release threshold 0).
         charged_exactly("cuMemAllocAsync", 64 * MIB, || {
             let mut p = 0;
             ok(cu::cuMemAllocAsync(&mut p, 64 << 20, null_mut()));
-            Box::new(move || ok(cu::cuMemFreeAsync(p, null_mut())))
+            Box::new(move || {
+                ok(cu::cuMemFreeAsync(p, null_mut()));
+                assert_eq!(
+                    base - free_mem(),
+                    64 * MIB,
+                    "the pool keeps it until a sync"
+                );
+                ok(cu::cuStreamSynchronize(null_mut()));
+            })
         });
-        charged_exactly("cuMemAllocAsync (3 MiB)", 3 * MIB, || {
+        charged_exactly("cuMemAllocAsync (3 MiB: two granules)", 4 * MIB, || {
             let mut p = 0;
             ok(cu::cuMemAllocAsync(&mut p, 3 << 20, null_mut()));
-            Box::new(move || ok(cu::cuMemFreeAsync(p, null_mut())))
+            Box::new(move || {
+                ok(cu::cuMemFreeAsync(p, null_mut()));
+                ok(cu::cuCtxSynchronize());
+            })
         });
         type AllocAsync = unsafe extern "C" fn(*mut u64, usize, cu::CUstream) -> R;
         type FreeAsync = unsafe extern "C" fn(u64, cu::CUstream) -> R;
+        type Sync = unsafe extern "C" fn(cu::CUstream) -> R;
         let alloc_ptsz: AllocAsync = raw(c"cuMemAllocAsync_ptsz");
         let free_ptsz: FreeAsync = raw(c"cuMemFreeAsync_ptsz");
+        let sync_ptsz: Sync = raw(c"cuStreamSynchronize_ptsz");
         charged_exactly("cuMemAllocAsync_ptsz", 64 * MIB, || {
             let mut p = 0;
             ok(alloc_ptsz(&mut p, 64 << 20, null_mut()));
-            Box::new(move || ok(free_ptsz(p, null_mut())))
+            Box::new(move || {
+                ok(free_ptsz(p, null_mut()));
+                ok(sync_ptsz(null_mut()));
+            })
         });
         let mut props: cu::CUmemPoolProps = std::mem::zeroed();
         props.allocType = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -998,14 +990,43 @@ fn allocation_paths() {
                 pool,
                 null_mut(),
             ));
-            Box::new(move || ok(cu::cuMemFreeAsync(p, null_mut())))
+            Box::new(move || {
+                ok(cu::cuMemFreeAsync(p, null_mut()));
+                ok(cu::cuStreamSynchronize(null_mut()));
+            })
         });
         type FromPool = unsafe extern "C" fn(*mut u64, usize, cu::CUmemoryPool, cu::CUstream) -> R;
         let from_pool_ptsz: FromPool = raw(c"cuMemAllocFromPoolAsync_ptsz");
         charged_exactly("cuMemAllocFromPoolAsync_ptsz", 64 * MIB, || {
             let mut p = 0;
             ok(from_pool_ptsz(&mut p, 64 << 20, pool, null_mut()));
-            Box::new(move || ok(free_ptsz(p, null_mut())))
+            Box::new(move || {
+                ok(free_ptsz(p, null_mut()));
+                ok(sync_ptsz(null_mut()));
+            })
+        });
+        // A plain free of a pool pointer gives nothing back by itself either.
+        charged_exactly("cuMemAllocFromPoolAsync, cuMemFree_v2", 64 * MIB, || {
+            let mut p = 0;
+            ok(cu::cuMemAllocFromPoolAsync(
+                &mut p,
+                64 << 20,
+                pool,
+                null_mut(),
+            ));
+            Box::new(move || {
+                ok(cu::cuMemFree_v2(p));
+                assert_eq!(
+                    base - free_mem(),
+                    64 * MIB,
+                    "the pool keeps it until a sync"
+                );
+                let mut ev = null_mut();
+                ok(cu::cuEventCreate(&mut ev, 0));
+                ok(cu::cuEventRecord(ev, null_mut()));
+                ok(cu::cuEventSynchronize(ev));
+                ok(cu::cuEventDestroy_v2(ev));
+            })
         });
         let mut p = 0;
         assert_eq!(
@@ -1022,6 +1043,42 @@ fn allocation_paths() {
     assert_eq!(free_mem(), base);
     let dir = PathBuf::from(std::env::var_os("CUVISOR_STATE_DIR").unwrap());
     assert_eq!(ledger_used(&dir), vec![0], "the ledger agrees");
+    // A shareable-handle import is the exporter's memory, not new memory; exported memory
+    // stays charged until the process exits (an imported copy, maybe in another process, keeps
+    // it alive after every release this process can see).
+    // SAFETY: a test's own FFI call: valid pointers to locals, handles the driver returned.
+    unsafe {
+        let mut shared: cu::CUmemAllocationProp = std::mem::zeroed();
+        shared.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        shared.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        shared.requestedHandleTypes =
+            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        let mut h = 0;
+        ok(cu::cuMemCreate(&mut h, 32 << 20, &shared, 0));
+        let mut fd: i32 = -1;
+        ok(cu::cuMemExportToShareableHandle(
+            &mut fd as *mut i32 as *mut c_void,
+            h,
+            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        ));
+        let mut imported = 0;
+        ok(cu::cuMemImportFromShareableHandle(
+            &mut imported,
+            fd as usize as *mut c_void,
+            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        ));
+        assert_eq!(base - free_mem(), 32 * MIB, "the import adds nothing");
+        ok(cu::cuMemRelease(imported));
+        ok(cu::cuMemRelease(h));
+        libc::close(fd);
+        assert_eq!(
+            base - free_mem(),
+            32 * MIB,
+            "exported: charged until the process exits"
+        );
+    }
+    assert_eq!(ledger_used(&dir), vec![32 * MIB]);
     println!("child checked every path");
 }
 
@@ -1038,6 +1095,7 @@ fn every_allocation_path_is_charged_and_given_back_exactly() {
     ))
     .passed();
     assert!(out.stdout.contains("child checked every path"), "{out}");
+    assert_eq!(ledger_used(&ledger), vec![0], "all given back at exit");
 }
 
 /// Child body for the IPC test: the exporter allocates and prints its handle, then waits on
@@ -1408,4 +1466,692 @@ fn tearing_down_a_context_gives_back_what_was_allocated_in_it() {
     ))
     .passed();
     assert!(out.stdout.contains("child checked the teardowns"), "{out}");
+}
+
+// ---- stream-ordered pools and exported memory: what is physically held -------------------------
+//
+// The attacks below held more device memory than the quota while the ledger showed less: pools
+// reserve memory in 2 MiB granules and keep what is freed until a synchronization point (or for
+// good, under a high release threshold); exported VMM memory lives on after the exporter's
+// release. Each test watches the simulator's own count of memory in use, which is the truth the
+// quota must hold to.
+
+/// What the simulator counts as in use on GPU 0, less what was in use when this was made (the
+/// child is the only user of its simulator state).
+struct Physical {
+    sim: cuvisor_sim::state::Shared,
+    base: u64,
+    dev: usize,
+}
+
+impl Physical {
+    fn new() -> Physical {
+        Physical::on("single", 0)
+    }
+    /// GPU `dev` of machine `preset`.
+    fn on(preset: &str, dev: usize) -> Physical {
+        let model = cuvisor_sim::model::preset(preset).unwrap();
+        let state = std::env::var_os("CUVISOR_SIM_STATE").unwrap();
+        let sim = cuvisor_sim::state::Shared::attach_at(&model, Path::new(&state)).unwrap();
+        let base = sim
+            .device(dev)
+            .mem_used
+            .load(std::sync::atomic::Ordering::SeqCst);
+        Physical { sim, base, dev }
+    }
+    fn held(&self) -> u64 {
+        self.sim
+            .device(self.dev)
+            .mem_used
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .saturating_sub(self.base)
+    }
+    /// Asserts what is physically held is within `quota`.
+    fn within(&self, quota: u64, what: &str) {
+        let h = self.held();
+        assert!(
+            h <= quota,
+            "{what}: {} MiB physically held under a {} MiB quota",
+            h / MIB,
+            quota / MIB
+        );
+    }
+}
+
+fn ledger_of_child() -> Vec<u64> {
+    ledger_used(&PathBuf::from(
+        std::env::var_os("CUVISOR_STATE_DIR").unwrap(),
+    ))
+}
+
+/// A pool of device 0's memory, created by the program.
+fn create_pool() -> cu::CUmemoryPool {
+    // SAFETY: the driver API's contract: zeroed props with the required fields set, a valid
+    // out-pointer.
+    unsafe {
+        let mut props: cu::CUmemPoolProps = std::mem::zeroed();
+        props.allocType = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = 0;
+        let mut pool = null_mut();
+        ok(cu::cuMemPoolCreate(&mut pool, &props));
+        pool
+    }
+}
+
+fn pool_attr(pool: cu::CUmemoryPool, a: cu::CUmemPool_attribute) -> u64 {
+    let mut v = 0u64;
+    // SAFETY: a pool the driver returned; a u64 out-value, as these attributes take.
+    unsafe {
+        ok(cu::cuMemPoolGetAttribute(
+            pool,
+            a,
+            &mut v as *mut u64 as *mut c_void,
+        ))
+    };
+    v
+}
+
+fn set_threshold(pool: cu::CUmemoryPool, bytes: u64) {
+    let mut v = bytes;
+    // SAFETY: a pool the driver returned; the threshold is a u64 in-value.
+    unsafe {
+        ok(cu::cuMemPoolSetAttribute(
+            pool,
+            cu::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &mut v as *mut u64 as *mut c_void,
+        ))
+    };
+}
+
+fn four_thousand_pools() {
+    setup();
+    let phys = Physical::new();
+    let mut held = Vec::new();
+    let mut pools = Vec::new();
+    for i in 0..4000 {
+        let pool = create_pool();
+        pools.push(pool);
+        let mut p = 0;
+        // SAFETY: a pool the driver returned, a valid out-pointer.
+        match unsafe { cu::cuMemAllocFromPoolAsync(&mut p, 512, pool, null_mut()) } {
+            CUDA_SUCCESS => held.push(p),
+            CUDA_ERROR_OUT_OF_MEMORY => {}
+            r => panic!("pool {i}: {r:?}"),
+        }
+        phys.within(GIB, &format!("after pool {i}"));
+    }
+    assert_eq!(
+        held.len(),
+        512,
+        "each pool reserves a 2 MiB granule: 512 of them fill 1 GiB"
+    );
+    for p in held {
+        // SAFETY: pointers the driver returned, freed once.
+        unsafe { ok(cu::cuMemFreeAsync(p, null_mut())) };
+    }
+    for pool in pools {
+        // SAFETY: pools the driver returned, destroyed once.
+        unsafe { ok(cu::cuMemPoolDestroy(pool)) };
+    }
+    assert_eq!(phys.held(), 0);
+    assert_eq!(ledger_of_child(), vec![0], "all given back");
+    println!("child checked 4000 pools");
+}
+
+#[test]
+fn four_thousand_pools_of_one_small_allocation_each_are_charged_their_reserve() {
+    if is_child() {
+        return four_thousand_pools();
+    }
+    let ledger = ledger_dir("pools-4000");
+    let out = run(&mut child(
+        "four_thousand_pools_of_one_small_allocation_each_are_charged_their_reserve",
+        &ledger,
+        Some("1Gi"),
+    ))
+    .passed();
+    assert!(out.stdout.contains("child checked 4000 pools"), "{out}");
+    assert!(
+        out.cuvisor_lines().iter().all(|l| l.contains("refused")),
+        "only refusal lines\n{out}"
+    );
+    assert_eq!(ledger_used(&ledger), vec![0]);
+}
+
+fn huge_threshold() {
+    setup();
+    let phys = Physical::new();
+    let mut pool = null_mut();
+    // SAFETY: (all calls in this body) the driver API's contract, with valid out-pointers and
+    // handles the driver returned.
+    unsafe {
+        ok(cu::cuDeviceGetMemPool(&mut pool, 0));
+        set_threshold(pool, 1 << 50);
+        let mut p = 0;
+        ok(cu::cuMemAllocAsync(
+            &mut p,
+            (768 * MIB) as usize,
+            null_mut(),
+        ));
+        ok(cu::cuMemFreeAsync(p, null_mut()));
+        ok(cu::cuStreamSynchronize(null_mut()));
+        use cu::CUmemPool_attribute::*;
+        assert_eq!(
+            pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+            768 * MIB,
+            "under its threshold the pool keeps what was freed, past the sync"
+        );
+        assert_eq!(phys.held(), 768 * MIB);
+        assert_eq!(
+            free_mem(),
+            GIB - 768 * MIB,
+            "what the pool keeps reserved is charged"
+        );
+        // Memory the pool keeps cannot be had twice: a plain allocation of the same size only
+        // fits once the pool has let its reserve go (cuvisor trims it, the quota being full).
+        ok(cu::cuMemAlloc_v2(&mut p, (768 * MIB) as usize));
+        phys.within(GIB, "a plain allocation beside the kept reserve");
+        assert_eq!(pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+        ok(cu::cuMemFree_v2(p));
+        // From the pool again, then a stream-ordered free: still charged after the sync.
+        ok(cu::cuMemAllocAsync(
+            &mut p,
+            (512 * MIB) as usize,
+            null_mut(),
+        ));
+        ok(cu::cuMemFreeAsync(p, null_mut()));
+        ok(cu::cuCtxSynchronize());
+        assert_eq!(free_mem(), GIB - 512 * MIB);
+        let (mut q, other) = (0, create_pool());
+        assert_eq!(
+            cu::cuMemAllocFromPoolAsync(&mut q, (768 * MIB) as usize, other, null_mut()),
+            CUDA_SUCCESS,
+            "another pool's allocation fits once the kept reserve is trimmed"
+        );
+        phys.within(GIB, "a second pool beside the kept reserve");
+        ok(cu::cuMemFreeAsync(q, null_mut()));
+        ok(cu::cuMemPoolDestroy(other));
+        set_threshold(pool, 0);
+        ok(cu::cuStreamSynchronize(null_mut()));
+    }
+    assert_eq!(phys.held(), 0);
+    assert_eq!(free_mem(), GIB);
+    println!("child checked the threshold");
+}
+
+#[test]
+fn a_huge_release_threshold_keeps_freed_pool_memory_charged() {
+    if is_child() {
+        return huge_threshold();
+    }
+    let ledger = ledger_dir("pools-threshold");
+    let out = run(&mut child(
+        "a_huge_release_threshold_keeps_freed_pool_memory_charged",
+        &ledger,
+        Some("1Gi"),
+    ))
+    .passed();
+    assert!(out.stdout.contains("child checked the threshold"), "{out}");
+    assert_eq!(ledger_used(&ledger), vec![0]);
+}
+
+fn no_sync() {
+    setup();
+    let phys = Physical::new();
+    let chunk = (900 * MIB) as usize;
+    // SAFETY: (all calls in this body) the driver API's contract, with valid out-pointers and
+    // handles the driver returned.
+    unsafe {
+        let mut pools = Vec::new();
+        for i in 0..4 {
+            let pool = create_pool();
+            pools.push(pool);
+            let mut p = 0;
+            ok(cu::cuMemAllocFromPoolAsync(&mut p, chunk, pool, null_mut()));
+            phys.within(GIB, &format!("pool {i} allocated"));
+            ok(cu::cuMemFreeAsync(p, null_mut()));
+            phys.within(GIB, &format!("pool {i} freed, no sync"));
+        }
+        let mut p = 0;
+        ok(cu::cuMemAllocAsync(&mut p, chunk, null_mut()));
+        phys.within(GIB, "the default pool");
+        ok(cu::cuMemFreeAsync(p, null_mut()));
+        ok(cu::cuMemAlloc_v2(&mut p, chunk));
+        phys.within(GIB, "a plain allocation");
+        ok(cu::cuMemFree_v2(p));
+        ok(cu::cuStreamSynchronize(null_mut()));
+        for pool in pools {
+            ok(cu::cuMemPoolDestroy(pool));
+        }
+    }
+    assert_eq!(phys.held(), 0);
+    assert_eq!(ledger_of_child(), vec![0]);
+    println!("child checked alloc and free without a sync");
+}
+
+#[test]
+fn async_alloc_and_free_without_a_sync_never_hold_more_than_the_quota() {
+    if is_child() {
+        return no_sync();
+    }
+    let ledger = ledger_dir("pools-nosync");
+    let out = run(&mut child(
+        "async_alloc_and_free_without_a_sync_never_hold_more_than_the_quota",
+        &ledger,
+        Some("1Gi"),
+    ))
+    .passed();
+    assert!(
+        out.stdout
+            .contains("child checked alloc and free without a sync"),
+        "{out}"
+    );
+    assert_eq!(ledger_used(&ledger), vec![0]);
+}
+
+fn destroyed_with_live_allocation() {
+    setup();
+    let phys = Physical::new();
+    // SAFETY: (all calls in this body) the driver API's contract, with valid out-pointers and
+    // handles the driver returned.
+    unsafe {
+        let pool = create_pool();
+        let mut p = 0;
+        ok(cu::cuMemAllocFromPoolAsync(
+            &mut p,
+            (768 * MIB) as usize,
+            pool,
+            null_mut(),
+        ));
+        // The driver returns at once; the memory lives until the allocation is freed.
+        ok(cu::cuMemPoolDestroy(pool));
+        assert_eq!(phys.held(), 768 * MIB);
+        let mut q = 0;
+        assert_eq!(
+            cu::cuMemAlloc_v2(&mut q, (768 * MIB) as usize),
+            CUDA_ERROR_OUT_OF_MEMORY,
+            "a destroyed pool's live allocation is still charged"
+        );
+        phys.within(GIB, "after the destroy");
+        ok(cu::cuMemFreeAsync(p, null_mut()));
+        ok(cu::cuStreamSynchronize(null_mut()));
+        assert_eq!(phys.held(), 0);
+        ok(cu::cuMemAlloc_v2(&mut q, (768 * MIB) as usize));
+        ok(cu::cuMemFree_v2(q));
+    }
+    assert_eq!(ledger_of_child(), vec![0]);
+    println!("child checked the destroyed pool");
+}
+
+#[test]
+fn destroying_a_pool_with_a_live_allocation_keeps_its_memory_charged() {
+    if is_child() {
+        return destroyed_with_live_allocation();
+    }
+    let ledger = ledger_dir("pools-destroy");
+    let out = run(&mut child(
+        "destroying_a_pool_with_a_live_allocation_keeps_its_memory_charged",
+        &ledger,
+        Some("1Gi"),
+    ))
+    .passed();
+    assert!(
+        out.stdout.contains("child checked the destroyed pool"),
+        "{out}"
+    );
+}
+
+fn export_release() {
+    setup();
+    let phys = Physical::new();
+    // SAFETY: (all calls in this body) the driver API's contract, with valid out-pointers,
+    // descriptors, and handles the driver returned.
+    unsafe {
+        let mut prop: cu::CUmemAllocationProp = std::mem::zeroed();
+        prop.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.requestedHandleTypes =
+            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        let fd_type = cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        let mut imports = Vec::new();
+        let mut fds = Vec::new();
+        for i in 0..4 {
+            let mut h = 0;
+            match cu::cuMemCreate(&mut h, (512 * MIB) as usize, &prop, 0) {
+                CUDA_SUCCESS => {}
+                CUDA_ERROR_OUT_OF_MEMORY => break,
+                r => panic!("create {i}: {r:?}"),
+            }
+            let mut fd: i32 = -1;
+            ok(cu::cuMemExportToShareableHandle(
+                &mut fd as *mut i32 as *mut c_void,
+                h,
+                fd_type,
+                0,
+            ));
+            // The importer could be another process (another container); here it is this one.
+            let mut imported = 0;
+            ok(cu::cuMemImportFromShareableHandle(
+                &mut imported,
+                fd as usize as *mut c_void,
+                fd_type,
+            ));
+            ok(cu::cuMemRelease(h));
+            imports.push(imported);
+            fds.push(fd);
+            phys.within(GIB, &format!("export {i}, exporter released"));
+        }
+        assert_eq!(
+            imports.len(),
+            2,
+            "released but still imported: the memory is alive, and so is its charge"
+        );
+        for h in imports {
+            ok(cu::cuMemRelease(h));
+        }
+        for fd in fds {
+            libc::close(fd);
+        }
+    }
+    assert_eq!(
+        phys.held(),
+        0,
+        "the last handle released, the memory is gone"
+    );
+    // The process cannot know when every imported copy is gone: exported memory stays charged
+    // until it exits (README, "What is counted").
+    assert_eq!(ledger_of_child(), vec![GIB]);
+    println!("child checked export and release");
+}
+
+#[test]
+fn export_then_release_keeps_the_exported_memory_charged() {
+    if is_child() {
+        return export_release();
+    }
+    let ledger = ledger_dir("vmm-export");
+    let out = run(&mut child(
+        "export_then_release_keeps_the_exported_memory_charged",
+        &ledger,
+        Some("1Gi"),
+    ))
+    .passed();
+    assert!(
+        out.stdout.contains("child checked export and release"),
+        "{out}"
+    );
+    assert_eq!(ledger_used(&ledger), vec![0], "given back when it exited");
+}
+
+/// Child body: two threads make random pool calls (create, allocate from a pool or the
+/// default one, free stream-ordered or plain, trim, set the threshold, destroy, synchronize)
+/// under a 256 MiB quota while a third watches the simulator's count of memory in use.
+fn random_pool_calls() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    use std::sync::{Arc, RwLock};
+    const QUOTA: u64 = 256 * MIB;
+    let ctx = setup();
+    let phys = Arc::new(Physical::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(0));
+    let watcher = {
+        let (phys, stop, peak) = (phys.clone(), stop.clone(), peak.clone());
+        std::thread::spawn(move || {
+            while !stop.load(SeqCst) {
+                peak.fetch_max(phys.held(), SeqCst);
+            }
+        })
+    };
+    // Pools shared by both threads (as handles: usize); destroying one takes the write lock so
+    // that no allocation from it is in flight (the program's duty, not cuvisor's).
+    let pools: Arc<RwLock<Vec<usize>>> = Arc::new(RwLock::new(Vec::new()));
+    let counts = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let workers: Vec<_> = (0..2u64)
+        .map(|t| {
+            let (pools, counts, ctx) = (pools.clone(), counts.clone(), ctx as usize);
+            std::thread::spawn(move || {
+                // SAFETY: (all calls in this closure) the driver API's contract, with valid
+                // out-pointers and handles the driver returned.
+                unsafe {
+                    ok(cu::cuCtxSetCurrent(ctx as cu::CUcontext));
+                    let mut rng =
+                        0x9E37_79B9_7F4A_7C15u64 ^ (t + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
+                    let mut next = move |n: u64| {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        rng % n
+                    };
+                    let mut mine: Vec<u64> = Vec::new();
+                    let pick = |v: &Vec<usize>, i: u64| v[(i % v.len() as u64) as usize];
+                    for _ in 0..600 {
+                        let size = match next(4) {
+                            0 => 1 + next(4096),
+                            1 => 1 + next(3 * MIB),
+                            _ => 1 + next(40 * MIB),
+                        } as usize;
+                        match next(20) {
+                            0..=1 => {
+                                let mut v = pools.write().unwrap();
+                                if v.len() < 6 {
+                                    v.push(create_pool() as usize);
+                                }
+                            }
+                            2..=7 => {
+                                let v = pools.read().unwrap();
+                                if v.is_empty() {
+                                    continue;
+                                }
+                                let pool = pick(&v, next(1000)) as cu::CUmemoryPool;
+                                let mut p = 0;
+                                match cu::cuMemAllocFromPoolAsync(&mut p, size, pool, null_mut()) {
+                                    CUDA_SUCCESS => mine.push(p),
+                                    CUDA_ERROR_OUT_OF_MEMORY => {
+                                        counts[1].fetch_add(1, SeqCst);
+                                        continue;
+                                    }
+                                    r => panic!("alloc from pool: {r:?}"),
+                                }
+                                counts[0].fetch_add(1, SeqCst);
+                            }
+                            8..=10 => {
+                                let mut p = 0;
+                                match cu::cuMemAllocAsync(&mut p, size, null_mut()) {
+                                    CUDA_SUCCESS => mine.push(p),
+                                    CUDA_ERROR_OUT_OF_MEMORY => {
+                                        counts[1].fetch_add(1, SeqCst);
+                                        continue;
+                                    }
+                                    r => panic!("alloc async: {r:?}"),
+                                }
+                                counts[0].fetch_add(1, SeqCst);
+                            }
+                            11..=14 if !mine.is_empty() => {
+                                let p = mine.swap_remove(next(mine.len() as u64) as usize);
+                                if next(3) == 0 {
+                                    ok(cu::cuMemFree_v2(p));
+                                } else {
+                                    ok(cu::cuMemFreeAsync(p, null_mut()));
+                                }
+                            }
+                            15 => {
+                                let v = pools.read().unwrap();
+                                if !v.is_empty() {
+                                    let pool = pick(&v, next(1000)) as cu::CUmemoryPool;
+                                    ok(cu::cuMemPoolTrimTo(pool, next(64 * MIB) as usize));
+                                }
+                            }
+                            16 => {
+                                let v = pools.read().unwrap();
+                                let mut pool = null_mut();
+                                ok(cu::cuDeviceGetMemPool(&mut pool, 0));
+                                if !v.is_empty() && next(2) == 0 {
+                                    pool = pick(&v, next(1000)) as cu::CUmemoryPool;
+                                }
+                                let t = [0, 8 * MIB, 1 << 50][next(3) as usize];
+                                set_threshold(pool, t);
+                            }
+                            17 => {
+                                let mut v = pools.write().unwrap();
+                                if !v.is_empty() {
+                                    let i = next(v.len() as u64) as usize;
+                                    // Live allocations from it may remain: they keep its memory.
+                                    ok(cu::cuMemPoolDestroy(v.swap_remove(i) as cu::CUmemoryPool));
+                                }
+                            }
+                            _ => match next(3) {
+                                0 => ok(cu::cuStreamSynchronize(null_mut())),
+                                1 => ok(cu::cuCtxSynchronize()),
+                                _ => {
+                                    let mut ev = null_mut();
+                                    ok(cu::cuEventCreate(&mut ev, 0));
+                                    ok(cu::cuEventRecord(ev, null_mut()));
+                                    ok(cu::cuEventSynchronize(ev));
+                                    ok(cu::cuEventDestroy_v2(ev));
+                                }
+                            },
+                        }
+                    }
+                    for p in mine {
+                        ok(cu::cuMemFreeAsync(p, null_mut()));
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    // SAFETY: the driver API's contract, with pools the driver returned.
+    unsafe {
+        ok(cu::cuStreamSynchronize(null_mut()));
+        for pool in pools.write().unwrap().drain(..) {
+            ok(cu::cuMemPoolTrimTo(pool as cu::CUmemoryPool, 0));
+            ok(cu::cuMemPoolDestroy(pool as cu::CUmemoryPool));
+        }
+        let mut pool = null_mut();
+        ok(cu::cuDeviceGetMemPool(&mut pool, 0));
+        ok(cu::cuMemPoolTrimTo(pool, 0));
+    }
+    stop.store(true, SeqCst);
+    watcher.join().unwrap();
+    let (fitted, refused) = (counts[0].load(SeqCst), counts[1].load(SeqCst));
+    println!(
+        "allocations fitted {fitted} refused {refused}, peak {} MiB",
+        peak.load(SeqCst) / MIB
+    );
+    assert!(
+        peak.load(SeqCst) <= QUOTA,
+        "{} MiB physically held at the peak under a {} MiB quota",
+        peak.load(SeqCst) / MIB,
+        QUOTA / MIB
+    );
+    assert!(
+        fitted > 0 && refused > 0,
+        "the load must both fit and overflow the quota"
+    );
+    assert_eq!(phys.held(), 0, "everything freed and trimmed");
+    // A free gives nothing back by itself; a memory query settles the pools.
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    assert_eq!(free_mem(), QUOTA);
+    assert_eq!(
+        ledger_of_child(),
+        vec![0],
+        "the ledger is back to exactly 0"
+    );
+    println!("child checked random pool calls");
+}
+
+#[test]
+fn random_pool_calls_on_two_threads_never_hold_more_than_the_quota() {
+    if is_child() {
+        return random_pool_calls();
+    }
+    let ledger = ledger_dir("pools-random");
+    let out = run(&mut child(
+        "random_pool_calls_on_two_threads_never_hold_more_than_the_quota",
+        &ledger,
+        Some("256Mi"),
+    ))
+    .passed();
+    assert!(
+        out.stdout.contains("child checked random pool calls"),
+        "{out}"
+    );
+    let summary = out
+        .stdout
+        .lines()
+        .find(|l| l.contains("allocations fitted"));
+    println!("{}", summary.unwrap_or_default());
+    assert_eq!(ledger_used(&ledger), vec![0]);
+}
+
+fn other_device_stream() {
+    // SAFETY: (all calls in this body) the driver API's contract, with valid out-pointers and
+    // handles the driver returned.
+    unsafe {
+        ok(cu::cuInit(0));
+        let (mut c0, mut c1) = (null_mut(), null_mut());
+        ok(cu::cuDevicePrimaryCtxRetain(&mut c0, 0));
+        ok(cu::cuDevicePrimaryCtxRetain(&mut c1, 1));
+        ok(cu::cuCtxSetCurrent(c0));
+        let mut s0 = null_mut();
+        ok(cu::cuStreamCreate(&mut s0, 0));
+        let phys = std::sync::Arc::new(Physical::on("dgx1-v100", 0));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watcher = {
+            let (phys, stop) = (phys.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut peak = 0;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    peak = peak.max(phys.held());
+                }
+                peak
+            })
+        };
+        // GPU 1 current, a stream of GPU 0: the memory comes from GPU 0's pool.
+        ok(cu::cuCtxSetCurrent(c1));
+        let mut p = 0;
+        ok(cu::cuMemAllocAsync(&mut p, (768 * MIB) as usize, s0));
+        assert_eq!(phys.held(), 768 * MIB);
+        assert_eq!(free_mem(), GIB, "GPU 1's quota is untouched");
+        ok(cu::cuCtxSetCurrent(c0));
+        assert_eq!(free_mem(), GIB - 768 * MIB, "GPU 0's quota is charged");
+        ok(cu::cuCtxSetCurrent(c1));
+        let mut q = 0;
+        assert_eq!(
+            cu::cuMemAllocAsync(&mut q, (768 * MIB) as usize, s0),
+            CUDA_ERROR_OUT_OF_MEMORY,
+            "GPU 0's quota is full, whatever is current"
+        );
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let peak = watcher.join().unwrap();
+        assert!(peak <= GIB, "{} MiB held on GPU 0 at the peak", peak / MIB);
+        ok(cu::cuMemFreeAsync(p, s0));
+        ok(cu::cuStreamSynchronize(s0));
+        ok(cu::cuCtxSetCurrent(c0));
+        assert_eq!(free_mem(), GIB);
+        ok(cu::cuStreamDestroy_v2(s0));
+    }
+    println!("child checked the other device's stream");
+}
+
+#[test]
+fn an_async_allocation_on_another_devices_stream_is_charged_to_that_device() {
+    if is_child() {
+        return other_device_stream();
+    }
+    let ledger = ledger_dir("pools-other-device");
+    let mut cmd =
+        Child::new("an_async_allocation_on_another_devices_stream_is_charged_to_that_device")
+            .preset("dgx1-v100")
+            .command();
+    cuvisor_env(&mut cmd, &ledger, Some("0=1Gi,1=1Gi"));
+    let out = run(&mut cmd).passed();
+    assert!(
+        out.stdout
+            .contains("child checked the other device's stream"),
+        "{out}"
+    );
 }

@@ -2,12 +2,21 @@
 //! allocates and given back exactly on its free; memory queries show the quota.
 //!
 //! Which device an allocation lands on: the current context's (asked from the driver, or known
-//! when only one device is visible). Stream-ordered allocations are charged to the current
-//! device too, and pool allocations are charged when made and given back when freed (a pool may
-//! keep freed memory reserved until the next synchronization point: README, "What is counted").
+//! when only one device is visible).
+//!
+//! Stream-ordered allocations (cuMemAllocAsync, cuMemAllocFromPoolAsync) are charged by what
+//! their pool reserves, not by what it hands out: the rules are in `quota::pools`, the driver's
+//! answers (a pool's reserve, trims, the current pool of a device) come from here. Their frees
+//! give nothing back by themselves; synchronization points, trims, threshold changes, context
+//! teardown and memory queries settle the pools' charges down to what they still reserve.
+//!
+//! VMM memory that was exported (cuMemExportToShareableHandle) stays charged until the process
+//! exits: an imported copy, here or in another process, keeps it alive after the exporter's
+//! release, and no call tells when the last copy is gone.
 
 use super::hooks;
 use super::{procaddr, Lib, Real};
+use crate::quota::pools::{Denial, Destroy, PoolDriver};
 use crate::quota::{charged_size, Quota, Refusal};
 use crate::Mode;
 use cuvisor_cuda_abi::cuda::*;
@@ -28,6 +37,15 @@ hooks! {
     Cuda cuMemFree(dptr: c_uint) => free_v1;
     Cuda cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => free_async;
     Cuda cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => free_async;
+    Cuda cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) => pool_create;
+    Cuda cuMemPoolDestroy(pool: CUmemoryPool) => pool_destroy;
+    Cuda cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) => pool_trim;
+    Cuda cuMemPoolSetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) => pool_set_attribute;
+    Cuda cuStreamSynchronize(stream: CUstream) => synchronized;
+    Cuda cuStreamSynchronize_ptsz(stream: CUstream) => synchronized;
+    Cuda cuEventSynchronize(event: CUevent) => synchronized;
+    Cuda cuCtxSynchronize() => ctx_synchronized;
+    Cuda cuMemExportToShareableHandle(out: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int, flags: u64) => mem_export;
     Cuda cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) => mem_create;
     Cuda cuMemRelease(handle: CUmemGenericAllocationHandle) => mem_release;
     Cuda cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) => mem_map;
@@ -65,6 +83,15 @@ static REAL_DEVICE_GET_UUID: Real = Real::new(Lib::Cuda, c"cuDeviceGetUuid");
 static REAL_MEM_FREE: Real = Real::new(Lib::Cuda, c"cuMemFree_v2");
 static REAL_GET_ADDRESS_RANGE: Real = Real::new(Lib::Cuda, c"cuMemGetAddressRange_v2");
 static REAL_PRIMARY_GET_STATE: Real = Real::new(Lib::Cuda, c"cuDevicePrimaryCtxGetState");
+static REAL_POOL_GET_ATTRIBUTE: Real = Real::new(Lib::Cuda, c"cuMemPoolGetAttribute");
+static REAL_DEVICE_GET_MEM_POOL: Real = Real::new(Lib::Cuda, c"cuDeviceGetMemPool");
+static REAL_DEVICE_GET_DEFAULT_MEM_POOL: Real = Real::new(Lib::Cuda, c"cuDeviceGetDefaultMemPool");
+static REAL_DEVICE_SET_MEM_POOL: Real = Real::new(Lib::Cuda, c"cuDeviceSetMemPool");
+static REAL_POINTER_GET_ATTRIBUTE: Real = Real::new(Lib::Cuda, c"cuPointerGetAttribute");
+static REAL_STREAM_GET_CTX: Real = Real::new(Lib::Cuda, c"cuStreamGetCtx");
+static REAL_CTX_GET_CURRENT: Real = Real::new(Lib::Cuda, c"cuCtxGetCurrent");
+static REAL_CTX_PUSH: Real = Real::new(Lib::Cuda, c"cuCtxPushCurrent_v2");
+static REAL_CTX_POP: Real = Real::new(Lib::Cuda, c"cuCtxPopCurrent_v2");
 
 fn call_real<F: Copy>(r: &Real) -> Option<F> {
     let a = r.get();
@@ -88,6 +115,43 @@ fn device_count() -> i32 {
         }
     }
     -1
+}
+
+/// The ordinal of the device of `stream`'s context: cuMemAllocAsync allocates from the current
+/// pool of the stream's device, which need not be the current context's.
+fn stream_ordinal(stream: CUstream) -> Option<i32> {
+    let h = stream as usize;
+    if device_count() == 1 || h == 0 || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD {
+        return current_ordinal(); // the current context's own stream
+    }
+    type GetCtx = unsafe extern "C" fn(CUstream, *mut CUcontext) -> u32;
+    type Ctx = unsafe extern "C" fn(*mut CUcontext) -> u32;
+    let get = call_real::<GetCtx>(&REAL_STREAM_GET_CTX)?;
+    let current = call_real::<Ctx>(&REAL_CTX_GET_CURRENT)?;
+    let (mut ctx, mut cur) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: cuStreamGetCtx(stream, CUcontext*) and cuCtxGetCurrent(CUcontext*) with valid
+    // out-pointers; the stream is the program's own argument.
+    if unsafe { get(stream, &mut ctx) } != SUCCESS || unsafe { current(&mut cur) } != SUCCESS {
+        return None;
+    }
+    if ctx == cur {
+        return current_ordinal();
+    }
+    let push = call_real::<unsafe extern "C" fn(CUcontext) -> u32>(&REAL_CTX_PUSH)?;
+    let pop = call_real::<Ctx>(&REAL_CTX_POP)?;
+    // SAFETY: the stream's context made current on this thread for one question, then popped
+    // again (the thread's stack is as it was).
+    if unsafe { push(ctx) } != SUCCESS {
+        return None;
+    }
+    let f = call_real::<unsafe extern "C" fn(*mut CUdevice) -> u32>(&REAL_CTX_GET_DEVICE);
+    let mut d = -1;
+    // SAFETY: cuCtxGetDevice(CUdevice*) with a valid out-pointer.
+    let ok = f.is_some_and(|f| unsafe { f(&mut d) } == SUCCESS);
+    let mut popped = std::ptr::null_mut();
+    // SAFETY: cuCtxPopCurrent_v2(CUcontext*) with a valid out-pointer, undoing our push.
+    unsafe { pop(&mut popped) };
+    ok.then_some(d)
 }
 
 /// The ordinal of the current context's device.
@@ -151,7 +215,7 @@ fn charged(
         q.log_refusal(call, ord, bytes, Refusal::NoEntry);
         return Some(OOM);
     };
-    if let Err(why) = q.charge(e, bytes) {
+    if let Err(why) = q.charge_making_room(e, bytes, &DriverPools) {
         q.log_refusal(call, ord, bytes, why);
         return Some(OOM);
     }
@@ -173,6 +237,9 @@ fn released(key: u64, free: impl FnOnce() -> u32, handles: bool) -> u32 {
     };
     let table = if handles { &q.handles } else { &q.ptrs };
     let Some((e, bytes)) = table.remove(key) else {
+        if !handles {
+            q.pools.note_free(); // perhaps into a pool, which may now be trimmed under pressure
+        }
         return free();
     };
     let r = free();
@@ -236,7 +303,9 @@ fn alloc_async(
     size: usize,
     s: CUstream,
 ) -> u32 {
-    pointer_alloc("cuMemAllocAsync", dptr, size as u64, || real(dptr, size, s))
+    pool_alloc("cuMemAllocAsync", dptr, size, Err(s), || {
+        real(dptr, size, s)
+    })
 }
 
 fn alloc_from_pool(
@@ -246,9 +315,268 @@ fn alloc_from_pool(
     pool: CUmemoryPool,
     s: CUstream,
 ) -> u32 {
-    pointer_alloc("cuMemAllocFromPoolAsync", dptr, size as u64, || {
+    pool_alloc("cuMemAllocFromPoolAsync", dptr, size, Ok(pool), || {
         real(dptr, size, pool, s)
     })
+}
+
+// ---- stream-ordered pools: charged by what they reserve (rules in `quota::pools`) -------------
+
+/// The driver's answers about pools, from the real entry points.
+struct DriverPools;
+
+fn pool_attribute(pool: u64, attribute: c_int) -> Option<u64> {
+    type Get = unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> u32;
+    let f = call_real::<Get>(&REAL_POOL_GET_ATTRIBUTE)?;
+    let mut v = 0u64;
+    // SAFETY: cuMemPoolGetAttribute(pool, attr, void*) of a u64-valued attribute, our own
+    // out-value; the pool handle is one the driver gave the program.
+    let r = unsafe {
+        f(
+            pool as CUmemoryPool,
+            attribute,
+            &mut v as *mut u64 as *mut c_void,
+        )
+    };
+    (r == SUCCESS).then_some(v)
+}
+
+impl PoolDriver for DriverPools {
+    fn reserved(&self, pool: u64) -> Option<u64> {
+        pool_attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+    }
+    fn used(&self, pool: u64) -> Option<u64> {
+        pool_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+    }
+    fn trim(&self, pool: u64) {
+        type Trim = unsafe extern "C" fn(CUmemoryPool, usize) -> u32;
+        if let Some(f) = call_real::<Trim>(&cuMemPoolTrimTo::REAL) {
+            // SAFETY: cuMemPoolTrimTo(pool, 0) of a pool the driver gave the program.
+            unsafe { f(pool as CUmemoryPool, 0) };
+        }
+    }
+    fn destroy(&self, pool: u64) -> bool {
+        type Destroy = unsafe extern "C" fn(CUmemoryPool) -> u32;
+        // SAFETY: cuMemPoolDestroy of a pool whose destroy the program asked for (put off).
+        call_real::<Destroy>(&cuMemPoolDestroy::REAL)
+            .is_some_and(|f| unsafe { f(pool as CUmemoryPool) } == SUCCESS)
+    }
+}
+
+/// The current memory pool of device `ordinal` (what cuMemAllocAsync allocates from).
+fn current_pool(ordinal: i32) -> Option<u64> {
+    device_pool(&REAL_DEVICE_GET_MEM_POOL, ordinal)
+}
+
+fn device_pool(r: &Real, ordinal: i32) -> Option<u64> {
+    let f = call_real::<unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> u32>(r)?;
+    let mut p: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: cuDevice(Get|GetDefault)MemPool(CUmemoryPool*, CUdevice) with a valid out-pointer.
+    (unsafe { f(&mut p, ordinal) } == SUCCESS && !p.is_null()).then_some(p as u64)
+}
+
+/// A u64-sized-or-smaller attribute of the allocation at `ptr`.
+fn pointer_attribute<T: Copy + Default>(ptr: u64, attribute: c_int) -> Option<T> {
+    type Get = unsafe extern "C" fn(*mut c_void, c_int, CUdeviceptr) -> u32;
+    let f = call_real::<Get>(&REAL_POINTER_GET_ATTRIBUTE)?;
+    let mut v = T::default();
+    // SAFETY: cuPointerGetAttribute(void*, attr, ptr) with an out-value of the attribute's type.
+    (unsafe { f(&mut v as *mut T as *mut c_void, attribute, ptr) } == SUCCESS).then_some(v)
+}
+
+/// Gives back what pools no longer reserve (at synchronization points, trims, teardown).
+fn settle_pools(only: Option<u64>) {
+    if let Mode::Enforce(q) = crate::mode() {
+        if q.pools.any() {
+            q.settle_pools(&DriverPools, only);
+        }
+    }
+}
+
+/// For memory queries (NVML's too): at most every 100 ms, nothing at all without pools.
+pub(super) fn settle_pools_now_and_then(q: &Quota) {
+    q.settle_pools_now_and_then(&DriverPools);
+}
+
+/// A stream-ordered allocation of `size` bytes from `pool` (Ok), or from the current pool of
+/// the device of stream `Err(stream)`, as cuMemAllocAsync takes. Charged the most it can grow
+/// the pool by first; after the driver allocated, the pool's charge is settled at what it
+/// reserves. A pool that grew past what the quota covers has the allocation freed and is
+/// trimmed again.
+fn pool_alloc(
+    call: &str,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: Result<CUmemoryPool, CUstream>,
+    allocate: impl Fn() -> u32,
+) -> u32 {
+    if dptr.is_null() || size == 0 {
+        return allocate();
+    }
+    let q = match crate::mode() {
+        Mode::PassThrough => return allocate(),
+        Mode::Broken(_) => {
+            crate::log::refused_broken(call);
+            return OOM;
+        }
+        Mode::Enforce(q) => q,
+    };
+    let ord = match pool {
+        Ok(_) => current_ordinal(),
+        Err(stream) => stream_ordinal(stream),
+    }
+    .unwrap_or(-1);
+    let Some(guess) = pool.map(|p| p as u64).ok().or_else(|| current_pool(ord)) else {
+        q.log_refusal(call, ord, size as u64, Refusal::NoEntry);
+        return OOM;
+    };
+    // A pool the program created is on the device its properties named; any other is taken to
+    // be the current device's until its first allocation says otherwise.
+    let pord = q.pools.device_of(guess).map_or(ord, |(_, o)| o);
+    let Some(e) = entry_of(q, pord) else {
+        q.log_refusal(call, pord, size as u64, Refusal::NoEntry);
+        return OOM;
+    };
+    let ticket = match q.pool_begin(guess, e, pord, size as u64, &DriverPools) {
+        Ok(t) => t,
+        Err(Denial::Destroyed) => return err::INVALID_VALUE,
+        Err(Denial::Refused(why)) => {
+            q.log_refusal(call, pord, size as u64, why);
+            return OOM;
+        }
+    };
+    let r = allocate();
+    if r != SUCCESS {
+        q.pool_abort(ticket);
+        return r;
+    }
+    let ptr = read(dptr).unwrap_or(0);
+    // On a machine with more than one device, make sure: ask the driver which pool the memory
+    // came from (a pool set current on the device since, say).
+    let actual = match pool {
+        Err(_) if device_count() > 1 => {
+            pointer_attribute::<usize>(ptr, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE)
+                .map(|p| p as u64)
+                .filter(|&p| p != 0)
+                .unwrap_or(guess)
+        }
+        _ => guess,
+    };
+    let mut settled = q.pool_commit(ticket, DriverPools.reserved(guess));
+    if actual != guess && settled.is_ok() {
+        let o = pointer_attribute::<c_int>(ptr, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL).unwrap_or(ord);
+        settled = match entry_of(q, o) {
+            Some(e) => q.pool_commit_unplanned(actual, e, o, DriverPools.reserved(actual)),
+            None => Err(Refusal::NoEntry),
+        };
+    }
+    if let Err(why) = settled {
+        if let Some(f) = call_real::<unsafe extern "C" fn(CUdeviceptr) -> u32>(&REAL_MEM_FREE) {
+            // SAFETY: cuMemFree_v2 of the pointer the driver just gave us, which nobody has seen.
+            unsafe { f(ptr) };
+        }
+        DriverPools.trim(actual);
+        q.settle_pools(&DriverPools, Some(actual));
+        write(dptr, 0);
+        q.log_refusal(call, pord, size as u64, why);
+        return OOM;
+    }
+    r
+}
+
+/// A created pool is recorded with the device its properties name (host-located pools are not
+/// device memory, and are charged to the current device if they are ever allocated from: on
+/// the safe side).
+fn pool_create(
+    real: impl Fn(*mut CUmemoryPool, *const CUmemPoolProps) -> u32,
+    pool: *mut CUmemoryPool,
+    props: *const CUmemPoolProps,
+) -> u32 {
+    let r = real(pool, props);
+    if let (SUCCESS, Mode::Enforce(q)) = (r, crate::mode()) {
+        let on_device = read(props).filter(|p| p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE);
+        if let (Some(h), Some(p)) = (read(pool), on_device) {
+            if let Some(e) = entry_of(q, p.location.id) {
+                q.pools.register(h as u64, e, p.location.id);
+            }
+        }
+    }
+    r
+}
+
+/// A pool with allocations outstanding keeps its memory after cuMemPoolDestroy until they are
+/// freed, and its handle can no longer be asked what it holds: cuvisor puts such a destroy off
+/// (see `quota::pools`) and does what the driver would have done at once, to the program.
+fn pool_destroy(real: impl Fn(CUmemoryPool) -> u32, pool: CUmemoryPool) -> u32 {
+    let Mode::Enforce(q) = crate::mode() else {
+        return real(pool);
+    };
+    match q.pool_destroy(pool as u64, &DriverPools) {
+        Destroy::Now => {
+            let r = real(pool);
+            if r == SUCCESS {
+                q.pool_destroyed(pool as u64);
+            }
+            r
+        }
+        Destroy::Again => err::INVALID_VALUE,
+        Destroy::PutOff => {
+            // "Destroying the current mempool of a device sets the default mempool of that
+            // device as the current mempool for that device."
+            if let Some((_, ord)) = q.pools.device_of(pool as u64) {
+                if current_pool(ord) == Some(pool as u64) {
+                    type Set = unsafe extern "C" fn(CUdevice, CUmemoryPool) -> u32;
+                    let default = device_pool(&REAL_DEVICE_GET_DEFAULT_MEM_POOL, ord);
+                    if let (Some(f), Some(d)) =
+                        (call_real::<Set>(&REAL_DEVICE_SET_MEM_POOL), default)
+                    {
+                        // SAFETY: cuDeviceSetMemPool(dev, its own default pool).
+                        unsafe { f(ord, d as CUmemoryPool) };
+                    }
+                }
+            }
+            SUCCESS
+        }
+    }
+}
+
+fn pool_trim(real: impl Fn(CUmemoryPool, usize) -> u32, pool: CUmemoryPool, keep: usize) -> u32 {
+    let r = real(pool, keep);
+    if r == SUCCESS {
+        settle_pools(Some(pool as u64));
+    }
+    r
+}
+
+fn pool_set_attribute(
+    real: impl Fn(CUmemoryPool, c_int, *mut c_void) -> u32,
+    pool: CUmemoryPool,
+    attr: c_int,
+    value: *mut c_void,
+) -> u32 {
+    let r = real(pool, attr, value);
+    if r == SUCCESS {
+        settle_pools(Some(pool as u64));
+    }
+    r
+}
+
+/// Stream, event and context synchronization: pools release what exceeds their threshold
+/// there, and their charges follow (nothing but one load for a process without pools).
+fn synchronized<H>(real: impl Fn(*mut H) -> u32, h: *mut H) -> u32 {
+    let r = real(h);
+    if r == SUCCESS {
+        settle_pools(None);
+    }
+    r
+}
+
+fn ctx_synchronized(real: impl Fn() -> u32) -> u32 {
+    let r = real();
+    if r == SUCCESS {
+        settle_pools(None);
+    }
+    r
 }
 
 /// Pitched allocations: the driver picks the pitch. We charge an upper bound (rows padded to
@@ -376,6 +704,24 @@ fn mem_create(
         .unwrap_or_else(|| real(h, size, prop, flags)),
         _ => real(h, size, prop, flags),
     }
+}
+
+/// An exported handle's memory lives while any imported copy does (cuMemRelease: freed when
+/// all handles, shareable counterparts included, are released), in this process or another, and
+/// nothing tells the exporter when the last copy goes: its charge stays until the process
+/// exits. Taking it out of the handle table is all it takes: no release or unmap finds it.
+fn mem_export(
+    real: impl Fn(*mut c_void, CUmemGenericAllocationHandle, c_int, u64) -> u32,
+    out: *mut c_void,
+    h: CUmemGenericAllocationHandle,
+    kind: c_int,
+    flags: u64,
+) -> u32 {
+    let r = real(out, h, kind, flags);
+    if let (SUCCESS, Mode::Enforce(q)) = (r, crate::mode()) {
+        q.pin_exported(h);
+    }
+    r
 }
 
 /// A mapped handle's memory lives until its last mapping goes, whenever the program releases
@@ -522,6 +868,7 @@ fn after_teardown() {
     if let Mode::Enforce(q) = crate::mode() {
         q.sweep(&q.ptrs, allocation_gone);
     }
+    settle_pools(None);
 }
 
 fn ctx_destroy(real: impl Fn(CUcontext) -> u32, ctx: CUcontext) -> u32 {
@@ -709,6 +1056,7 @@ fn shown(phys_free: u64, phys_total: u64, ordinal: Option<i32>) -> (u64, u64) {
                 return (0, 0);
             };
             q.reclaim_now_and_then();
+            settle_pools_now_and_then(q);
             let v = q.view(e, phys_free, phys_total);
             (v.free, v.total)
         }

@@ -47,6 +47,7 @@ fn entry(dev: nvmlDevice_t) -> Option<usize> {
         )
     };
     q.reclaim_now_and_then();
+    super::cuda::settle_pools_now_and_then(q);
     q.entry_by_uuid(uuid, index)
 }
 

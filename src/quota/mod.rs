@@ -4,6 +4,7 @@
 //! No FFI here: `hook` asks the driver (for a device's UUID, for physical memory) and passes the
 //! answers in, so everything below is unit-tested without a GPU.
 
+pub mod pools;
 pub mod table;
 pub mod vmm;
 
@@ -37,6 +38,8 @@ pub struct Quota {
     pub handles: Table,
     /// Where charged VMM handles are mapped (a released handle stays charged while mapped).
     pub mappings: vmm::Mappings,
+    /// Stream-ordered pools this process allocated from, charged by what they reserve.
+    pub pools: pools::Pools,
     last_refusal_log: AtomicU64,
 }
 
@@ -47,6 +50,8 @@ pub enum Refusal {
     Quota(Denied),
     /// The device has no ledger entry (all taken) or could not be identified.
     NoEntry,
+    /// cuvisor's table of stream-ordered pools is full: a new pool cannot be accounted for.
+    TooManyPools,
 }
 
 impl Quota {
@@ -67,6 +72,7 @@ impl Quota {
             ptrs: Table::new(1 << 20).ok_or("cannot reserve the allocation table")?,
             handles: Table::new(1 << 16).ok_or("cannot reserve the handle table")?,
             mappings: vmm::Mappings::default(),
+            pools: pools::Pools::new(),
             last_refusal_log: AtomicU64::new(0),
         })
     }
@@ -136,6 +142,13 @@ impl Quota {
         self.ledger.uncharge(e, self.proc_slot.load(Relaxed), bytes);
     }
 
+    /// Charges memory the driver has already handed out, above the quota if need be (see
+    /// `pools`: the caller undoes the allocation right after).
+    pub fn force_charge(&self, e: usize, bytes: u64) {
+        self.ledger
+            .force_charge(e, self.proc_slot.load(Relaxed), bytes);
+    }
+
     /// Records what `key` was charged. If the table is full the charge stays (counted until the
     /// process exits) rather than be lost: the quota errs on the safe side.
     pub fn record(&self, table: &Table, key: u64, e: usize, bytes: u64) {
@@ -156,6 +169,14 @@ impl Quota {
             }
             None => false,
         }
+    }
+
+    /// VMM handle `h` was exported: an imported copy (in this process or another) keeps its
+    /// memory alive after any release here, and no call tells when the last copy is gone. Its
+    /// charge is taken out of the handle table, so no release or unmap gives it back: it stays
+    /// charged until the process exits (see `vmm`).
+    pub fn pin_exported(&self, h: u64) {
+        let _ = self.handles.remove(h);
     }
 
     /// After a context was torn down, which frees what was allocated in it: gives back the
@@ -272,6 +293,11 @@ pub fn refusal_message(call: &str, ordinal: i32, requested: u64, why: Refusal) -
         Refusal::NoEntry => format!(
             "{call} of {} on GPU {ordinal} refused: the container ledger has no room for this GPU",
             human(requested)
+        ),
+        Refusal::TooManyPools => format!(
+            "{call} of {} on GPU {ordinal} refused: more than {} memory pools in use by this process",
+            human(requested),
+            pools::CAPACITY
         ),
     }
 }

@@ -6,6 +6,12 @@
 //! are mapped where, so that a release of a mapped handle is only noted, and the unmap that
 //! removes its last mapping gives the charge back.
 //!
+//! Exported handles: the driver frees the memory only when every handle to it, imported copies
+//! included ("shareable counterparts", cuMemRelease), is released and every mapping unmapped.
+//! An import may live in another process, out of this one's sight, so an exported handle keeps
+//! its charge until this process exits (`Quota::pin_exported`); its mappings are no longer
+//! tracked here.
+//!
 //! Only VMM calls (cuMemMap, cuMemUnmap, cuMemRelease of a mapped handle) come here, never
 //! cuMemAlloc/cuMemFree or launches: a process-local mutex is enough, and the hook holds it
 //! across the driver's unmap/release so that no other VMM call of this process sees a half-done

@@ -1,7 +1,7 @@
 /* Four ways a client reaches the driver, one quota. Allocates CHUNK_MIB chunks until the driver
  * says CUDA_ERROR_OUT_OF_MEMORY and prints "total BYTES stopped RESULT"; then frees one chunk and
  * checks that a small allocation fits again ("after-free OK"), frees everything and checks the
- * memory came back.
+ * memory came back (stream-ordered: after a synchronization point, where the pool lets it go).
  *
  * Built twice: with -DLINKED -lcuda (mode "link": calls the driver's exports directly), and
  * without (modes "dlsym": dlopen + dlsym on libcuda's handle; "gpa": cuGetProcAddress_v2 with base
@@ -31,6 +31,7 @@ static CUresult (*p_memFree)(CUdeviceptr);
 static CUresult (*p_memGetInfo)(size_t *, size_t *);
 static CUresult (*p_allocAsync)(CUdeviceptr *, size_t, void *);
 static CUresult (*p_freeAsync)(CUdeviceptr, void *);
+static CUresult (*p_streamSync)(void *);
 
 /* `p` must be the export named `symbol` of the library whose file name contains `file`. */
 static void expect_at(const char *what, void *p, const char *file, const char *symbol) {
@@ -125,6 +126,7 @@ static void resolve(const char *mode) {
     p_memGetInfo = get("cuMemGetInfo", 12000, flags);
     p_allocAsync = get("cuMemAllocAsync", 12000, flags);
     p_freeAsync = get("cuMemFreeAsync", 12000, flags);
+    p_streamSync = get("cuStreamSynchronize", 12000, flags);
 
     /* Wrapped entry points: our export of exactly the ABI version the driver chose. */
     expect("cuGetProcAddress", 12000, flags, "libcuvisor", "cuGetProcAddress_v2");
@@ -136,10 +138,12 @@ static void resolve(const char *mode) {
     if (flags == 2) {
         expect("cuMemAllocAsync", 12000, 2, "libcuvisor", "cuMemAllocAsync_ptsz");
         expect("cuMemFreeAsync", 12000, 2, "libcuvisor", "cuMemFreeAsync_ptsz");
+        expect("cuStreamSynchronize", 12000, 2, "libcuvisor", "cuStreamSynchronize_ptsz");
         expect("cuLaunchKernel", 12000, 2, "libcuvisor", "cuLaunchKernel_ptsz");
     } else {
         expect("cuMemAllocAsync", 12000, 0, "libcuvisor", "cuMemAllocAsync");
         expect("cuMemFreeAsync", 12000, 0, "libcuvisor", "cuMemFreeAsync");
+        expect("cuStreamSynchronize", 12000, 0, "libcuvisor", "cuStreamSynchronize");
         expect("cuLaunchKernel", 12000, 0, "libcuvisor", "cuLaunchKernel");
     }
     /* Not wrapped: the driver's own. */
@@ -191,7 +195,11 @@ int main(int argc, char **argv) {
     printf("start free %zu total %zu\n", free0, total);
 
     fill("sync", chunk, p_memAlloc, p_memFree);
-    if (p_allocAsync != NULL) fill("async", chunk, async_alloc, async_free);
+    if (p_allocAsync != NULL) {
+        fill("async", chunk, async_alloc, async_free);
+        /* A pool keeps freed memory (and cuvisor its charge) until a synchronization point. */
+        OK(p_streamSync(NULL));
+    }
 
     OK(p_memGetInfo(&free1, &total));
     printf("end free %zu total %zu\n", free1, total);

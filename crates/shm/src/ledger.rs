@@ -330,9 +330,19 @@ impl Ledger {
     /// A process killed anywhere in between leaves `used` at most `bytes` too high, which
     /// [`Ledger::reclaim_dead`] repairs; never too low.
     pub fn try_charge(&self, d: usize, p: usize, bytes: u64) -> Result<(), Denied> {
+        self.charge_within(d, p, bytes, self.layout().devices[d].limit.load(Acquire))
+    }
+
+    /// Charges `bytes` that the device has already handed out (a pool that grew by more than
+    /// was charged for it beforehand), above the limit if need be: the ledger must not show
+    /// less than is held. The caller gives it back (or the allocation) right after.
+    pub fn force_charge(&self, d: usize, p: usize, bytes: u64) {
+        let _ = self.charge_within(d, p, bytes, BYTES_MASK);
+    }
+
+    fn charge_within(&self, d: usize, p: usize, bytes: u64, limit: u64) -> Result<(), Denied> {
         let e = &self.layout().devices[d];
         let slot = &self.layout().procs[p].charged[d];
-        let limit = e.limit.load(Acquire);
         slot.fetch_add(TOP_ONE, AcqRel);
         step(1);
         match e.used.fetch_update(AcqRel, Acquire, |u| {
@@ -787,6 +797,26 @@ mod tests {
             })
         );
         l.try_charge(d, p, 40).unwrap();
+        cleanup(&l);
+    }
+
+    #[test]
+    fn a_forced_charge_shows_memory_held_past_the_limit() {
+        let l = temp_ledger("force");
+        let d = l.device_for([9; 16], 100).unwrap();
+        let p = l.claim_proc(1, 1).unwrap();
+        l.try_charge(d, p, 90).unwrap();
+        l.force_charge(d, p, 30);
+        assert_eq!(
+            l.device(d).used_bytes(),
+            120,
+            "above the limit: what is held"
+        );
+        assert_eq!(l.procs()[p].charged_bytes(d), 120);
+        assert!(l.try_charge(d, p, 1).is_err(), "nothing more fits");
+        l.uncharge(d, p, 30);
+        assert_eq!(l.device(d).used_bytes(), 90);
+        l.try_charge(d, p, 10).unwrap();
         cleanup(&l);
     }
 

@@ -451,8 +451,70 @@ fn stream_ordered_pools_keep_memory_until_a_sync_point() {
             p,
         ));
         assert_eq!(which as cu::CUmemoryPool, mine);
+        // Destroyed with an allocation outstanding: the handle is gone at once, the memory
+        // lives until the allocation is freed (the driver API's cuMemPoolDestroy).
         ok(cu::cuMemPoolDestroy(mine));
-        assert_eq!(free_mem(), base, "destroying a pool frees what it held");
+        assert_eq!(
+            base - free_mem(),
+            2 * MIB,
+            "an outstanding allocation keeps a destroyed pool's memory"
+        );
+        let mut v = 0u64;
+        assert_eq!(
+            cu::cuMemPoolGetAttribute(
+                mine,
+                CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                &mut v as *mut u64 as *mut c_void
+            ),
+            CUDA_ERROR_INVALID_VALUE,
+            "a destroyed pool's handle is invalid"
+        );
+        ok(cu::cuMemFreeAsync(p, null_mut()));
+        assert_eq!(
+            free_mem(),
+            base,
+            "the last free releases the destroyed pool"
+        );
+        ok(cu::cuMemPoolCreate(&mut mine, &props));
+        ok(cu::cuMemAllocFromPoolAsync(&mut p, MIB, mine, null_mut()));
+        ok(cu::cuMemFreeAsync(p, null_mut()));
+        ok(cu::cuMemPoolDestroy(mine));
+        assert_eq!(
+            free_mem(),
+            base,
+            "destroying an unused pool frees what it held"
+        );
+
+        // An event synchronization is a synchronization point too.
+        let mut zero = 0u64;
+        ok(cu::cuMemPoolSetAttribute(
+            pool,
+            CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &mut zero as *mut u64 as *mut c_void,
+        ));
+        ok(cu::cuMemAllocAsync(&mut p, 8 * MIB, null_mut()));
+        ok(cu::cuMemFreeAsync(p, null_mut()));
+        assert_eq!(base - free_mem(), 8 * MIB);
+        let mut ev = null_mut();
+        ok(cu::cuEventCreate(&mut ev, 0));
+        ok(cu::cuEventRecord(ev, null_mut()));
+        ok(cu::cuEventSynchronize(ev));
+        assert_eq!(free_mem(), base, "released at cuEventSynchronize");
+        ok(cu::cuEventDestroy_v2(ev));
+
+        // A context's teardown frees what was allocated in it and waits for its work: the pool
+        // lets the memory go as at a context synchronization.
+        let primary = {
+            let mut c = null_mut();
+            ok(cu::cuCtxGetCurrent(&mut c));
+            c
+        };
+        let mut other = null_mut();
+        ok(cu::cuCtxCreate_v2(&mut other, 0, 0));
+        ok(cu::cuMemAllocAsync(&mut p, 8 * MIB, null_mut()));
+        ok(cu::cuCtxDestroy_v2(other));
+        ok(cu::cuCtxSetCurrent(primary));
+        assert_eq!(free_mem(), base, "released when its context went");
         assert_eq!(
             cu::cuMemPoolDestroy(pool),
             CUDA_ERROR_INVALID_VALUE,
@@ -772,6 +834,51 @@ fn ipc_and_shareable_handle_imports_are_not_new_memory() {
         ok(cu::cuMemRelease(h));
         assert_eq!(free_mem(), base);
 
+        // The exporter releasing its handle does not free memory another handle still holds
+        // (cuMemRelease: freed when all handles, shareable counterparts included, are released
+        // and all mappings unmapped).
+        ok(cu::cuMemCreate(&mut h, 4 * MIB, &prop, 0));
+        ok(cu::cuMemExportToShareableHandle(
+            &mut fd as *mut i32 as *mut c_void,
+            h,
+            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        ));
+        ok(cu::cuMemImportFromShareableHandle(
+            &mut imported,
+            fd as usize as *mut c_void,
+            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        ));
+        ok(cu::cuMemRelease(h));
+        assert_eq!(
+            base - free_mem(),
+            4 * MIB,
+            "the imported handle keeps the memory alive"
+        );
+        let mut va = 0;
+        ok(cu::cuMemAddressReserve(&mut va, 4 * MIB, 0, 0, 0));
+        ok(cu::cuMemMap(va, 4 * MIB, 0, imported, 0));
+        ok(cu::cuMemRelease(imported));
+        assert_eq!(base - free_mem(), 4 * MIB, "and so does its mapping");
+        ok(cu::cuMemUnmap(va, 4 * MIB));
+        assert_eq!(
+            free_mem(),
+            base,
+            "the last mapping of the last handle frees it"
+        );
+        let mut again = 0;
+        assert_eq!(
+            cu::cuMemImportFromShareableHandle(
+                &mut again,
+                fd as usize as *mut c_void,
+                cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            ),
+            CUDA_ERROR_INVALID_VALUE,
+            "memory that is gone cannot be imported"
+        );
+        ok(cu::cuMemAddressFree(va, 4 * MIB));
+        libc::close(fd);
+
         let mut p = 0;
         ok(cu::cuMemAlloc_v2(&mut p, 8 * MIB));
         let mut handle: cu::CUipcMemHandle = std::mem::zeroed();
@@ -878,4 +985,117 @@ fn a_primary_context_keeps_its_handle_when_released() {
         assert_eq!(again, h, "one primary context object per device");
         assert_eq!(free_mem(), 16 * GIB, "the last release freed what it held");
     }
+}
+
+/// Exported VMM memory lives while another process holds an imported handle to it, after the
+/// exporter released its own (cuMemRelease: freed when all handles, shareable counterparts
+/// included, are released and all mappings unmapped), and goes when the importer lets go.
+#[test]
+fn exported_memory_lives_while_another_process_holds_an_import() {
+    use std::io::{BufRead, BufReader, Write};
+    let wait_line = || {
+        let mut line = String::new();
+        std::io::stdin().lock().read_line(&mut line).unwrap();
+    };
+    let fd_type = cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    if common::is_child() {
+        setup();
+        // SAFETY: see the file-level note.
+        unsafe {
+            if std::env::var("ROLE").as_deref() == Ok("exporter") {
+                let base = free_mem();
+                let mut prop: cu::CUmemAllocationProp = std::mem::zeroed();
+                prop.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+                prop.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+                prop.requestedHandleTypes = fd_type;
+                let mut h = 0;
+                ok(cu::cuMemCreate(&mut h, 8 * MIB, &prop, 0));
+                let mut fd: i32 = -1;
+                ok(cu::cuMemExportToShareableHandle(
+                    &mut fd as *mut i32 as *mut c_void,
+                    h,
+                    fd_type,
+                    0,
+                ));
+                println!("exported {} {fd}", std::process::id());
+                wait_line(); // the importer holds a handle now
+                ok(cu::cuMemRelease(h));
+                assert_eq!(
+                    base - free_mem(),
+                    8 * MIB,
+                    "imported elsewhere: still alive"
+                );
+                println!("released");
+                wait_line(); // the importer released its handle
+                assert_eq!(
+                    free_mem(),
+                    base,
+                    "the last handle is gone, and so is the memory"
+                );
+            } else {
+                let path = std::env::var("EXPORTED").unwrap();
+                // A new description of the exporter's file, as SCM_RIGHTS would pass it on.
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                    .unwrap();
+                let mut imported = 0;
+                ok(cu::cuMemImportFromShareableHandle(
+                    &mut imported,
+                    std::os::fd::AsRawFd::as_raw_fd(&f) as usize as *mut c_void,
+                    fd_type,
+                ));
+                println!("imported");
+                wait_line();
+                ok(cu::cuMemRelease(imported));
+            }
+        }
+        return;
+    }
+    let state = common::state_file("vmm-export");
+    let spawn = |role: &str, extra: Option<(&str, &str)>| {
+        let mut c =
+            common::Child::new("exported_memory_lives_while_another_process_holds_an_import")
+                .state(&state)
+                .env("ROLE", role);
+        if let Some((k, v)) = extra {
+            c = c.env(k, v);
+        }
+        let mut child = c
+            .command()
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        (child, out)
+    };
+    let until = |out: &mut BufReader<std::process::ChildStdout>, word: &str| {
+        let mut line = String::new();
+        while !line.contains(word) {
+            line.clear();
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "ended before {word:?}"
+            );
+        }
+        line
+    };
+    let (mut exporter, mut eout) = spawn("exporter", None);
+    let line = until(&mut eout, "exported ");
+    let mut words = line.trim().rsplit("exported ").next().unwrap().split(' ');
+    let (pid, fd) = (words.next().unwrap(), words.next().unwrap());
+    let path = format!("/proc/{pid}/fd/{fd}");
+    let (mut importer, mut iout) = spawn("importer", Some(("EXPORTED", path.as_str())));
+    until(&mut iout, "imported");
+    writeln!(exporter.stdin.as_mut().unwrap()).unwrap();
+    until(&mut eout, "released");
+    writeln!(importer.stdin.as_mut().unwrap()).unwrap();
+    assert!(importer.wait().unwrap().success(), "importer failed");
+    writeln!(exporter.stdin.as_mut().unwrap()).unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut eout, &mut rest).unwrap();
+    assert!(exporter.wait().unwrap().success(), "exporter: {rest}");
+    assert!(rest.contains("1 passed"), "exporter: {rest}");
 }

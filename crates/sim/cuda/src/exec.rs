@@ -593,6 +593,9 @@ export! {
         drv()?;
         let ev = events().get(e as usize)?;
         sleep_until(ev.time.load(Acquire));
+        // "the allocator will try to release memory back to the OS on the next call to stream,
+        // event or context synchronize" (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD).
+        mem::trim_all_pools_at_sync();
         Ok(())
     }
     fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) { elapsed(ms, start, end) }

@@ -8,13 +8,19 @@
 //! - cuMemAlloc/Pitch/Managed: charged at once, rounded up to 512 bytes. Managed memory is
 //!   charged to the current device at allocation (the real driver charges pages as they migrate).
 //! - stream-ordered pools: a pool reserves device memory in 2 MiB steps, keeps freed memory
-//!   reserved and gives the excess over its release threshold back at synchronization points or
-//!   cuMemPoolTrimTo, as the real driver does.
+//!   reserved and gives the excess over its release threshold back at synchronization points
+//!   (stream, event and context synchronization, and a context's teardown, which waits for its
+//!   work) or cuMemPoolTrimTo, as the real driver does. A pool destroyed with allocations still
+//!   outstanding keeps its memory until the last of them is freed (see cuMemPoolDestroy).
 //! - VMM: cuMemCreate charges the physical handle; mapping charges nothing more; the memory goes
 //!   back when the handle is released and no longer mapped. Two mappings of one handle do not
 //!   share bytes in the simulator.
 //! - arrays and mipmapped arrays: charged by their element size, not addressable for copies.
 //! - IPC and shareable-handle imports: new mappings of someone else's memory, charged nothing.
+//!   Exported VMM memory is reference counted across processes (the count lives in the exported
+//!   file): it stays charged to its creator until the last handle to it, in any process, is
+//!   released and unmapped, as with the real driver; the creator notices at its next memory query
+//!   or full device. A creator that exits takes it with it (the real driver keeps it).
 //! - v1 (32-bit) entry points: allocations live below 2 GiB (a 256 MiB arena), as a 32-bit
 //!   `CUdeviceptr_v1` requires.
 
@@ -26,7 +32,7 @@ use cuvisor_sim::arena::{round_up, Arena, ALIGN};
 use cuvisor_sim::state::now_ns;
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 /// Granularity of cuMemCreate / cuMemAddressReserve and of pool growth.
@@ -113,6 +119,9 @@ fn charge(dev: usize, bytes: u64) -> Res {
     if d.sim.shared.reclaim_dead() > 0 && d.sim.shared.charge(d.slot, dev, bytes, cap) {
         return Ok(());
     }
+    if collect_lingering() > 0 && d.sim.shared.charge(d.slot, dev, bytes, cap) {
+        return Ok(());
+    }
     Err(err::OUT_OF_MEMORY)
 }
 
@@ -191,6 +200,7 @@ fn release(addr: u64, rec: Alloc) {
         Kind::Pool(p) => {
             if let Ok(pool) = pools().get(p) {
                 pool.give_back(rec.size);
+                finish_destroyed(p, &pool);
             }
         }
         Kind::Mapped(_) | Kind::Ipc => {}
@@ -211,8 +221,16 @@ pub(crate) fn free_context(ch: usize) {
             .filter_map(|k| t.remove(&k).map(|r| (k, r)))
             .collect()
     };
+    let mut devs: Vec<usize> = mine.iter().map(|(_, r)| r.dev).collect();
     for (addr, rec) in mine {
         release(addr, rec);
+    }
+    // Tearing a context down waits for its work, as a context synchronization does, and pools
+    // release what exceeds their threshold at a synchronization point.
+    devs.sort_unstable();
+    devs.dedup();
+    for d in devs {
+        trim_pools_at_sync(d);
     }
     arrays().retain(|_, a| {
         if a.ctx == ch {
@@ -322,6 +340,9 @@ fn memset(dst: u64, value: u32, elem: usize, count: usize) -> Res {
 pub(crate) struct Pool {
     dev: usize,
     is_default: bool,
+    /// cuMemPoolDestroy was called while allocations were outstanding: the handle is invalid
+    /// to the program, but the pool (and what it reserves) lives until the last one is freed.
+    destroyed: AtomicBool,
     st: Mutex<PoolState>,
 }
 
@@ -370,6 +391,32 @@ fn pools() -> &'static Registry<Pool> {
     R.get_or_init(Registry::new)
 }
 
+/// A pool the program may still use (not destroyed).
+fn live_pool(h: usize) -> Result<Arc<Pool>, CUresult> {
+    pools()
+        .get(h)
+        .ok()
+        .filter(|p| !p.destroyed.load(Acquire))
+        .ok_or(err::INVALID_VALUE)
+}
+
+/// A destroyed pool whose last outstanding allocation was just freed: its memory goes now.
+fn finish_destroyed(h: usize, p: &Pool) {
+    if p.destroyed.load(Acquire) && p.st.lock().unwrap_or_else(|e| e.into_inner()).used == 0 {
+        p.trim(0);
+        let _ = pools().remove(h);
+    }
+}
+
+/// At a synchronization point that names no device (an event's), every device's pools trim.
+pub(crate) fn trim_all_pools_at_sync() {
+    if let Ok(d) = drv() {
+        for dev in 0..d.sim.model.devices.len() {
+            trim_pools_at_sync(dev);
+        }
+    }
+}
+
 /// (default pool, current pool) handles per device.
 fn device_pools() -> &'static Vec<Mutex<(usize, usize)>> {
     static P: OnceLock<Vec<Mutex<(usize, usize)>>> = OnceLock::new();
@@ -388,6 +435,7 @@ fn default_pool(dev: usize) -> usize {
         let (h, _) = pools().insert(Pool {
             dev,
             is_default: true,
+            destroyed: AtomicBool::new(false),
             st: Mutex::new(PoolState::default()),
         });
         *p = (h, h);
@@ -408,7 +456,7 @@ pub(crate) fn trim_pools_at_sync(dev: usize) {
     let list: Vec<Arc<Pool>> = {
         let mut v = Vec::new();
         pools().retain(|_, p| {
-            if p.dev == dev {
+            if p.dev == dev && !p.destroyed.load(Acquire) {
                 v.push(p.clone());
             }
             true
@@ -432,7 +480,7 @@ fn alloc_from_pool(
         return Err(err::INVALID_VALUE);
     }
     let stream = exec::stream(s, pt)?;
-    let pool = pools().get(pool_h).map_err(|_| err::INVALID_VALUE)?;
+    let pool = live_pool(pool_h)?;
     let rounded = round_up(size as u64, ALIGN);
     pool.take(rounded)?;
     let ch = ctx::current()?.0;
@@ -464,6 +512,9 @@ struct Phys {
     dev: Option<usize>,
     size: u64,
     st: Mutex<(bool, u32)>, // (released, mappings)
+    /// Once the memory was exported (and for every import of it): the count of live handles to
+    /// it in all processes, kept in the exported file itself.
+    shared: Mutex<Option<SharedRefs>>,
 }
 
 fn phys() -> &'static Registry<Phys> {
@@ -471,11 +522,174 @@ fn phys() -> &'static Registry<Phys> {
     R.get_or_init(Registry::new)
 }
 
+/// Physical memory is reference counted by its handles and their mappings, as the driver API
+/// documents for cuMemRelease: "The memory allocation will be freed when all outstanding
+/// mappings to the memory are unmapped and when all outstanding references to the handle
+/// (including it's shareable counterparts) are also released. [...] Each time a recipient
+/// process imports a shareable handle, it needs to pair it with cuMemRelease for the handle to
+/// be freed." (CUDA Driver API, Virtual Memory Management, cuMemRelease; also
+/// https://nvidia.github.io/cuda-python/ cuda.bindings.driver.cuMemRelease). A handle of this
+/// process goes when it is released and unmapped; the memory goes when the last handle to it,
+/// in any process, has gone.
 fn phys_drop_if_unused(h: usize, p: &Phys) {
     let (released, maps) = *p.st.lock().unwrap_or_else(|e| e.into_inner());
-    if released && maps == 0 && phys().remove(h).is_ok() {
-        if let Some(dev) = p.charged_dev {
-            uncharge(dev, p.size);
+    if !(released && maps == 0 && phys().remove(h).is_ok()) {
+        return;
+    }
+    let shared = p.shared.lock().unwrap_or_else(|e| e.into_inner()).take();
+    match (shared, p.charged_dev) {
+        (None, Some(dev)) => uncharge(dev, p.size),
+        (None, None) => {}
+        (Some(refs), owner) => {
+            let last = refs.release();
+            if let Some(dev) = owner {
+                if last {
+                    uncharge(dev, p.size);
+                } else {
+                    // Imported elsewhere: the memory lives on, charged to us, its creator.
+                    lingering()
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((dev, p.size, refs));
+                }
+            }
+            if last {
+                collect_lingering();
+            }
+        }
+    }
+}
+
+/// Memory this process created, released, and still imported somewhere: (device, bytes, refs).
+fn lingering() -> &'static Mutex<Vec<(usize, u64, SharedRefs)>> {
+    static L: OnceLock<Mutex<Vec<(usize, u64, SharedRefs)>>> = OnceLock::new();
+    L.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// Gives back the memory whose last handle (in another process, or an import here) has gone.
+/// The creator learns it when it next looks (memory info, an allocation that does not fit):
+/// until then the simulator counts it, on the safe side. A creator that exits takes its memory
+/// with it, imported or not (a simplification: the real driver keeps it for the importer).
+fn collect_lingering() -> usize {
+    let gone: Vec<(usize, u64)> = {
+        let mut l = lingering().lock().unwrap_or_else(|e| e.into_inner());
+        let mut gone = Vec::new();
+        l.retain(|(dev, size, refs)| {
+            let alive = refs.count() > 0;
+            if !alive {
+                gone.push((*dev, *size));
+            }
+            alive
+        });
+        gone
+    };
+    for &(dev, size) in &gone {
+        uncharge(dev, size);
+    }
+    gone.len()
+}
+
+/// The live-handle count of exported memory, in a page of the exported memfd that every process
+/// holding a handle to the memory maps.
+struct SharedRefs {
+    page: usize,
+    /// The exporter's memfd (exports hand out duplicates of it); -1 in an importer.
+    fd: c_int,
+}
+
+const RECORD_LEN: usize = 64;
+const PAGE: usize = 4096;
+
+impl SharedRefs {
+    /// A new exported file for (dev, size), counting one handle: the exporter's.
+    fn create(dev: Option<usize>, size: u64) -> Result<SharedRefs, CUresult> {
+        let record = format!(
+            "cuvisor-sim-vmm {} {}\n",
+            dev.map(|d| d as i64).unwrap_or(-1),
+            size
+        );
+        if record.len() > RECORD_LEN {
+            return Err(err::UNKNOWN);
+        }
+        // SAFETY: memfd_create with a static NUL-terminated name; we own the returned fd.
+        let fd = unsafe { libc::memfd_create(c"cuvisor-sim-vmm".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(err::UNKNOWN);
+        }
+        // SAFETY: fd is ours; record is a live buffer of the given length.
+        let ok = unsafe {
+            libc::ftruncate(fd, PAGE as libc::off_t) == 0
+                && libc::pwrite(fd, record.as_ptr() as *const c_void, record.len(), 0)
+                    == record.len() as isize
+        };
+        let refs = if ok { Self::map(fd) } else { None };
+        match refs {
+            Some(mut r) => {
+                r.counter().store(1, Release);
+                r.fd = fd;
+                Ok(r)
+            }
+            None => {
+                // SAFETY: closing our own fd.
+                unsafe { libc::close(fd) };
+                Err(err::UNKNOWN)
+            }
+        }
+    }
+
+    /// Maps the count page of an exported file (the caller's fd stays the caller's).
+    fn map(fd: c_int) -> Option<SharedRefs> {
+        // SAFETY: a fresh shared mapping of one page of a regular file; checked for failure.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        (p != libc::MAP_FAILED).then_some(SharedRefs {
+            page: p as usize,
+            fd: -1,
+        })
+    }
+
+    fn counter(&self) -> &AtomicU32 {
+        // SAFETY: `page` is a live page-aligned shared mapping of PAGE bytes until `drop`; the
+        // offset is 4-byte aligned and inside it; the file is zero-filled past the record.
+        unsafe { &*((self.page + RECORD_LEN) as *const AtomicU32) }
+    }
+
+    fn count(&self) -> u32 {
+        self.counter().load(Acquire)
+    }
+
+    /// One more handle, unless the memory is already gone (the count reached 0).
+    fn retain(&self) -> bool {
+        self.counter()
+            .fetch_update(AcqRel, Acquire, |n| (n > 0).then(|| n + 1))
+            .is_ok()
+    }
+
+    /// One handle fewer; true when it was the last.
+    fn release(&self) -> bool {
+        self.counter()
+            .fetch_update(AcqRel, Acquire, |n| n.checked_sub(1))
+            == Ok(1)
+    }
+}
+
+impl Drop for SharedRefs {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the page this value mapped and closing the fd it owns (if any);
+        // nothing else refers to either.
+        unsafe {
+            libc::munmap(self.page as *mut c_void, PAGE);
+            if self.fd >= 0 {
+                libc::close(self.fd);
+            }
         }
     }
 }
@@ -594,6 +808,7 @@ fn reclaim_now_and_then() {
 fn mem_info() -> Result<(u64, u64), CUresult> {
     let (_, c) = ctx::current()?;
     reclaim_now_and_then();
+    collect_lingering();
     let d = drv()?;
     let total = d.sim.model.devices[c.dev].memory;
     let used = d.sim.shared.device(c.dev).mem_used.load(Acquire);
@@ -781,7 +996,7 @@ export! {
     }
     fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) {
         let (i, _) = ctx::device(dev)?;
-        let p = pools().get(pool as usize).map_err(|_| err::INVALID_VALUE)?;
+        let p = live_pool(pool as usize)?;
         if p.dev != i {
             return Err(err::INVALID_DEVICE);
         }
@@ -796,41 +1011,41 @@ export! {
             return Err(err::INVALID_VALUE);
         }
         let dev = location_device(p.location)?.ok_or(err::NOT_SUPPORTED)?;
-        let (h, _) = pools().insert(Pool { dev, is_default: false, st: Mutex::new(PoolState::default()) });
+        let (h, _) = pools().insert(Pool { dev, is_default: false, destroyed: AtomicBool::new(false), st: Mutex::new(PoolState::default()) });
         write(pool, h as CUmemoryPool)
     }
-    /// Destroying a pool frees what it holds; the default pool cannot be destroyed.
+    /// The default pool cannot be destroyed. A pool with outstanding allocations is destroyed
+    /// at once for the program, but its memory lives until the last of them is freed, as the
+    /// driver API documents for cuMemPoolDestroy: "If any pointers obtained from this pool
+    /// haven't been freed or the pool has free operations that haven't completed when
+    /// cuMemPoolDestroy is invoked, the function will return immediately and the resources
+    /// associated with the pool will be released automatically once there are no more
+    /// outstanding allocations." (CUDA Driver API, Memory Pools; also
+    /// https://nvidia.github.io/cuda-python/ cuda.bindings.driver.cuMemPoolDestroy).
     fn cuMemPoolDestroy(pool: CUmemoryPool) {
         drv()?;
-        let p = pools().get(pool as usize).map_err(|_| err::INVALID_VALUE)?;
+        let p = live_pool(pool as usize)?;
         if p.is_default {
             return Err(err::INVALID_VALUE);
         }
-        let mine: Vec<(u64, Alloc)> = {
-            let mut t = table().write().unwrap_or_else(|e| e.into_inner());
-            let keys: Vec<u64> = t.iter().filter(|(_, r)| r.kind == Kind::Pool(pool as usize)).map(|(k, _)| *k).collect();
-            keys.into_iter().filter_map(|k| t.remove(&k).map(|r| (k, r))).collect()
-        };
-        for (addr, rec) in mine {
-            release(addr, rec);
-        }
-        p.trim(0);
         {
             let mut dp = device_pools()[p.dev].lock().unwrap_or_else(|e| e.into_inner());
             if dp.1 == pool as usize {
                 dp.1 = dp.0;
             }
         }
-        pools().remove(pool as usize).map(|_| ())
+        p.destroyed.store(true, Release);
+        finish_destroyed(pool as usize, &p);
+        Ok(())
     }
     fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) {
         drv()?;
-        pools().get(pool as usize).map_err(|_| err::INVALID_VALUE)?.trim(keep as u64);
+        live_pool(pool as usize)?.trim(keep as u64);
         Ok(())
     }
     fn cuMemPoolGetAttribute(pool: CUmemoryPool, attribute: c_int, value: *mut c_void) {
         drv()?;
-        let p = pools().get(pool as usize).map_err(|_| err::INVALID_VALUE)?;
+        let p = live_pool(pool as usize)?;
         let s = p.st.lock().unwrap_or_else(|e| e.into_inner());
         let v64 = |v: u64| write(value as *mut u64, v);
         match attribute {
@@ -848,7 +1063,7 @@ export! {
     /// The high watermarks can only be reset (to the current value) by setting them to 0.
     fn cuMemPoolSetAttribute(pool: CUmemoryPool, attribute: c_int, value: *mut c_void) {
         drv()?;
-        let p = pools().get(pool as usize).map_err(|_| err::INVALID_VALUE)?;
+        let p = live_pool(pool as usize)?;
         let mut s = p.st.lock().unwrap_or_else(|e| e.into_inner());
         match attribute {
             CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES..=CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
@@ -896,7 +1111,7 @@ export! {
         if let Some(d) = dev {
             charge(d, size as u64)?;
         }
-        let (h, _) = phys().insert(Phys { charged_dev: dev, dev, size: size as u64, st: Mutex::new((false, 0)) });
+        let (h, _) = phys().insert(Phys { charged_dev: dev, dev, size: size as u64, st: Mutex::new((false, 0)), shared: Mutex::new(None) });
         write(handle, h as u64)
     }
     fn cuMemRelease(handle: CUmemGenericAllocationHandle) {
@@ -996,16 +1211,19 @@ export! {
         if kind != 1 {
             return Err(err::NOT_SUPPORTED); // only CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
         }
-        // The fd carries (device, size) to whoever imports it, across processes (SCM_RIGHTS).
-        let record = format!("cuvisor-sim-vmm {} {}\n", p.dev.map(|d| d as i64).unwrap_or(-1), p.size);
-        // SAFETY: memfd_create with a static NUL-terminated name; we own the returned fd.
-        let fd = unsafe { libc::memfd_create(c"cuvisor-sim-vmm".as_ptr(), 0) };
-        if fd < 0 {
-            return Err(err::UNKNOWN);
+        // The fd carries (device, size) and the live-handle count to whoever imports it, across
+        // processes (SCM_RIGHTS). Every export of one handle shares one file.
+        let mut sh = p.shared.lock().unwrap_or_else(|e| e.into_inner());
+        if sh.is_none() {
+            *sh = Some(SharedRefs::create(p.dev, p.size)?);
         }
-        // SAFETY: fd is ours and record is a live buffer of the given length.
-        let n = unsafe { libc::pwrite(fd, record.as_ptr() as *const c_void, record.len(), 0) };
-        if n != record.len() as isize {
+        let own = sh.as_ref().map_or(-1, |s| s.fd);
+        if own < 0 {
+            return Err(err::INVALID_VALUE); // an imported handle: re-export is not modelled
+        }
+        // SAFETY: duplicating our own open memfd; the caller owns the new descriptor.
+        let fd = unsafe { libc::fcntl(own, libc::F_DUPFD_CLOEXEC, 0) };
+        if fd < 0 {
             return Err(err::UNKNOWN);
         }
         write(out as *mut c_int, fd)
@@ -1016,18 +1234,30 @@ export! {
             return Err(err::INVALID_VALUE);
         }
         let fd = os_handle as usize as c_int;
-        let mut buf = [0u8; 64];
+        let mut buf = [0u8; RECORD_LEN];
         // SAFETY: reading at most buf.len() bytes into our own buffer from the caller's fd.
         let n = unsafe { libc::pread(fd, buf.as_mut_ptr() as *mut c_void, buf.len(), 0) };
         let text = std::str::from_utf8(&buf[..n.max(0) as usize]).map_err(|_| err::INVALID_VALUE)?;
-        let mut parts = text.trim().split(' ');
+        let line = text.split('\n').next().unwrap_or("");
+        let mut parts = line.split(' ');
         if parts.next() != Some("cuvisor-sim-vmm") {
             return Err(err::INVALID_VALUE);
         }
         let dev: i64 = parts.next().and_then(|x| x.parse().ok()).ok_or(err::INVALID_VALUE)?;
         let size: u64 = parts.next().and_then(|x| x.parse().ok()).ok_or(err::INVALID_VALUE)?;
-        // Imported memory is the exporter's: nothing new is charged.
-        let (h, _) = phys().insert(Phys { charged_dev: None, dev: usize::try_from(dev).ok(), size, st: Mutex::new((false, 0)) });
+        let refs = SharedRefs::map(fd).ok_or(err::INVALID_VALUE)?;
+        if !refs.retain() {
+            return Err(err::INVALID_VALUE); // every handle to it is gone: so is the memory
+        }
+        // Imported memory is the exporter's: nothing new is charged, but it lives while this
+        // handle does.
+        let (h, _) = phys().insert(Phys {
+            charged_dev: None,
+            dev: usize::try_from(dev).ok(),
+            size,
+            st: Mutex::new((false, 0)),
+            shared: Mutex::new(Some(refs)),
+        });
         write(handle, h as u64)
     }
 
