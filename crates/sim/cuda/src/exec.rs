@@ -10,7 +10,7 @@ use crate::ctx::{self, Context};
 use crate::{cstr, drv, export, mem, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::state::{now_ns, sleep_until};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_uint, c_void};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
@@ -24,8 +24,25 @@ pub(crate) struct Stream {
     /// When the last work queued on this stream ends (CLOCK_MONOTONIC ns).
     pub tail: AtomicU64,
     ctx_tail: Arc<AtomicU64>,
-    /// Kernels recorded while the stream is capturing.
-    capture: Mutex<Option<Vec<Node>>>,
+    /// The capture sequence in progress on this stream, if any.
+    capture: Mutex<Option<Capture>>,
+}
+
+/// A capture sequence: the graph it records into, made at cuStreamBeginCapture (so that
+/// cuStreamGetCaptureInfo can name it) and handed over at cuStreamEndCapture.
+struct Capture {
+    /// "an id for the capture sequence, which is unique over the lifetime of the process"
+    /// (cuStreamGetCaptureInfo, CUDA driver API reference).
+    id: u64,
+    graph: usize,
+    nodes: Arc<Graph>,
+    /// What `dependencies_out` / `edgeData_out` point at: work captured from one stream is a
+    /// chain, so the next node depends on the last one captured (if any), over an edge with
+    /// no data (`CUgraphEdgeData`, 8 bytes, all zero: the default edge). Boxed so the
+    /// addresses handed out stay put while the capture lasts.
+    /// The node handle as an address (a `CUgraphNode` has the same size and layout).
+    deps: Box<[usize; 1]>,
+    edges: Box<[u64; 1]>,
 }
 
 impl Stream {
@@ -52,9 +69,13 @@ impl Stream {
     /// Queues `dur` ns of work (or records it, while capturing).
     fn run(&self, node: Node) -> Res {
         {
-            let mut cap = self.capture.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(nodes) = cap.as_mut() {
-                nodes.push(node);
+            let cap = self.capture.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(c) = cap.as_ref() {
+                c.nodes
+                    .nodes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(node);
                 return Ok(());
             }
         }
@@ -323,7 +344,17 @@ fn begin_capture(h: CUstream, mode: i32, pt: bool) -> Res {
     if cap.is_some() {
         return Err(err::ILLEGAL_STATE);
     }
-    *cap = Some(Vec::new());
+    static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+    let (graph, nodes) = graphs().insert(Graph {
+        nodes: Mutex::new(Vec::new()),
+    });
+    *cap = Some(Capture {
+        id: NEXT_ID.fetch_add(1, Relaxed),
+        graph,
+        nodes,
+        deps: Box::new([0]),
+        edges: Box::new([0]),
+    });
     Ok(())
 }
 
@@ -332,16 +363,134 @@ fn end_capture(h: CUstream, graph: *mut CUgraph, pt: bool) -> Res {
     if graph.is_null() {
         return Err(err::INVALID_VALUE);
     }
-    let nodes = s
+    let c = s
         .capture
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .take()
         .ok_or(err::ILLEGAL_STATE)?;
-    let (g, _) = graphs().insert(Graph {
-        nodes: Mutex::new(nodes),
-    });
-    write(graph, g as CUgraph)
+    write(graph, c.graph as CUgraph)
+}
+
+/// Writes `v` where the caller asked for it (an optional out-parameter).
+fn write_opt<T>(p: *mut T, v: T) -> Res {
+    if p.is_null() {
+        Ok(())
+    } else {
+        write(p, v)
+    }
+}
+
+/// cuStreamGetCaptureInfo in all three forms: v1 (10.1) asks for status and id, v2 (11.3) adds
+/// the graph and the dependencies, v3 (12.3) their edge data. The CUDA driver API reference:
+/// the status is required; "If edgeData_out is non-NULL then dependencies_out must be as
+/// well"; the other outputs are valid only while the status is ACTIVE (the simulator leaves
+/// them alone otherwise). Edges here carry no data, so a query without `edgeData_out` is
+/// never lossy (CUDA_ERROR_LOSSY_QUERY).
+#[allow(clippy::too_many_arguments)]
+fn capture_info(
+    h: CUstream,
+    status: *mut i32,
+    id: *mut u64,
+    graph: *mut CUgraph,
+    deps: *mut *const CUgraphNode,
+    edges: *mut *const c_void,
+    ndeps: *mut usize,
+    pt: bool,
+) -> Res {
+    let s = stream(h, pt)?;
+    if status.is_null() || (!edges.is_null() && deps.is_null()) {
+        return Err(err::INVALID_VALUE);
+    }
+    let mut cap = s.capture.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(c) = cap.as_mut() else {
+        return write(status, CU_STREAM_CAPTURE_STATUS_NONE);
+    };
+    let n = c
+        .nodes
+        .nodes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .len();
+    // Node handles are the graph's address + index (see `add_kernel_node`), 1-based.
+    c.deps[0] = c.graph + n;
+    let count = usize::from(n > 0);
+    write(status, CU_STREAM_CAPTURE_STATUS_ACTIVE)?;
+    write_opt(id, c.id)?;
+    write_opt(graph, c.graph as CUgraph)?;
+    let (d, e) = if count > 0 {
+        (
+            c.deps.as_ptr() as *const CUgraphNode,
+            c.edges.as_ptr() as *const c_void,
+        )
+    } else {
+        (std::ptr::null(), std::ptr::null())
+    };
+    write_opt(deps, d)?;
+    write_opt(edges, e)?;
+    write_opt(ndeps, count)
+}
+
+/// `CUstreamCaptureMode`: CU_STREAM_CAPTURE_MODE_GLOBAL = 0, _THREAD_LOCAL = 1, _RELAXED = 2.
+const CAPTURE_MODE_GLOBAL: i32 = 0;
+const CAPTURE_MODE_RELAXED: i32 = 2;
+
+thread_local! {
+    /// The thread's stream capture interaction mode (cuThreadExchangeStreamCaptureMode); a
+    /// thread starts in global mode. The simulator records it but does not refuse the calls a
+    /// mode forbids during a capture.
+    static CAPTURE_MODE: Cell<i32> = const { Cell::new(CAPTURE_MODE_GLOBAL) };
+}
+
+/// `CUstream`'s contexts (cuStreamGetCtx_v2, CUDA 12.5): the simulator has no green contexts,
+/// so `*green` is always NULL, as the reference says for a stream of a regular context.
+fn stream_ctx(h: CUstream, pctx: *mut CUcontext, green: *mut *mut c_void, pt: bool) -> Res {
+    let st = stream(h, pt)?;
+    if pctx.is_null() {
+        return Err(err::INVALID_VALUE);
+    }
+    write_opt(green, std::ptr::null_mut())?;
+    write(pctx, st.ctx.load(Relaxed) as CUcontext)
+}
+
+/// `CUDA_GRAPH_INSTANTIATE_PARAMS` (cuda.h, CUDA 12.0).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct InstantiateParams {
+    flags: u64,
+    upload_stream: CUstream,
+    err_node_out: CUgraphNode,
+    /// `CUgraphInstantiateResult`: CUDA_GRAPH_INSTANTIATE_SUCCESS = 0, _ERROR = 1.
+    result_out: i32,
+}
+
+/// `CUgraphInstantiate_flags`: AUTO_FREE_ON_LAUNCH 1, UPLOAD 2, DEVICE_LAUNCH 4,
+/// USE_NODE_PRIORITY 8.
+const INSTANTIATE_FLAG_UPLOAD: u64 = 2;
+const INSTANTIATE_FLAGS: u64 = 1 | 2 | 4 | 8;
+
+/// cuGraphInstantiateWithParams (CUDA 12.0): instantiates, and reports through the struct.
+/// With CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD the graph is uploaded into `hUploadStream`, which
+/// takes no simulated time; the stream must still be one.
+fn instantiate_with_params(
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    p: *mut InstantiateParams,
+    pt: bool,
+) -> Res {
+    drv()?;
+    let mut params = read(p as *const InstantiateParams)?;
+    if params.flags & !INSTANTIATE_FLAGS != 0 {
+        return Err(err::INVALID_VALUE);
+    }
+    if params.flags & INSTANTIATE_FLAG_UPLOAD != 0 {
+        stream(params.upload_stream, pt)?;
+    }
+    let r = instantiate(exec, graph);
+    params.err_node_out = std::ptr::null_mut();
+    params.result_out = i32::from(r.is_err());
+    write(p, params)?;
+    r
 }
 
 fn is_capturing(h: CUstream, status: *mut i32, pt: bool) -> Res {
@@ -553,6 +702,8 @@ export! {
         let st = stream(s, true)?;
         write(pctx, st.ctx.load(Relaxed) as CUcontext)
     }
+    fn cuStreamGetCtx_v2(s: CUstream, pctx: *mut CUcontext, green: *mut *mut c_void) { stream_ctx(s, pctx, green, false) }
+    fn cuStreamGetCtx_v2_ptsz(s: CUstream, pctx: *mut CUcontext, green: *mut *mut c_void) { stream_ctx(s, pctx, green, true) }
     fn cuStreamGetFlags(s: CUstream, flags: *mut c_uint) { write(flags, stream(s, false)?.flags) }
     fn cuStreamGetFlags_ptsz(s: CUstream, flags: *mut c_uint) { write(flags, stream(s, true)?.flags) }
     fn cuStreamGetPriority(s: CUstream, p: *mut i32) { write(p, stream(s, false)?.priority) }
@@ -567,6 +718,33 @@ export! {
     fn cuStreamEndCapture_ptsz(s: CUstream, g: *mut CUgraph) { end_capture(s, g, true) }
     fn cuStreamIsCapturing(s: CUstream, status: *mut i32) { is_capturing(s, status, false) }
     fn cuStreamIsCapturing_ptsz(s: CUstream, status: *mut i32) { is_capturing(s, status, true) }
+    fn cuStreamGetCaptureInfo(s: CUstream, status: *mut i32, id: *mut u64) {
+        capture_info(s, status, id, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), false)
+    }
+    fn cuStreamGetCaptureInfo_ptsz(s: CUstream, status: *mut i32, id: *mut u64) {
+        capture_info(s, status, id, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), true)
+    }
+    fn cuStreamGetCaptureInfo_v2(s: CUstream, status: *mut i32, id: *mut u64, g: *mut CUgraph, deps: *mut *const CUgraphNode, ndeps: *mut usize) {
+        capture_info(s, status, id, g, deps, std::ptr::null_mut(), ndeps, false)
+    }
+    fn cuStreamGetCaptureInfo_v2_ptsz(s: CUstream, status: *mut i32, id: *mut u64, g: *mut CUgraph, deps: *mut *const CUgraphNode, ndeps: *mut usize) {
+        capture_info(s, status, id, g, deps, std::ptr::null_mut(), ndeps, true)
+    }
+    fn cuStreamGetCaptureInfo_v3(s: CUstream, status: *mut i32, id: *mut u64, g: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const c_void, ndeps: *mut usize) {
+        capture_info(s, status, id, g, deps, edges, ndeps, false)
+    }
+    fn cuStreamGetCaptureInfo_v3_ptsz(s: CUstream, status: *mut i32, id: *mut u64, g: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const c_void, ndeps: *mut usize) {
+        capture_info(s, status, id, g, deps, edges, ndeps, true)
+    }
+    /// Sets the thread's capture mode to `*mode` and writes the previous one back.
+    fn cuThreadExchangeStreamCaptureMode(mode: *mut i32) {
+        drv()?;
+        let want = read(mode as *const i32)?;
+        if !(CAPTURE_MODE_GLOBAL..=CAPTURE_MODE_RELAXED).contains(&want) {
+            return Err(err::INVALID_VALUE);
+        }
+        write(mode, CAPTURE_MODE.with(|m| m.replace(want)))
+    }
 
     fn cuEventCreate(out: *mut CUevent, flags: c_uint) {
         ctx::current()?;
@@ -625,6 +803,12 @@ export! {
     }
     fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, g: CUgraph, _flags: u64) {
         instantiate(exec, g)
+    }
+    fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, g: CUgraph, p: *mut InstantiateParams) {
+        instantiate_with_params(exec, g, p, false)
+    }
+    fn cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, g: CUgraph, p: *mut InstantiateParams) {
+        instantiate_with_params(exec, g, p, true)
     }
     fn cuGraphLaunch(exec: CUgraphExec, s: CUstream) { graph_launch(exec, s, false) }
     fn cuGraphLaunch_ptsz(exec: CUgraphExec, s: CUstream) { graph_launch(exec, s, true) }
