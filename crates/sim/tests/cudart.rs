@@ -1,7 +1,8 @@
-//! NVIDIA's own CUDA runtime, unmodified, on the simulator: libcudart from the PyPI wheel
-//! `nvidia-cuda-runtime-cu12` (pinned), driven from Python through ctypes (`cudart/probe.py`).
+//! NVIDIA's own CUDA runtime, unmodified, on the simulator: libcudart from the PyPI wheels
+//! `nvidia-cuda-runtime-cu12` and `nvidia-cuda-runtime` (13.x), pinned, driven from Python
+//! through ctypes (`cudart/probe.py`).
 //!
-//! The wheel (about 3.5 MB) is installed once into a virtual environment under
+//! Each wheel (a few MB) is installed once into a virtual environment under
 //! `target/ci-tools/`, which later runs reuse. Where it cannot be installed (no network, no
 //! python3), a test prints a loud SKIPPED line, or fails when `CI` is set: it never passes
 //! without having run.
@@ -301,7 +302,8 @@ fn cudart13_runs_on_a_13_0_driver() {
     runs_on(&v, &model.model(), 13050);
 }
 
-/// libcudart 13.x refuses a 12.x driver: cudaErrorInsufficientDriver (35), at 12.8 (12080).
+/// libcudart 13.x refuses a 12.x driver: cudaErrorInsufficientDriver (35), at 12.8 (12080, what
+/// R570 drivers report). A model may set an older driver, and then the runtime says so.
 #[test]
 fn cudart13_refuses_a_12_8_driver() {
     let test = "cudart13_refuses_a_12_8_driver";
@@ -373,6 +375,7 @@ fn cudart12_under_libcuvisor_sees_the_quota() {
     sees_the_quota(test, &venv, &lib, "single");
 }
 
+/// On the default model (whose driver reports 13.0, which both runtimes accept).
 #[test]
 fn cudart13_under_libcuvisor_sees_the_quota() {
     let test = "cudart13_under_libcuvisor_sees_the_quota";
@@ -380,6 +383,6 @@ fn cudart13_under_libcuvisor_sees_the_quota() {
         return;
     };
     let lib = find_lib(&venv, "libcudart.so.13");
-    let model = ModelFile::new(test, 13000);
-    sees_the_quota(test, &venv, &lib, model.path());
+    assert_eq!(Model::load("single").unwrap().driver_version, 13000);
+    sees_the_quota(test, &venv, &lib, "single");
 }

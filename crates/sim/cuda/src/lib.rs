@@ -206,7 +206,9 @@ export! {
     }
 
     fn cuDriverGetVersion(version: *mut i32) {
-        let v = Sim::global().map(|s| s.model.driver_version).unwrap_or(12080);
+        let v = Sim::global()
+            .map(|s| s.model.driver_version)
+            .unwrap_or(cuvisor_sim::model::DEFAULT_DRIVER_VERSION);
         write(version, v)
     }
 
