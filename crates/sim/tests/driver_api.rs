@@ -1057,3 +1057,156 @@ fn cuda13_entry_points_name_their_context_and_capture() {
         );
     }
 }
+
+/// CUDA 12.0's libraries: loaded without a context, their kernels are context-independent
+/// handles that the launches take where a function goes (cuda.h: "f - Function CUfunction or
+/// Kernel CUkernel to launch"), and that cuKernelGetFunction turns into the current context's
+/// function. cuGetProcAddress resolves each at 12000.
+#[test]
+fn libraries_load_without_a_context_and_their_kernels_launch() {
+    in_child!("libraries_load_without_a_context_and_their_kernels_launch");
+    // SAFETY: see the file-level note.
+    unsafe {
+        ok(cu::cuInit(0));
+        let mut lib = null_mut();
+        ok(cu::cuLibraryLoadData(
+            &mut lib,
+            c"image".as_ptr() as *const c_void,
+            null_mut(),
+            null_mut(),
+            0,
+            null_mut(),
+            null_mut(),
+            0,
+        ));
+        assert_eq!(
+            cu::cuLibraryLoadData(
+                &mut lib,
+                c"image".as_ptr() as *const c_void,
+                null_mut(),
+                null_mut(),
+                1,
+                null_mut(),
+                null_mut(),
+                0
+            ),
+            CUDA_ERROR_INVALID_VALUE,
+            "one JIT option and no array"
+        );
+        let mut k = null_mut();
+        ok(cu::cuLibraryGetKernel(
+            &mut k,
+            lib,
+            c"sim_busy_lib".as_ptr(),
+        ));
+        let mut again = null_mut();
+        ok(cu::cuLibraryGetKernel(
+            &mut again,
+            lib,
+            c"sim_busy_lib".as_ptr(),
+        ));
+        assert_eq!(k, again, "one kernel per name");
+        let mut f = null_mut();
+        assert_eq!(
+            cu::cuKernelGetFunction(&mut f, k),
+            CUDA_ERROR_INVALID_CONTEXT,
+            "a function is a context's"
+        );
+
+        setup();
+        ok(cu::cuKernelGetFunction(&mut f, k));
+        let mut m = null_mut();
+        ok(cu::cuLibraryGetModule(&mut m, lib));
+        let mut from_module = null_mut();
+        ok(cu::cuModuleGetFunction(
+            &mut from_module,
+            m,
+            c"sim_busy_lib".as_ptr(),
+        ));
+        assert_eq!(from_module, f, "the kernel's function is the module's");
+        let (mut dptr, mut bytes) = (0, 0);
+        assert_eq!(
+            cu::cuLibraryGetGlobal(&mut dptr, &mut bytes, lib, c"g".as_ptr()),
+            CUDA_ERROR_NOT_FOUND
+        );
+
+        // The kernel launches as its function does, and takes its time.
+        let mut s = null_mut();
+        ok(cu::cuStreamCreate(&mut s, 0));
+        let (a, b) = (event(), event());
+        ok(cu::cuEventRecord(a, s));
+        ok(launch_busy(k as cu::CUfunction, 20_000_000, s));
+        let mut ns: u64 = 10_000_000;
+        let mut args = [&mut ns as *mut u64 as *mut c_void];
+        let cfg = cu::CUlaunchConfig {
+            gridDimX: 1,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: 32,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: s,
+            attrs: null_mut(),
+            numAttrs: 0,
+        };
+        ok(cu::cuLaunchKernelEx(
+            &cfg,
+            k as cu::CUfunction,
+            args.as_mut_ptr(),
+            null_mut(),
+        ));
+        ok(cu::cuEventRecord(b, s));
+        let ms = elapsed_ms(a, b);
+        assert!((29.0..=33.0).contains(&ms), "20 + 10 ms took {ms} ms");
+
+        // Resolved by version, to the exported functions.
+        type Gpa = extern "C" fn(*const i8, *mut *mut c_void, i32, u64, *mut i32) -> R;
+        let gpa: Gpa = raw("cuGetProcAddress_v2");
+        for name in [
+            "cuLibraryLoadData",
+            "cuLibraryLoadFromFile",
+            "cuLibraryUnload",
+            "cuLibraryGetKernel",
+            "cuLibraryGetModule",
+            "cuLibraryGetGlobal",
+            "cuKernelGetFunction",
+        ] {
+            let c = CString::new(name).unwrap();
+            let (mut p, mut status) = (null_mut(), -1);
+            ok(gpa(c.as_ptr(), &mut p, 12000, 0, &mut status));
+            assert_eq!(p, raw::<*mut c_void>(name), "{name}");
+            assert_eq!(
+                gpa(c.as_ptr(), &mut p, 11080, 0, &mut status),
+                CUDA_ERROR_NOT_FOUND
+            );
+            assert_eq!(status, 2, "{name}: VERSION_NOT_SUFFICIENT before 12.0");
+        }
+
+        // Unloaded, the library takes its kernels and their functions with it.
+        ok(cu::cuLibraryUnload(lib));
+        assert_eq!(
+            cu::cuKernelGetFunction(&mut f, k),
+            CUDA_ERROR_INVALID_HANDLE
+        );
+        assert_eq!(
+            launch_busy(k as cu::CUfunction, 1, s),
+            CUDA_ERROR_INVALID_HANDLE
+        );
+        assert_eq!(launch_busy(f, 1, s), CUDA_ERROR_INVALID_HANDLE);
+        assert_eq!(cu::cuLibraryUnload(lib), CUDA_ERROR_INVALID_HANDLE);
+        assert_eq!(
+            cu::cuLibraryLoadFromFile(
+                &mut lib,
+                c"/nonexistent/lib.cubin".as_ptr(),
+                null_mut(),
+                null_mut(),
+                0,
+                null_mut(),
+                null_mut(),
+                0
+            ),
+            CUDA_ERROR_FILE_NOT_FOUND
+        );
+    }
+}

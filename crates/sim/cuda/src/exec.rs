@@ -109,6 +109,20 @@ pub(crate) struct Function {
     module: usize,
 }
 
+/// A library (CUDA 12.0's context-independent loading, `cuLibraryLoadData`): the module it is in
+/// every context (the simulator's modules belong to no context, so one serves all), and the
+/// kernels asked for by name.
+struct Library {
+    module: usize,
+    kernels: Mutex<HashMap<String, usize>>,
+}
+
+/// A `CUkernel`: a function of a library, independent of the context. The simulator's function
+/// objects are too, so it stands for the one function of that name in the library's module.
+struct Kernel {
+    function: usize,
+}
+
 struct Event {
     flags: u32,
     /// When the work before the record point ends; 0 = never recorded.
@@ -133,6 +147,14 @@ fn modules() -> &'static Registry<Module> {
 }
 fn functions() -> &'static Registry<Function> {
     static R: OnceLock<Registry<Function>> = OnceLock::new();
+    R.get_or_init(Registry::new)
+}
+fn libraries() -> &'static Registry<Library> {
+    static R: OnceLock<Registry<Library>> = OnceLock::new();
+    R.get_or_init(Registry::new)
+}
+fn kernels() -> &'static Registry<Kernel> {
+    static R: OnceLock<Registry<Kernel>> = OnceLock::new();
     R.get_or_init(Registry::new)
 }
 fn events() -> &'static Registry<Event> {
@@ -264,7 +286,7 @@ fn launch(
     cooperative: bool,
 ) -> Res {
     drv()?;
-    let func = functions().get(f as usize)?;
+    let func = function_or_kernel(f)?;
     let s = stream(h, per_thread)?;
     check_dims(&dims, cooperative, s.dev)?;
     let ns = kernel_ns(&func, params, extra)?;
@@ -568,16 +590,103 @@ fn host_func(
     Ok(())
 }
 
+/// What the launches take: a `CUfunction`, or since CUDA 12.0 a `CUkernel` ("f - Function
+/// CUfunction or Kernel CUkernel to launch", cuda.h on cuLaunchKernel, cuLaunchKernelEx and
+/// cuLaunchCooperativeKernel), which runs as its function in the current context.
+fn function_or_kernel(f: CUfunction) -> Result<Arc<Function>, CUresult> {
+    match functions().get(f as usize) {
+        Ok(func) => Ok(func),
+        Err(e) => match kernels().get(f as usize) {
+            Ok(k) => {
+                ctx::current()?;
+                functions().get(k.function)
+            }
+            Err(_) => Err(e),
+        },
+    }
+}
+
+/// A new module object, in no context.
+fn new_module() -> usize {
+    modules()
+        .insert(Module {
+            funcs: Mutex::new(HashMap::new()),
+        })
+        .0
+}
+
+/// The function `name` of module `m` (made on first ask: any name resolves).
+fn module_function(module: usize, m: &Module, name: &str) -> usize {
+    let mut funcs = m.funcs.lock().unwrap_or_else(|e| e.into_inner());
+    *funcs.entry(name.to_string()).or_insert_with(|| {
+        functions()
+            .insert(Function {
+                busy: name.starts_with("sim_busy"),
+                module,
+            })
+            .0
+    })
+}
+
+/// Options come as `n` keys and `n` values; either array missing while `n` > 0 is the
+/// caller's mistake. The simulator compiles nothing, so it ignores what they say.
+fn check_options(n: c_uint, keys: *const c_void, values: *const c_void) -> Res {
+    if n > 0 && (keys.is_null() || values.is_null()) {
+        return Err(err::INVALID_VALUE);
+    }
+    Ok(())
+}
+
+/// cuLibraryLoadData / cuLibraryLoadFromFile (CUDA 12.0): no current context is needed (the
+/// library is loaded into contexts as they need it).
+#[allow(clippy::too_many_arguments)]
+fn load_library(
+    library: *mut *mut c_void,
+    code: *const c_void,
+    jit_n: c_uint,
+    jit_keys: *const c_void,
+    jit_values: *const c_void,
+    lib_n: c_uint,
+    lib_keys: *const c_void,
+    lib_values: *const c_void,
+) -> Res {
+    drv()?;
+    if library.is_null() || code.is_null() {
+        return Err(err::INVALID_VALUE);
+    }
+    check_options(jit_n, jit_keys, jit_values)?;
+    check_options(lib_n, lib_keys, lib_values)?;
+    // Any image loads: the simulator has no ISA to check.
+    let (h, _) = libraries().insert(Library {
+        module: new_module(),
+        kernels: Mutex::new(HashMap::new()),
+    });
+    write(library, h as *mut c_void)
+}
+
 pub(crate) fn load_module(module: *mut CUmodule, image: *const c_void) -> Res {
     ctx::current()?;
     if module.is_null() || image.is_null() {
         return Err(err::INVALID_VALUE);
     }
     // Any image loads: the simulator has no ISA to check.
-    let (h, _) = modules().insert(Module {
-        funcs: Mutex::new(HashMap::new()),
-    });
-    write(module, h as CUmodule)
+    write(module, new_module() as CUmodule)
+}
+
+/// Unloads a module and the functions got from it.
+fn unload_module(module: usize) -> Res {
+    let m = modules().remove(module)?;
+    let funcs: Vec<usize> = m
+        .funcs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .copied()
+        .collect();
+    for f in funcs {
+        let _ = functions().remove(f);
+    }
+    Ok(())
 }
 
 export! {
@@ -596,12 +705,7 @@ export! {
     }
     fn cuModuleUnload(module: CUmodule) {
         drv()?;
-        let m = modules().remove(module as usize)?;
-        let funcs: Vec<usize> = m.funcs.lock().unwrap_or_else(|e| e.into_inner()).values().copied().collect();
-        for f in funcs {
-            let _ = functions().remove(f);
-        }
-        Ok(())
+        unload_module(module as usize)
     }
     fn cuModuleGetFunction(hfunc: *mut CUfunction, module: CUmodule, name: *const c_char) {
         drv()?;
@@ -610,16 +714,65 @@ export! {
         if hfunc.is_null() {
             return Err(err::INVALID_VALUE);
         }
-        let mut funcs = m.funcs.lock().unwrap_or_else(|e| e.into_inner());
-        let h = match funcs.get(name) {
-            Some(&h) => h,
-            None => {
-                let (h, _) = functions().insert(Function { busy: name.starts_with("sim_busy"), module: module as usize });
-                funcs.insert(name.to_string(), h);
-                h
-            }
-        };
-        write(hfunc, h as CUfunction)
+        write(hfunc, module_function(module as usize, &m, name) as CUfunction)
+    }
+
+    fn cuLibraryLoadData(library: *mut *mut c_void, code: *const c_void, jit_keys: *const c_void, jit_values: *const c_void, jit_n: c_uint, lib_keys: *const c_void, lib_values: *const c_void, lib_n: c_uint) {
+        load_library(library, code, jit_n, jit_keys, jit_values, lib_n, lib_keys, lib_values)
+    }
+    fn cuLibraryLoadFromFile(library: *mut *mut c_void, file: *const c_char, jit_keys: *const c_void, jit_values: *const c_void, jit_n: c_uint, lib_keys: *const c_void, lib_values: *const c_void, lib_n: c_uint) {
+        drv()?;
+        let path = cstr(file)?;
+        if !std::path::Path::new(path).is_file() {
+            return Err(err::FILE_NOT_FOUND);
+        }
+        load_library(library, file as *const c_void, jit_n, jit_keys, jit_values, lib_n, lib_keys, lib_values)
+    }
+    /// The library goes, and with it its module, its kernels and their functions.
+    fn cuLibraryUnload(library: *mut c_void) {
+        drv()?;
+        let l = libraries().remove(library as usize)?;
+        for (_, k) in l.kernels.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+            let _ = kernels().remove(k);
+        }
+        unload_module(l.module)
+    }
+    /// The library's module in the current context.
+    fn cuLibraryGetModule(pmod: *mut CUmodule, library: *mut c_void) {
+        let l = libraries().get(library as usize)?;
+        ctx::current()?;
+        write(pmod, l.module as CUmodule)
+    }
+    /// The kernel `name`; one handle per name (any name resolves, as in cuModuleGetFunction).
+    fn cuLibraryGetKernel(pkernel: *mut *mut c_void, library: *mut c_void, name: *const c_char) {
+        drv()?;
+        let l = libraries().get(library as usize)?;
+        let name = cstr(name)?;
+        if pkernel.is_null() {
+            return Err(err::INVALID_VALUE);
+        }
+        let m = modules().get(l.module)?;
+        let mut ks = l.kernels.lock().unwrap_or_else(|e| e.into_inner());
+        let k = *ks.entry(name.to_string()).or_insert_with(|| {
+            kernels().insert(Kernel { function: module_function(l.module, &m, name) }).0
+        });
+        write(pkernel, k as *mut c_void)
+    }
+    /// The simulator's images have no globals (as cuModuleGetGlobal_v2).
+    fn cuLibraryGetGlobal(_dptr: *mut CUdeviceptr, _bytes: *mut usize, library: *mut c_void, name: *const c_char) {
+        drv()?;
+        libraries().get(library as usize)?;
+        cstr(name)?;
+        ctx::current()?;
+        Err(err::NOT_FOUND)
+    }
+    /// The kernel's function in the current context (cuda.h: "Returns in pFunc the handle of
+    /// the function for the requested kernel kernel and the current context").
+    fn cuKernelGetFunction(pfunc: *mut CUfunction, kernel: *mut c_void) {
+        drv()?;
+        let k = kernels().get(kernel as usize)?;
+        ctx::current()?;
+        write(pfunc, k.function as CUfunction)
     }
     /// The simulator's images have no globals.
     fn cuModuleGetGlobal_v2(_dptr: *mut CUdeviceptr, _bytes: *mut usize, module: CUmodule, name: *const c_char) {
