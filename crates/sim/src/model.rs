@@ -126,6 +126,20 @@ pub struct Model {
     pub default_kernel_ns: u64,
 }
 
+/// What `cuDriverGetVersion` reports unless a model says otherwise: CUDA 13.0, as today's R580
+/// drivers do (nvidia-smi's "CUDA Version" is this number: "Driver Version: 580.95.05  CUDA
+/// Version: 13.0" on H100s in Unsloth's multi-GPU guide, one of several R580 outputs found with
+/// this project's code search; the CUDA 13.0 release notes,
+/// <https://docs.nvidia.com/cuda/archive/13.0.0/cuda-toolkit-release-notes/index.html>, ship it
+/// with driver 580.65.06 or newer). Both runtimes accept it: libcudart 12.x runs on any newer
+/// driver, and 13.x refuses only drivers older than 13.0 (cudaErrorInsufficientDriver, 35; both
+/// seen with NVIDIA's own runtimes in `tests/cudart.rs`).
+pub const DEFAULT_DRIVER_VERSION: i32 = 13000;
+
+/// NVML's driver version string beside [`DEFAULT_DRIVER_VERSION`]: an R580 release that reports
+/// CUDA 13.0 (the nvidia-smi output cited there).
+pub const DEFAULT_DRIVER_RELEASE: &str = "580.95.05";
+
 /// The most a machine file may hold: a real one is a few KiB.
 pub const MAX_MODEL_FILE: u64 = 1 << 20;
 
@@ -422,8 +436,8 @@ fn machine(name: &str, gpu: &Gpu, n: usize, place: impl Fn(usize) -> (u32, u32, 
         name: name.to_string(),
         devices,
         nvswitches: Vec::new(),
-        driver_version: 12080,
-        driver_release: "570.124.06".to_string(),
+        driver_version: DEFAULT_DRIVER_VERSION,
+        driver_release: DEFAULT_DRIVER_RELEASE.to_string(),
         default_kernel_ns: 10_000,
     }
 }

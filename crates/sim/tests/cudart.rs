@@ -1,7 +1,8 @@
-//! NVIDIA's own CUDA runtime, unmodified, on the simulator: libcudart from the PyPI wheel
-//! `nvidia-cuda-runtime-cu12` (pinned), driven from Python through ctypes (`cudart/probe.py`).
+//! NVIDIA's own CUDA runtime, unmodified, on the simulator: libcudart from the PyPI wheels
+//! `nvidia-cuda-runtime-cu12` and `nvidia-cuda-runtime` (13.x), pinned, driven from Python
+//! through ctypes (`cudart/probe.py`).
 //!
-//! The wheel (about 3.5 MB) is installed once into a virtual environment under
+//! Each wheel (a few MB) is installed once into a virtual environment under
 //! `target/ci-tools/`, which later runs reuse. Where it cannot be installed (no network, no
 //! python3), a test prints a loud SKIPPED line, or fails when `CI` is set: it never passes
 //! without having run.
@@ -155,19 +156,42 @@ fn all_succeeded(v: &Value, calls: &[&str]) {
     }
 }
 
-#[test]
-fn cudart12_runs_on_the_simulator() {
-    let test = "cudart12_runs_on_the_simulator";
-    let Some(venv) = cudart_venv(test, CUDART12) else {
-        return;
-    };
-    let lib = find_lib(&venv, "libcudart.so.12");
-    let v = probe(&venv, &lib, test, &[]);
-    let model = Model::load("single").unwrap();
-    let dev = &model.devices[0];
+/// A model file under the temp dir, removed when dropped: `driver_version` and one 16 GiB
+/// device.
+struct ModelFile(PathBuf);
 
+impl ModelFile {
+    fn new(test: &str, driver_version: i32) -> ModelFile {
+        let p = std::env::temp_dir().join(format!("cuvisor-{test}-{}.toml", std::process::id()));
+        std::fs::write(
+            &p,
+            format!("driver_version = {driver_version}\n[[device]]\nmemory = \"16Gi\"\n"),
+        )
+        .unwrap();
+        ModelFile(p)
+    }
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+    fn model(&self) -> Model {
+        Model::load(self.path()).unwrap()
+    }
+}
+
+impl Drop for ModelFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// What probe.py saw, checked against the machine it ran on: every call succeeded, the device
+/// and its memory are the model's, malloc and free move the free memory by what they take, an
+/// over-large malloc is cudaErrorMemoryAllocation (2), the stream-ordered pool gives its memory
+/// back at a sync, and events time what happened between them.
+fn runs_on(v: &Value, model: &Model, runtime_version: u64) {
+    let dev = &model.devices[0];
     all_succeeded(
-        &v,
+        v,
         &[
             "cudaGetDeviceCount",
             "cudaRuntimeGetVersion",
@@ -190,14 +214,14 @@ fn cudart12_runs_on_the_simulator() {
             "cudaDeviceReset",
         ],
     );
-    assert_eq!(u(&at(&v, "cudaGetDeviceCount")[1]), 1);
-    assert_eq!(u(&at(&v, "cudaRuntimeGetVersion")[1]), 12090);
+    assert_eq!(u(&at(v, "cudaGetDeviceCount")[1]), 1);
+    assert_eq!(u(&at(v, "cudaRuntimeGetVersion")[1]), runtime_version);
     assert_eq!(
-        u(&at(&v, "cudaDriverGetVersion")[1]),
+        u(&at(v, "cudaDriverGetVersion")[1]),
         model.driver_version as u64
     );
 
-    let props = at(&v, "cudaGetDeviceProperties");
+    let props = at(v, "cudaGetDeviceProperties");
     assert_eq!(props[1], dev.name.as_str());
     let uuid: String = dev
         .uuid_bytes()
@@ -212,21 +236,21 @@ fn cudart12_runs_on_the_simulator() {
     );
 
     let mem = |k| {
-        let m = at(&v, k);
+        let m = at(v, k);
         (u(&m[1]), u(&m[2]))
     };
     assert_eq!(mem("cudaMemGetInfo"), (dev.memory, dev.memory));
-    assert!(at(&v, "cudaMalloc")[1].as_bool().unwrap());
+    assert!(at(v, "cudaMalloc")[1].as_bool().unwrap());
     assert_eq!(
         mem("cudaMemGetInfo_after_malloc"),
         (dev.memory - (64 << 20), dev.memory)
     );
     assert_eq!(mem("cudaMemGetInfo_after_free"), (dev.memory, dev.memory));
     // cudaErrorMemoryAllocation, and not sticky: cudaGetLastError reports it once.
-    assert_eq!(u(&at(&v, "cudaMalloc_too_large")[0]), 2);
-    assert_eq!(u(&at(&v, "cudaGetLastError")[0]), 2);
+    assert_eq!(u(&at(v, "cudaMalloc_too_large")[0]), 2);
+    assert_eq!(u(&at(v, "cudaGetLastError")[0]), 2);
 
-    assert!(at(&v, "cudaMallocAsync")[1].as_bool().unwrap());
+    assert!(at(v, "cudaMallocAsync")[1].as_bool().unwrap());
     let (free_async, _) = mem("cudaMemGetInfo_after_malloc_async");
     assert!(
         free_async <= dev.memory - (16 << 20),
@@ -240,7 +264,7 @@ fn cudart12_runs_on_the_simulator() {
 
     // Two events recorded 50 ms apart on an idle stream: the time between them is the wall
     // time between the records.
-    let ev = at(&v, "cudaEventElapsedTime");
+    let ev = at(v, "cudaEventElapsedTime");
     let (ms, inner, outer) = (
         ev[1].as_f64().unwrap(),
         ev[2].as_f64().unwrap(),
@@ -253,15 +277,52 @@ fn cudart12_runs_on_the_simulator() {
 }
 
 #[test]
-fn cudart12_under_libcuvisor_sees_the_quota() {
-    let test = "cudart12_under_libcuvisor_sees_the_quota";
+fn cudart12_runs_on_the_simulator() {
+    let test = "cudart12_runs_on_the_simulator";
     let Some(venv) = cudart_venv(test, CUDART12) else {
         return;
     };
     let lib = find_lib(&venv, "libcudart.so.12");
+    let v = probe(&venv, &lib, test, &[]);
+    runs_on(&v, &Model::load("single").unwrap(), 12090);
+}
+
+/// libcudart 13.5 on a driver reporting 13.0 passes what 12.9 does. On the way it resolves
+/// `cuCtxGetDevice` and `cuCtxSynchronize` at 13000 (`cuCtxGetDevice_v2`,
+/// `cuCtxSynchronize_v2`, which take the context) and calls them.
+#[test]
+fn cudart13_runs_on_a_13_0_driver() {
+    let test = "cudart13_runs_on_a_13_0_driver";
+    let Some(venv) = cudart_venv(test, CUDART13) else {
+        return;
+    };
+    let lib = find_lib(&venv, "libcudart.so.13");
+    let model = ModelFile::new(test, 13000);
+    let v = probe_on(&venv, &lib, test, model.path(), &[]);
+    runs_on(&v, &model.model(), 13050);
+}
+
+/// libcudart 13.x refuses a 12.x driver: cudaErrorInsufficientDriver (35), at 12.8 (12080, what
+/// R570 drivers report). A model may set an older driver, and then the runtime says so.
+#[test]
+fn cudart13_refuses_a_12_8_driver() {
+    let test = "cudart13_refuses_a_12_8_driver";
+    let Some(venv) = cudart_venv(test, CUDART13) else {
+        return;
+    };
+    let lib = find_lib(&venv, "libcudart.so.13");
+    let model = ModelFile::new(test, 12080);
+    let v = probe_on(&venv, &lib, test, model.path(), &[]);
+    assert_eq!(u(&at(&v, "cudaGetDeviceCount")[0]), 35, "{v}");
+    assert_eq!(u(&at(&v, "cudaDriverGetVersion")[1]), 12080);
+}
+
+/// probe.py under libcuvisor (LD_PRELOAD) with a 1 GiB quota, on `model`: memory info shows
+/// the quota and a 3 GiB malloc (within the 16 GiB GPU) is refused.
+fn sees_the_quota(test: &str, venv: &Path, lib: &Path, model: &str) {
     let libcuvisor =
         cuvisor_testkit::built(&cuvisor_testkit::profile_dir_of_test()).join("deps/libcuvisor.so");
-    let ledger = std::env::temp_dir().join(format!("cuvisor-cudart-{}", std::process::id()));
+    let ledger = std::env::temp_dir().join(format!("cuvisor-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&ledger);
     std::fs::create_dir_all(&ledger).unwrap();
     let (preload, dir, coord) = (
@@ -269,10 +330,11 @@ fn cudart12_under_libcuvisor_sees_the_quota() {
         ledger.to_str().unwrap().to_string(),
         ledger.join("coord").to_str().unwrap().to_string(),
     );
-    let v = probe(
-        &venv,
-        &lib,
+    let v = probe_on(
+        venv,
+        lib,
         test,
+        model,
         &[
             ("LD_PRELOAD", &preload),
             ("CUVISOR_STATE_DIR", &dir),
@@ -303,39 +365,24 @@ fn cudart12_under_libcuvisor_sees_the_quota() {
     assert_eq!(u(&at(&v, "cudaMalloc_too_large")[0]), 2);
 }
 
-/// libcudart 13.x refuses a 12.x driver (cudaErrorInsufficientDriver, 35, at the default model's
-/// 12080); on a model whose driver reports 13.0 (R580) it enumerates the device. It gets no
-/// further yet: making a context, it resolves `cuCtxGetDevice` at 13000, the simulator's
-/// `cuCtxGetDevice_v2` is not implemented, and cudaMemGetInfo answers 801.
 #[test]
-fn cudart13_counts_devices_on_a_13_0_driver() {
-    let test = "cudart13_counts_devices_on_a_13_0_driver";
+fn cudart12_under_libcuvisor_sees_the_quota() {
+    let test = "cudart12_under_libcuvisor_sees_the_quota";
+    let Some(venv) = cudart_venv(test, CUDART12) else {
+        return;
+    };
+    let lib = find_lib(&venv, "libcudart.so.12");
+    sees_the_quota(test, &venv, &lib, "single");
+}
+
+/// On the default model (whose driver reports 13.0, which both runtimes accept).
+#[test]
+fn cudart13_under_libcuvisor_sees_the_quota() {
+    let test = "cudart13_under_libcuvisor_sees_the_quota";
     let Some(venv) = cudart_venv(test, CUDART13) else {
         return;
     };
     let lib = find_lib(&venv, "libcudart.so.13");
-    let v = probe_on(&venv, &lib, &format!("{test}-12"), "single", &[]);
-    assert_eq!(u(&at(&v, "cudaGetDeviceCount")[0]), 35, "{v}");
-
-    let model = std::env::temp_dir().join(format!("cuvisor-{test}-{}.toml", std::process::id()));
-    std::fs::write(
-        &model,
-        "driver_version = 13000\n[[device]]\nmemory = \"16Gi\"\n",
-    )
-    .unwrap();
-    let v = probe_on(&venv, &lib, test, model.to_str().unwrap(), &[]);
-    let _ = std::fs::remove_file(&model);
-    all_succeeded(
-        &v,
-        &[
-            "cudaGetDeviceCount",
-            "cudaRuntimeGetVersion",
-            "cudaGetDeviceProperties",
-        ],
-    );
-    assert_eq!(u(&at(&v, "cudaGetDeviceCount")[1]), 1);
-    assert_eq!(u(&at(&v, "cudaRuntimeGetVersion")[1]), 13050);
-    assert_eq!(u(&at(&v, "cudaDriverGetVersion")[1]), 13000);
-    let name = &Model::load("single").unwrap().devices[0].name;
-    assert_eq!(at(&v, "cudaGetDeviceProperties")[1], name.as_str());
+    assert_eq!(Model::load("single").unwrap().driver_version, 13000);
+    sees_the_quota(test, &venv, &lib, "single");
 }

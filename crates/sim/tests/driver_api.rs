@@ -126,7 +126,8 @@ fn calls_before_cu_init_are_not_initialized() {
     unsafe {
         assert_eq!(cu::cuDeviceGetCount(&mut n), CUDA_ERROR_NOT_INITIALIZED);
         ok(cu::cuDriverGetVersion(&mut v)); // allowed before cuInit
-        assert_eq!(v, 12080);
+        assert_eq!(v, cuvisor_sim::model::DEFAULT_DRIVER_VERSION);
+        assert_eq!(v, 13000, "CUDA 13.0, as R580 drivers report");
         assert_eq!(cu::cuInit(1), CUDA_ERROR_INVALID_VALUE, "flags must be 0");
         ok(cu::cuInit(0));
         ok(cu::cuDeviceGetCount(&mut n));
@@ -1098,4 +1099,334 @@ fn exported_memory_lives_while_another_process_holds_an_import() {
     std::io::Read::read_to_string(&mut eout, &mut rest).unwrap();
     assert!(exporter.wait().unwrap().success(), "exporter: {rest}");
     assert!(rest.contains("1 passed"), "exporter: {rest}");
+}
+
+/// The CUDA 13.0 forms that name their context (`cuCtxGetDevice_v2(CUdevice*, CUcontext)`,
+/// `cuCtxSynchronize_v2(CUcontext)`; NULL is the current context, CUDA 13 driver API
+/// reference) and the stream queries libcudart 13 resolves: `cuStreamGetCtx_v2` (12.5),
+/// `cuStreamGetCaptureInfo` v1/v2/v3, `cuThreadExchangeStreamCaptureMode`,
+/// `cuGraphInstantiateWithParams`.
+#[test]
+fn cuda13_entry_points_name_their_context_and_capture() {
+    in_child!(
+        "cuda13_entry_points_name_their_context_and_capture",
+        "dgx1-v100"
+    );
+    let primary0 = setup(); // loads the driver, in which raw() looks
+    type GetDeviceV2 = extern "C" fn(*mut cu::CUdevice, cu::CUcontext) -> R;
+    type SynchronizeV2 = extern "C" fn(cu::CUcontext) -> R;
+    let get_device: GetDeviceV2 = raw("cuCtxGetDevice_v2");
+    let synchronize: SynchronizeV2 = raw("cuCtxSynchronize_v2");
+    // The 10.1 form, which cudarc's 12.x bindings no longer declare.
+    type CaptureInfoV1 = extern "C" fn(cu::CUstream, *mut cu::CUstreamCaptureStatus, *mut u64) -> R;
+    let capture_info_v1: CaptureInfoV1 = raw("cuStreamGetCaptureInfo");
+    let f = busy_function("sim_busy13");
+    // SAFETY: see the file-level note.
+    unsafe {
+        // A context of device 3, pushed over device 0's primary one.
+        let mut other = null_mut();
+        ok(cu::cuCtxCreate_v2(&mut other, 0, 3));
+        let mut dev = -1;
+        ok(get_device(&mut dev, null_mut()));
+        assert_eq!(dev, 3, "NULL: the current context");
+        ok(get_device(&mut dev, primary0));
+        assert_eq!(dev, 0, "a named context, not the current one");
+        assert_eq!(get_device(null_mut(), null_mut()), CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            get_device(&mut dev, 0x10 as cu::CUcontext),
+            CUDA_ERROR_INVALID_CONTEXT
+        );
+
+        // cuCtxSynchronize_v2 on the context that is not current waits for that one's work.
+        let mut popped = null_mut();
+        ok(cu::cuCtxPopCurrent_v2(&mut popped));
+        assert_eq!(popped, other);
+        ok(launch_busy(f, 100_000_000, null_mut()));
+        assert_eq!(cu::cuStreamQuery(null_mut()), CUDA_ERROR_NOT_READY);
+        ok(synchronize(other));
+        assert_eq!(
+            cu::cuStreamQuery(null_mut()),
+            CUDA_ERROR_NOT_READY,
+            "device 3's context had no work; device 0's is still busy"
+        );
+        ok(synchronize(null_mut()));
+        ok(cu::cuStreamQuery(null_mut()));
+        ok(cu::cuCtxDestroy_v2(other));
+        assert_eq!(synchronize(other), CUDA_ERROR_INVALID_CONTEXT);
+
+        // cuStreamGetCtx_v2: the stream's context, and no green context.
+        let mut s = null_mut();
+        ok(cu::cuStreamCreate(&mut s, 0));
+        let (mut c, mut green) = (null_mut(), 0x1 as cu::CUgreenCtx);
+        ok(cu::cuStreamGetCtx_v2(s, &mut c, &mut green));
+        assert_eq!((c, green), (primary0, null_mut()));
+        ok(cu::cuStreamGetCtx_v2(null_mut(), &mut c, &mut green));
+        assert_eq!(c, primary0, "the NULL stream: the current context");
+
+        // Capture info in its three forms.
+        use cu::CUstreamCaptureStatus::*;
+        let mut status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        let mut id = 0u64;
+        ok(capture_info_v1(s, &mut status, &mut id));
+        assert_eq!(status, CU_STREAM_CAPTURE_STATUS_NONE);
+        ok(cu::cuStreamBeginCapture_v2(
+            s,
+            cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        ));
+        let (mut graph, mut deps, mut edges, mut n) =
+            (null_mut(), std::ptr::null(), std::ptr::null(), 9);
+        ok(cu::cuStreamGetCaptureInfo_v3(
+            s,
+            &mut status,
+            &mut id,
+            &mut graph,
+            &mut deps,
+            &mut edges,
+            &mut n,
+        ));
+        assert_eq!(status, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+        assert!(id != 0 && !graph.is_null());
+        assert_eq!(n, 0, "nothing captured yet: no dependencies");
+        ok(launch_busy(f, 10_000_000, s));
+        ok(launch_busy(f, 10_000_000, s));
+        let (mut id2, mut graph2) = (0u64, null_mut());
+        ok(cu::cuStreamGetCaptureInfo_v2(
+            s,
+            &mut status,
+            &mut id2,
+            &mut graph2,
+            &mut deps,
+            &mut n,
+        ));
+        assert_eq!((id2, graph2, n), (id, graph, 1), "one sequence, one graph");
+        let mut count = 0;
+        ok(cu::cuGraphGetNodes(graph, null_mut(), &mut count));
+        assert_eq!(count, 2);
+        let mut nodes = [null_mut(); 2];
+        ok(cu::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count));
+        assert_eq!(
+            *deps, nodes[1],
+            "the next node depends on the last one captured"
+        );
+        assert_eq!(
+            cu::cuStreamGetCaptureInfo_v3(
+                s,
+                &mut status,
+                null_mut(),
+                null_mut(),
+                null_mut(),
+                &mut edges,
+                null_mut()
+            ),
+            CUDA_ERROR_INVALID_VALUE,
+            "edge data without dependencies"
+        );
+        let mut g = null_mut();
+        ok(cu::cuStreamEndCapture(s, &mut g));
+        assert_eq!(g, graph, "the graph captured into is the one handed over");
+        let mut id3 = 0u64;
+        ok(cu::cuStreamBeginCapture_v2(
+            s,
+            cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        ));
+        ok(capture_info_v1(s, &mut status, &mut id3));
+        assert!(id3 != id, "ids are unique per sequence");
+        let mut g3 = null_mut();
+        ok(cu::cuStreamEndCapture(s, &mut g3));
+        ok(cu::cuGraphDestroy(g3));
+
+        // The thread's capture mode: set, and the previous one back.
+        use cu::CUstreamCaptureMode::*;
+        let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+        ok(cu::cuThreadExchangeStreamCaptureMode(&mut mode));
+        assert_eq!(
+            mode, CU_STREAM_CAPTURE_MODE_GLOBAL,
+            "a thread starts global"
+        );
+        ok(cu::cuThreadExchangeStreamCaptureMode(&mut mode));
+        assert_eq!(mode, CU_STREAM_CAPTURE_MODE_RELAXED);
+        assert_eq!(
+            cu::cuThreadExchangeStreamCaptureMode(null_mut()),
+            CUDA_ERROR_INVALID_VALUE
+        );
+
+        // Instantiated with parameters (and uploaded), the graph runs its 2 x 10 ms.
+        let mut params = cu::CUDA_GRAPH_INSTANTIATE_PARAMS {
+            flags: 2, // CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD
+            hUploadStream: s,
+            hErrNode_out: 0x1 as cu::CUgraphNode,
+            result_out: cu::CUgraphInstantiateResult::CUDA_GRAPH_INSTANTIATE_ERROR,
+        };
+        let mut exec = null_mut();
+        ok(cu::cuGraphInstantiateWithParams(&mut exec, g, &mut params));
+        assert_eq!(
+            params.result_out,
+            cu::CUgraphInstantiateResult::CUDA_GRAPH_INSTANTIATE_SUCCESS
+        );
+        assert!(params.hErrNode_out.is_null());
+        let (a, b) = (event(), event());
+        ok(cu::cuEventRecord(a, s));
+        ok(cu::cuGraphLaunch(exec, s));
+        ok(cu::cuEventRecord(b, s));
+        let ms = elapsed_ms(a, b);
+        assert!((19.0..=23.0).contains(&ms), "2 x 10 ms took {ms} ms");
+        params.flags = 1 << 40;
+        assert_eq!(
+            cu::cuGraphInstantiateWithParams(&mut exec, g, &mut params),
+            CUDA_ERROR_INVALID_VALUE
+        );
+    }
+}
+
+/// CUDA 12.0's libraries: loaded without a context, their kernels are context-independent
+/// handles that the launches take where a function goes (cuda.h: "f - Function CUfunction or
+/// Kernel CUkernel to launch"), and that cuKernelGetFunction turns into the current context's
+/// function. cuGetProcAddress resolves each at 12000.
+#[test]
+fn libraries_load_without_a_context_and_their_kernels_launch() {
+    in_child!("libraries_load_without_a_context_and_their_kernels_launch");
+    // SAFETY: see the file-level note.
+    unsafe {
+        ok(cu::cuInit(0));
+        let mut lib = null_mut();
+        ok(cu::cuLibraryLoadData(
+            &mut lib,
+            c"image".as_ptr() as *const c_void,
+            null_mut(),
+            null_mut(),
+            0,
+            null_mut(),
+            null_mut(),
+            0,
+        ));
+        assert_eq!(
+            cu::cuLibraryLoadData(
+                &mut lib,
+                c"image".as_ptr() as *const c_void,
+                null_mut(),
+                null_mut(),
+                1,
+                null_mut(),
+                null_mut(),
+                0
+            ),
+            CUDA_ERROR_INVALID_VALUE,
+            "one JIT option and no array"
+        );
+        let mut k = null_mut();
+        ok(cu::cuLibraryGetKernel(
+            &mut k,
+            lib,
+            c"sim_busy_lib".as_ptr(),
+        ));
+        let mut again = null_mut();
+        ok(cu::cuLibraryGetKernel(
+            &mut again,
+            lib,
+            c"sim_busy_lib".as_ptr(),
+        ));
+        assert_eq!(k, again, "one kernel per name");
+        let mut f = null_mut();
+        assert_eq!(
+            cu::cuKernelGetFunction(&mut f, k),
+            CUDA_ERROR_INVALID_CONTEXT,
+            "a function is a context's"
+        );
+
+        setup();
+        ok(cu::cuKernelGetFunction(&mut f, k));
+        let mut m = null_mut();
+        ok(cu::cuLibraryGetModule(&mut m, lib));
+        let mut from_module = null_mut();
+        ok(cu::cuModuleGetFunction(
+            &mut from_module,
+            m,
+            c"sim_busy_lib".as_ptr(),
+        ));
+        assert_eq!(from_module, f, "the kernel's function is the module's");
+        let (mut dptr, mut bytes) = (0, 0);
+        assert_eq!(
+            cu::cuLibraryGetGlobal(&mut dptr, &mut bytes, lib, c"g".as_ptr()),
+            CUDA_ERROR_NOT_FOUND
+        );
+
+        // The kernel launches as its function does, and takes its time.
+        let mut s = null_mut();
+        ok(cu::cuStreamCreate(&mut s, 0));
+        let (a, b) = (event(), event());
+        ok(cu::cuEventRecord(a, s));
+        ok(launch_busy(k as cu::CUfunction, 20_000_000, s));
+        let mut ns: u64 = 10_000_000;
+        let mut args = [&mut ns as *mut u64 as *mut c_void];
+        let cfg = cu::CUlaunchConfig {
+            gridDimX: 1,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: 32,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: s,
+            attrs: null_mut(),
+            numAttrs: 0,
+        };
+        ok(cu::cuLaunchKernelEx(
+            &cfg,
+            k as cu::CUfunction,
+            args.as_mut_ptr(),
+            null_mut(),
+        ));
+        ok(cu::cuEventRecord(b, s));
+        let ms = elapsed_ms(a, b);
+        assert!((29.0..=33.0).contains(&ms), "20 + 10 ms took {ms} ms");
+
+        // Resolved by version, to the exported functions.
+        type Gpa = extern "C" fn(*const i8, *mut *mut c_void, i32, u64, *mut i32) -> R;
+        let gpa: Gpa = raw("cuGetProcAddress_v2");
+        for name in [
+            "cuLibraryLoadData",
+            "cuLibraryLoadFromFile",
+            "cuLibraryUnload",
+            "cuLibraryGetKernel",
+            "cuLibraryGetModule",
+            "cuLibraryGetGlobal",
+            "cuKernelGetFunction",
+        ] {
+            let c = CString::new(name).unwrap();
+            let (mut p, mut status) = (null_mut(), -1);
+            ok(gpa(c.as_ptr(), &mut p, 12000, 0, &mut status));
+            assert_eq!(p, raw::<*mut c_void>(name), "{name}");
+            assert_eq!(
+                gpa(c.as_ptr(), &mut p, 11080, 0, &mut status),
+                CUDA_ERROR_NOT_FOUND
+            );
+            assert_eq!(status, 2, "{name}: VERSION_NOT_SUFFICIENT before 12.0");
+        }
+
+        // Unloaded, the library takes its kernels and their functions with it.
+        ok(cu::cuLibraryUnload(lib));
+        assert_eq!(
+            cu::cuKernelGetFunction(&mut f, k),
+            CUDA_ERROR_INVALID_HANDLE
+        );
+        assert_eq!(
+            launch_busy(k as cu::CUfunction, 1, s),
+            CUDA_ERROR_INVALID_HANDLE
+        );
+        assert_eq!(launch_busy(f, 1, s), CUDA_ERROR_INVALID_HANDLE);
+        assert_eq!(cu::cuLibraryUnload(lib), CUDA_ERROR_INVALID_HANDLE);
+        assert_eq!(
+            cu::cuLibraryLoadFromFile(
+                &mut lib,
+                c"/nonexistent/lib.cubin".as_ptr(),
+                null_mut(),
+                null_mut(),
+                0,
+                null_mut(),
+                null_mut(),
+                0
+            ),
+            CUDA_ERROR_FILE_NOT_FOUND
+        );
+    }
 }

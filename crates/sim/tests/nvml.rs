@@ -95,7 +95,7 @@ fn check_preset() {
     assert_eq!(nvml.sys_driver_version().unwrap(), m.driver_release);
     assert_eq!(
         nvml.sys_nvml_version().unwrap(),
-        format!("12.{}", m.driver_release)
+        format!("{}.{}", m.driver_version / 1000, m.driver_release)
     );
     assert_eq!(nvml.sys_cuda_driver_version().unwrap(), m.driver_version);
 

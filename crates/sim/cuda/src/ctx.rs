@@ -86,6 +86,22 @@ pub(crate) fn get(h: CUcontext) -> Result<Arc<Context>, CUresult> {
     contexts().get(h as usize).map_err(|_| err::INVALID_CONTEXT)
 }
 
+/// The context a CUDA 13 entry point names (`cuCtxGetDevice_v2`, `cuCtxSynchronize_v2`): `h`, or
+/// the calling thread's current one where `h` is NULL ("If the specified context is NULL, the
+/// API will ... operate on the current context", CUDA 13 driver API reference). A named primary
+/// context that is not retained answers as [`current`] does for it (UNVERIFIED on a real driver).
+pub(crate) fn given_or_current(h: CUcontext) -> Result<(usize, Arc<Context>), CUresult> {
+    if h.is_null() {
+        return current();
+    }
+    drv()?;
+    let c = get(h)?;
+    if !c.alive.load(Acquire) {
+        return Err(err::CONTEXT_IS_DESTROYED);
+    }
+    Ok((h as usize, c))
+}
+
 /// A context object that cannot do work yet ([`activate`] makes it).
 fn register(dev: usize, flags: u32) -> usize {
     let work_tail = Arc::new(AtomicU64::new(0));
@@ -390,6 +406,13 @@ export! {
         write(dev, c.dev as CUdevice)
     }
 
+    /// CUDA 13.0 (`cuGetProcAddress("cuCtxGetDevice", 13000)` answers it): the device of `ctx`,
+    /// NULL meaning the current context.
+    fn cuCtxGetDevice_v2(dev: *mut CUdevice, ctx: CUcontext) {
+        let (_, c) = given_or_current(ctx)?;
+        write(dev, c.dev as CUdevice)
+    }
+
     fn cuCtxGetFlags(flags: *mut c_uint) {
         let (_, c) = current()?;
         write(flags, c.flags.load(Relaxed))
@@ -463,10 +486,22 @@ export! {
 
     fn cuCtxSynchronize() {
         let (_, c) = current()?;
-        crate::exec::sync_device_work(&c);
-        mem::trim_pools_at_sync(c.dev);
+        synchronize(&c);
         Ok(())
     }
+
+    /// CUDA 13.0: waits for the work of `ctx`, NULL meaning the current context.
+    fn cuCtxSynchronize_v2(ctx: CUcontext) {
+        let (_, c) = given_or_current(ctx)?;
+        synchronize(&c);
+        Ok(())
+    }
+}
+
+/// Waits for all work queued in the context; a synchronization point for its pools.
+fn synchronize(c: &Context) {
+    crate::exec::sync_device_work(c);
+    mem::trim_pools_at_sync(c.dev);
 }
 
 /// The primary context of device `i`, made (not retained, so unable to work) on first need. Its

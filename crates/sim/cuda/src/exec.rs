@@ -10,7 +10,7 @@ use crate::ctx::{self, Context};
 use crate::{cstr, drv, export, mem, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::state::{now_ns, sleep_until};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_uint, c_void};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
@@ -24,8 +24,25 @@ pub(crate) struct Stream {
     /// When the last work queued on this stream ends (CLOCK_MONOTONIC ns).
     pub tail: AtomicU64,
     ctx_tail: Arc<AtomicU64>,
-    /// Kernels recorded while the stream is capturing.
-    capture: Mutex<Option<Vec<Node>>>,
+    /// The capture sequence in progress on this stream, if any.
+    capture: Mutex<Option<Capture>>,
+}
+
+/// A capture sequence: the graph it records into, made at cuStreamBeginCapture (so that
+/// cuStreamGetCaptureInfo can name it) and handed over at cuStreamEndCapture.
+struct Capture {
+    /// "an id for the capture sequence, which is unique over the lifetime of the process"
+    /// (cuStreamGetCaptureInfo, CUDA driver API reference).
+    id: u64,
+    graph: usize,
+    nodes: Arc<Graph>,
+    /// What `dependencies_out` / `edgeData_out` point at: work captured from one stream is a
+    /// chain, so the next node depends on the last one captured (if any), over an edge with
+    /// no data (`CUgraphEdgeData`, 8 bytes, all zero: the default edge). Boxed so the
+    /// addresses handed out stay put while the capture lasts.
+    /// The node handle as an address (a `CUgraphNode` has the same size and layout).
+    deps: Box<[usize; 1]>,
+    edges: Box<[u64; 1]>,
 }
 
 impl Stream {
@@ -52,9 +69,13 @@ impl Stream {
     /// Queues `dur` ns of work (or records it, while capturing).
     fn run(&self, node: Node) -> Res {
         {
-            let mut cap = self.capture.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(nodes) = cap.as_mut() {
-                nodes.push(node);
+            let cap = self.capture.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(c) = cap.as_ref() {
+                c.nodes
+                    .nodes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(node);
                 return Ok(());
             }
         }
@@ -88,6 +109,20 @@ pub(crate) struct Function {
     module: usize,
 }
 
+/// A library (CUDA 12.0's context-independent loading, `cuLibraryLoadData`): the module it is in
+/// every context (the simulator's modules belong to no context, so one serves all), and the
+/// kernels asked for by name.
+struct Library {
+    module: usize,
+    kernels: Mutex<HashMap<String, usize>>,
+}
+
+/// A `CUkernel`: a function of a library, independent of the context. The simulator's function
+/// objects are too, so it stands for the one function of that name in the library's module.
+struct Kernel {
+    function: usize,
+}
+
 struct Event {
     flags: u32,
     /// When the work before the record point ends; 0 = never recorded.
@@ -112,6 +147,14 @@ fn modules() -> &'static Registry<Module> {
 }
 fn functions() -> &'static Registry<Function> {
     static R: OnceLock<Registry<Function>> = OnceLock::new();
+    R.get_or_init(Registry::new)
+}
+fn libraries() -> &'static Registry<Library> {
+    static R: OnceLock<Registry<Library>> = OnceLock::new();
+    R.get_or_init(Registry::new)
+}
+fn kernels() -> &'static Registry<Kernel> {
+    static R: OnceLock<Registry<Kernel>> = OnceLock::new();
     R.get_or_init(Registry::new)
 }
 fn events() -> &'static Registry<Event> {
@@ -243,7 +286,7 @@ fn launch(
     cooperative: bool,
 ) -> Res {
     drv()?;
-    let func = functions().get(f as usize)?;
+    let func = function_or_kernel(f)?;
     let s = stream(h, per_thread)?;
     check_dims(&dims, cooperative, s.dev)?;
     let ns = kernel_ns(&func, params, extra)?;
@@ -323,7 +366,17 @@ fn begin_capture(h: CUstream, mode: i32, pt: bool) -> Res {
     if cap.is_some() {
         return Err(err::ILLEGAL_STATE);
     }
-    *cap = Some(Vec::new());
+    static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+    let (graph, nodes) = graphs().insert(Graph {
+        nodes: Mutex::new(Vec::new()),
+    });
+    *cap = Some(Capture {
+        id: NEXT_ID.fetch_add(1, Relaxed),
+        graph,
+        nodes,
+        deps: Box::new([0]),
+        edges: Box::new([0]),
+    });
     Ok(())
 }
 
@@ -332,16 +385,134 @@ fn end_capture(h: CUstream, graph: *mut CUgraph, pt: bool) -> Res {
     if graph.is_null() {
         return Err(err::INVALID_VALUE);
     }
-    let nodes = s
+    let c = s
         .capture
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .take()
         .ok_or(err::ILLEGAL_STATE)?;
-    let (g, _) = graphs().insert(Graph {
-        nodes: Mutex::new(nodes),
-    });
-    write(graph, g as CUgraph)
+    write(graph, c.graph as CUgraph)
+}
+
+/// Writes `v` where the caller asked for it (an optional out-parameter).
+fn write_opt<T>(p: *mut T, v: T) -> Res {
+    if p.is_null() {
+        Ok(())
+    } else {
+        write(p, v)
+    }
+}
+
+/// cuStreamGetCaptureInfo in all three forms: v1 (10.1) asks for status and id, v2 (11.3) adds
+/// the graph and the dependencies, v3 (12.3) their edge data. The CUDA driver API reference:
+/// the status is required; "If edgeData_out is non-NULL then dependencies_out must be as
+/// well"; the other outputs are valid only while the status is ACTIVE (the simulator leaves
+/// them alone otherwise). Edges here carry no data, so a query without `edgeData_out` is
+/// never lossy (CUDA_ERROR_LOSSY_QUERY).
+#[allow(clippy::too_many_arguments)]
+fn capture_info(
+    h: CUstream,
+    status: *mut i32,
+    id: *mut u64,
+    graph: *mut CUgraph,
+    deps: *mut *const CUgraphNode,
+    edges: *mut *const c_void,
+    ndeps: *mut usize,
+    pt: bool,
+) -> Res {
+    let s = stream(h, pt)?;
+    if status.is_null() || (!edges.is_null() && deps.is_null()) {
+        return Err(err::INVALID_VALUE);
+    }
+    let mut cap = s.capture.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(c) = cap.as_mut() else {
+        return write(status, CU_STREAM_CAPTURE_STATUS_NONE);
+    };
+    let n = c
+        .nodes
+        .nodes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .len();
+    // Node handles are the graph's address + index (see `add_kernel_node`), 1-based.
+    c.deps[0] = c.graph + n;
+    let count = usize::from(n > 0);
+    write(status, CU_STREAM_CAPTURE_STATUS_ACTIVE)?;
+    write_opt(id, c.id)?;
+    write_opt(graph, c.graph as CUgraph)?;
+    let (d, e) = if count > 0 {
+        (
+            c.deps.as_ptr() as *const CUgraphNode,
+            c.edges.as_ptr() as *const c_void,
+        )
+    } else {
+        (std::ptr::null(), std::ptr::null())
+    };
+    write_opt(deps, d)?;
+    write_opt(edges, e)?;
+    write_opt(ndeps, count)
+}
+
+/// `CUstreamCaptureMode`: CU_STREAM_CAPTURE_MODE_GLOBAL = 0, _THREAD_LOCAL = 1, _RELAXED = 2.
+const CAPTURE_MODE_GLOBAL: i32 = 0;
+const CAPTURE_MODE_RELAXED: i32 = 2;
+
+thread_local! {
+    /// The thread's stream capture interaction mode (cuThreadExchangeStreamCaptureMode); a
+    /// thread starts in global mode. The simulator records it but does not refuse the calls a
+    /// mode forbids during a capture.
+    static CAPTURE_MODE: Cell<i32> = const { Cell::new(CAPTURE_MODE_GLOBAL) };
+}
+
+/// `CUstream`'s contexts (cuStreamGetCtx_v2, CUDA 12.5): the simulator has no green contexts,
+/// so `*green` is always NULL, as the reference says for a stream of a regular context.
+fn stream_ctx(h: CUstream, pctx: *mut CUcontext, green: *mut *mut c_void, pt: bool) -> Res {
+    let st = stream(h, pt)?;
+    if pctx.is_null() {
+        return Err(err::INVALID_VALUE);
+    }
+    write_opt(green, std::ptr::null_mut())?;
+    write(pctx, st.ctx.load(Relaxed) as CUcontext)
+}
+
+/// `CUDA_GRAPH_INSTANTIATE_PARAMS` (cuda.h, CUDA 12.0).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct InstantiateParams {
+    flags: u64,
+    upload_stream: CUstream,
+    err_node_out: CUgraphNode,
+    /// `CUgraphInstantiateResult`: CUDA_GRAPH_INSTANTIATE_SUCCESS = 0, _ERROR = 1.
+    result_out: i32,
+}
+
+/// `CUgraphInstantiate_flags`: AUTO_FREE_ON_LAUNCH 1, UPLOAD 2, DEVICE_LAUNCH 4,
+/// USE_NODE_PRIORITY 8.
+const INSTANTIATE_FLAG_UPLOAD: u64 = 2;
+const INSTANTIATE_FLAGS: u64 = 1 | 2 | 4 | 8;
+
+/// cuGraphInstantiateWithParams (CUDA 12.0): instantiates, and reports through the struct.
+/// With CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD the graph is uploaded into `hUploadStream`, which
+/// takes no simulated time; the stream must still be one.
+fn instantiate_with_params(
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    p: *mut InstantiateParams,
+    pt: bool,
+) -> Res {
+    drv()?;
+    let mut params = read(p as *const InstantiateParams)?;
+    if params.flags & !INSTANTIATE_FLAGS != 0 {
+        return Err(err::INVALID_VALUE);
+    }
+    if params.flags & INSTANTIATE_FLAG_UPLOAD != 0 {
+        stream(params.upload_stream, pt)?;
+    }
+    let r = instantiate(exec, graph);
+    params.err_node_out = std::ptr::null_mut();
+    params.result_out = i32::from(r.is_err());
+    write(p, params)?;
+    r
 }
 
 fn is_capturing(h: CUstream, status: *mut i32, pt: bool) -> Res {
@@ -419,16 +590,103 @@ fn host_func(
     Ok(())
 }
 
+/// What the launches take: a `CUfunction`, or since CUDA 12.0 a `CUkernel` ("f - Function
+/// CUfunction or Kernel CUkernel to launch", cuda.h on cuLaunchKernel, cuLaunchKernelEx and
+/// cuLaunchCooperativeKernel), which runs as its function in the current context.
+fn function_or_kernel(f: CUfunction) -> Result<Arc<Function>, CUresult> {
+    match functions().get(f as usize) {
+        Ok(func) => Ok(func),
+        Err(e) => match kernels().get(f as usize) {
+            Ok(k) => {
+                ctx::current()?;
+                functions().get(k.function)
+            }
+            Err(_) => Err(e),
+        },
+    }
+}
+
+/// A new module object, in no context.
+fn new_module() -> usize {
+    modules()
+        .insert(Module {
+            funcs: Mutex::new(HashMap::new()),
+        })
+        .0
+}
+
+/// The function `name` of module `m` (made on first ask: any name resolves).
+fn module_function(module: usize, m: &Module, name: &str) -> usize {
+    let mut funcs = m.funcs.lock().unwrap_or_else(|e| e.into_inner());
+    *funcs.entry(name.to_string()).or_insert_with(|| {
+        functions()
+            .insert(Function {
+                busy: name.starts_with("sim_busy"),
+                module,
+            })
+            .0
+    })
+}
+
+/// Options come as `n` keys and `n` values; either array missing while `n` > 0 is the
+/// caller's mistake. The simulator compiles nothing, so it ignores what they say.
+fn check_options(n: c_uint, keys: *const c_void, values: *const c_void) -> Res {
+    if n > 0 && (keys.is_null() || values.is_null()) {
+        return Err(err::INVALID_VALUE);
+    }
+    Ok(())
+}
+
+/// cuLibraryLoadData / cuLibraryLoadFromFile (CUDA 12.0): no current context is needed (the
+/// library is loaded into contexts as they need it).
+#[allow(clippy::too_many_arguments)]
+fn load_library(
+    library: *mut *mut c_void,
+    code: *const c_void,
+    jit_n: c_uint,
+    jit_keys: *const c_void,
+    jit_values: *const c_void,
+    lib_n: c_uint,
+    lib_keys: *const c_void,
+    lib_values: *const c_void,
+) -> Res {
+    drv()?;
+    if library.is_null() || code.is_null() {
+        return Err(err::INVALID_VALUE);
+    }
+    check_options(jit_n, jit_keys, jit_values)?;
+    check_options(lib_n, lib_keys, lib_values)?;
+    // Any image loads: the simulator has no ISA to check.
+    let (h, _) = libraries().insert(Library {
+        module: new_module(),
+        kernels: Mutex::new(HashMap::new()),
+    });
+    write(library, h as *mut c_void)
+}
+
 pub(crate) fn load_module(module: *mut CUmodule, image: *const c_void) -> Res {
     ctx::current()?;
     if module.is_null() || image.is_null() {
         return Err(err::INVALID_VALUE);
     }
     // Any image loads: the simulator has no ISA to check.
-    let (h, _) = modules().insert(Module {
-        funcs: Mutex::new(HashMap::new()),
-    });
-    write(module, h as CUmodule)
+    write(module, new_module() as CUmodule)
+}
+
+/// Unloads a module and the functions got from it.
+fn unload_module(module: usize) -> Res {
+    let m = modules().remove(module)?;
+    let funcs: Vec<usize> = m
+        .funcs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .copied()
+        .collect();
+    for f in funcs {
+        let _ = functions().remove(f);
+    }
+    Ok(())
 }
 
 export! {
@@ -447,12 +705,7 @@ export! {
     }
     fn cuModuleUnload(module: CUmodule) {
         drv()?;
-        let m = modules().remove(module as usize)?;
-        let funcs: Vec<usize> = m.funcs.lock().unwrap_or_else(|e| e.into_inner()).values().copied().collect();
-        for f in funcs {
-            let _ = functions().remove(f);
-        }
-        Ok(())
+        unload_module(module as usize)
     }
     fn cuModuleGetFunction(hfunc: *mut CUfunction, module: CUmodule, name: *const c_char) {
         drv()?;
@@ -461,16 +714,65 @@ export! {
         if hfunc.is_null() {
             return Err(err::INVALID_VALUE);
         }
-        let mut funcs = m.funcs.lock().unwrap_or_else(|e| e.into_inner());
-        let h = match funcs.get(name) {
-            Some(&h) => h,
-            None => {
-                let (h, _) = functions().insert(Function { busy: name.starts_with("sim_busy"), module: module as usize });
-                funcs.insert(name.to_string(), h);
-                h
-            }
-        };
-        write(hfunc, h as CUfunction)
+        write(hfunc, module_function(module as usize, &m, name) as CUfunction)
+    }
+
+    fn cuLibraryLoadData(library: *mut *mut c_void, code: *const c_void, jit_keys: *const c_void, jit_values: *const c_void, jit_n: c_uint, lib_keys: *const c_void, lib_values: *const c_void, lib_n: c_uint) {
+        load_library(library, code, jit_n, jit_keys, jit_values, lib_n, lib_keys, lib_values)
+    }
+    fn cuLibraryLoadFromFile(library: *mut *mut c_void, file: *const c_char, jit_keys: *const c_void, jit_values: *const c_void, jit_n: c_uint, lib_keys: *const c_void, lib_values: *const c_void, lib_n: c_uint) {
+        drv()?;
+        let path = cstr(file)?;
+        if !std::path::Path::new(path).is_file() {
+            return Err(err::FILE_NOT_FOUND);
+        }
+        load_library(library, file as *const c_void, jit_n, jit_keys, jit_values, lib_n, lib_keys, lib_values)
+    }
+    /// The library goes, and with it its module, its kernels and their functions.
+    fn cuLibraryUnload(library: *mut c_void) {
+        drv()?;
+        let l = libraries().remove(library as usize)?;
+        for (_, k) in l.kernels.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+            let _ = kernels().remove(k);
+        }
+        unload_module(l.module)
+    }
+    /// The library's module in the current context.
+    fn cuLibraryGetModule(pmod: *mut CUmodule, library: *mut c_void) {
+        let l = libraries().get(library as usize)?;
+        ctx::current()?;
+        write(pmod, l.module as CUmodule)
+    }
+    /// The kernel `name`; one handle per name (any name resolves, as in cuModuleGetFunction).
+    fn cuLibraryGetKernel(pkernel: *mut *mut c_void, library: *mut c_void, name: *const c_char) {
+        drv()?;
+        let l = libraries().get(library as usize)?;
+        let name = cstr(name)?;
+        if pkernel.is_null() {
+            return Err(err::INVALID_VALUE);
+        }
+        let m = modules().get(l.module)?;
+        let mut ks = l.kernels.lock().unwrap_or_else(|e| e.into_inner());
+        let k = *ks.entry(name.to_string()).or_insert_with(|| {
+            kernels().insert(Kernel { function: module_function(l.module, &m, name) }).0
+        });
+        write(pkernel, k as *mut c_void)
+    }
+    /// The simulator's images have no globals (as cuModuleGetGlobal_v2).
+    fn cuLibraryGetGlobal(_dptr: *mut CUdeviceptr, _bytes: *mut usize, library: *mut c_void, name: *const c_char) {
+        drv()?;
+        libraries().get(library as usize)?;
+        cstr(name)?;
+        ctx::current()?;
+        Err(err::NOT_FOUND)
+    }
+    /// The kernel's function in the current context (cuda.h: "Returns in pFunc the handle of
+    /// the function for the requested kernel kernel and the current context").
+    fn cuKernelGetFunction(pfunc: *mut CUfunction, kernel: *mut c_void) {
+        drv()?;
+        let k = kernels().get(kernel as usize)?;
+        ctx::current()?;
+        write(pfunc, k.function as CUfunction)
     }
     /// The simulator's images have no globals.
     fn cuModuleGetGlobal_v2(_dptr: *mut CUdeviceptr, _bytes: *mut usize, module: CUmodule, name: *const c_char) {
@@ -553,6 +855,8 @@ export! {
         let st = stream(s, true)?;
         write(pctx, st.ctx.load(Relaxed) as CUcontext)
     }
+    fn cuStreamGetCtx_v2(s: CUstream, pctx: *mut CUcontext, green: *mut *mut c_void) { stream_ctx(s, pctx, green, false) }
+    fn cuStreamGetCtx_v2_ptsz(s: CUstream, pctx: *mut CUcontext, green: *mut *mut c_void) { stream_ctx(s, pctx, green, true) }
     fn cuStreamGetFlags(s: CUstream, flags: *mut c_uint) { write(flags, stream(s, false)?.flags) }
     fn cuStreamGetFlags_ptsz(s: CUstream, flags: *mut c_uint) { write(flags, stream(s, true)?.flags) }
     fn cuStreamGetPriority(s: CUstream, p: *mut i32) { write(p, stream(s, false)?.priority) }
@@ -567,6 +871,33 @@ export! {
     fn cuStreamEndCapture_ptsz(s: CUstream, g: *mut CUgraph) { end_capture(s, g, true) }
     fn cuStreamIsCapturing(s: CUstream, status: *mut i32) { is_capturing(s, status, false) }
     fn cuStreamIsCapturing_ptsz(s: CUstream, status: *mut i32) { is_capturing(s, status, true) }
+    fn cuStreamGetCaptureInfo(s: CUstream, status: *mut i32, id: *mut u64) {
+        capture_info(s, status, id, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), false)
+    }
+    fn cuStreamGetCaptureInfo_ptsz(s: CUstream, status: *mut i32, id: *mut u64) {
+        capture_info(s, status, id, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), true)
+    }
+    fn cuStreamGetCaptureInfo_v2(s: CUstream, status: *mut i32, id: *mut u64, g: *mut CUgraph, deps: *mut *const CUgraphNode, ndeps: *mut usize) {
+        capture_info(s, status, id, g, deps, std::ptr::null_mut(), ndeps, false)
+    }
+    fn cuStreamGetCaptureInfo_v2_ptsz(s: CUstream, status: *mut i32, id: *mut u64, g: *mut CUgraph, deps: *mut *const CUgraphNode, ndeps: *mut usize) {
+        capture_info(s, status, id, g, deps, std::ptr::null_mut(), ndeps, true)
+    }
+    fn cuStreamGetCaptureInfo_v3(s: CUstream, status: *mut i32, id: *mut u64, g: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const c_void, ndeps: *mut usize) {
+        capture_info(s, status, id, g, deps, edges, ndeps, false)
+    }
+    fn cuStreamGetCaptureInfo_v3_ptsz(s: CUstream, status: *mut i32, id: *mut u64, g: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const c_void, ndeps: *mut usize) {
+        capture_info(s, status, id, g, deps, edges, ndeps, true)
+    }
+    /// Sets the thread's capture mode to `*mode` and writes the previous one back.
+    fn cuThreadExchangeStreamCaptureMode(mode: *mut i32) {
+        drv()?;
+        let want = read(mode as *const i32)?;
+        if !(CAPTURE_MODE_GLOBAL..=CAPTURE_MODE_RELAXED).contains(&want) {
+            return Err(err::INVALID_VALUE);
+        }
+        write(mode, CAPTURE_MODE.with(|m| m.replace(want)))
+    }
 
     fn cuEventCreate(out: *mut CUevent, flags: c_uint) {
         ctx::current()?;
@@ -628,6 +959,12 @@ export! {
     }
     fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, g: CUgraph, _flags: u64) {
         instantiate(exec, g)
+    }
+    fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, g: CUgraph, p: *mut InstantiateParams) {
+        instantiate_with_params(exec, g, p, false)
+    }
+    fn cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, g: CUgraph, p: *mut InstantiateParams) {
+        instantiate_with_params(exec, g, p, true)
     }
     fn cuGraphLaunch(exec: CUgraphExec, s: CUstream) { graph_launch(exec, s, false) }
     fn cuGraphLaunch_ptsz(exec: CUgraphExec, s: CUstream) { graph_launch(exec, s, true) }

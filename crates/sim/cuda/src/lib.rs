@@ -206,7 +206,9 @@ export! {
     }
 
     fn cuDriverGetVersion(version: *mut i32) {
-        let v = Sim::global().map(|s| s.model.driver_version).unwrap_or(12080);
+        let v = Sim::global()
+            .map(|s| s.model.driver_version)
+            .unwrap_or(cuvisor_sim::model::DEFAULT_DRIVER_VERSION);
         write(version, v)
     }
 
@@ -261,7 +263,6 @@ not_supported! {
     cuMemsetD2D8_v2 cuMemsetD2D16_v2 cuMemsetD2D32_v2
     cuTexObjectCreate cuTexObjectDestroy cuSurfObjectCreate cuSurfObjectDestroy
     cuLinkCreate_v2 cuLinkAddData_v2 cuLinkAddFile_v2 cuLinkComplete cuLinkDestroy
-    cuLibraryLoadData cuLibraryLoadFromFile cuLibraryUnload cuLibraryGetKernel cuLibraryGetModule
     cuImportExternalMemory cuExternalMemoryGetMappedBuffer cuDestroyExternalMemory
     cuImportExternalSemaphore cuSignalExternalSemaphoresAsync cuWaitExternalSemaphoresAsync
     cuDestroyExternalSemaphore cuGraphicsUnregisterResource cuGraphicsMapResources

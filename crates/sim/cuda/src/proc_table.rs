@@ -612,6 +612,14 @@ pub static PROC_TABLE: &[ProcEntry] = &[
         versions: &[(2000, "cuModuleGetGlobal"), (3020, "cuModuleGetGlobal_v2")],
         per_thread: &[],
     },
+    // ---- libraries and kernels (CUDA 12.0; libcudart 13.5 asks for each at 12000) ----
+    ProcEntry { base: "cuLibraryLoadData", versions: &[(12000, "cuLibraryLoadData")], per_thread: &[] },
+    ProcEntry { base: "cuLibraryLoadFromFile", versions: &[(12000, "cuLibraryLoadFromFile")], per_thread: &[] },
+    ProcEntry { base: "cuLibraryUnload", versions: &[(12000, "cuLibraryUnload")], per_thread: &[] },
+    ProcEntry { base: "cuLibraryGetKernel", versions: &[(12000, "cuLibraryGetKernel")], per_thread: &[] },
+    ProcEntry { base: "cuLibraryGetModule", versions: &[(12000, "cuLibraryGetModule")], per_thread: &[] },
+    ProcEntry { base: "cuLibraryGetGlobal", versions: &[(12000, "cuLibraryGetGlobal")], per_thread: &[] },
+    ProcEntry { base: "cuKernelGetFunction", versions: &[(12000, "cuKernelGetFunction")], per_thread: &[] },
     ProcEntry { base: "cuFuncGetAttribute", versions: &[(2020, "cuFuncGetAttribute")], per_thread: &[] },
     ProcEntry { base: "cuFuncSetAttribute", versions: &[(9000, "cuFuncSetAttribute")], per_thread: &[] },
     ProcEntry {
@@ -1006,6 +1014,13 @@ mod tests {
             "cuStreamGetCtx",
             "cuLaunchHostFunc",
             "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+            "cuLibraryLoadData",
+            "cuLibraryLoadFromFile",
+            "cuLibraryUnload",
+            "cuLibraryGetKernel",
+            "cuLibraryGetModule",
+            "cuLibraryGetGlobal",
+            "cuKernelGetFunction",
         ];
         for name in required {
             assert!(find_entry(name).is_some(), "missing {}", name);

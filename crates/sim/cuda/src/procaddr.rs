@@ -74,7 +74,7 @@ fn get_proc_address(
     }
     let driver = cuvisor_sim::Sim::global()
         .map(|s| s.model.driver_version)
-        .unwrap_or(12080);
+        .unwrap_or(cuvisor_sim::model::DEFAULT_DRIVER_VERSION);
     if version > driver {
         write(pfn, std::ptr::null_mut())?;
         return Err(err::INVALID_VALUE);

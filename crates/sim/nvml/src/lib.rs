@@ -197,7 +197,8 @@ export! {
         write_str(version, length, &sim()?.model.driver_release)
     }
 
-    /// NVML's version string is the CUDA major version, then the driver's: "12.570.124.06".
+    /// NVML's version string is the CUDA major version, then the driver's: "12.570.124.06" on
+    /// R570, "13.580.95.05" on R580.
     fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint) {
         let m = &sim()?.model;
         write_str(version, length, &format!("{}.{}", m.driver_version / 1000, m.driver_release))

@@ -97,6 +97,12 @@ int main(void) {
     expect_symbol("cuCtxCreate", 12080, 0, "cuCtxCreate_v4");
     expect_symbol("cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2");
     expect_symbol("cuGetProcAddress", 11030, 0, "cuGetProcAddress");
+    /* CUDA 13.0's forms that take their context, which libcudart 13 asks for. */
+    expect_symbol("cuCtxGetDevice", 12090, 0, "cuCtxGetDevice");
+    expect_symbol("cuCtxGetDevice", 13000, 0, "cuCtxGetDevice_v2");
+    expect_symbol("cuCtxSynchronize", 13000, 0, "cuCtxSynchronize_v2");
+    expect_symbol("cuStreamGetCtx", 12050, 0, "cuStreamGetCtx_v2");
+    expect_symbol("cuStreamGetCaptureInfo", 12030, 2, "cuStreamGetCaptureInfo_v3_ptsz");
     /* Per-thread default stream: _ptsz for stream work, _ptds for synchronous copies. */
     expect_symbol("cuLaunchKernel", 12000, 0, "cuLaunchKernel");
     expect_symbol("cuLaunchKernel", 12000, 1, "cuLaunchKernel");
@@ -114,7 +120,7 @@ int main(void) {
     expect_missing("cuLaunchKernel", 6000, 2, 2);      /* per-thread form exists since 7.0 */
     void *p = (void *)1;
     int status = -1;
-    CHECK(gpa("cuInit", &p, 13000, 0, &status) == 1, "a version newer than the driver is CUDA_ERROR_INVALID_VALUE");
+    CHECK(gpa("cuInit", &p, 13010, 0, &status) == 1, "a version newer than the driver (13.0) is CUDA_ERROR_INVALID_VALUE");
     CHECK(gpa("cuInit", &p, 12000, 4, &status) == 1, "unknown flags are CUDA_ERROR_INVALID_VALUE");
     CHECK(gpa("cuInit", NULL, 12000, 0, &status) == 1, "NULL pfn is CUDA_ERROR_INVALID_VALUE");
     CHECK(gpa("cuInit", &p, 12000, 0, NULL) == 0 && p != NULL, "symbolStatus may be NULL");
