@@ -2155,3 +2155,161 @@ fn an_async_allocation_on_another_devices_stream_is_charged_to_that_device() {
         "{out}"
     );
 }
+
+// ---- every versioned form of a wrapped entry point -----------------------------------------------
+
+/// Versioned forms of wrapped base names that libcuvisor deliberately leaves to the driver, each
+/// with the reason: none of them takes device memory a wrapper would have to charge.
+const DELIBERATELY_UNWRAPPED: &[(&str, &str)] = &[(
+    "cuCtxDestroy",
+    "the CUDA 2.x/3.x form (cuGetProcAddress below 4000): a context it destroys keeps its \
+     reserve charged until the process exits, an over-count, never an escape",
+)];
+
+/// A child of `every_versioned_form_of_a_wrapped_entry_point_is_wrapped_or_deliberately_not`:
+/// asks cuGetProcAddress_v2 (through libcuvisor) for every base name in CUVISOR_TEST_BASES at
+/// every CUDA version from 2000 to 13050 and every flag, and prints where each answer lies.
+fn gpa_sweep() {
+    type Gpa = unsafe extern "C" fn(*const i8, *mut *mut c_void, i32, u64, *mut i32) -> R;
+    let gpa: Gpa = global_sym(c"cuGetProcAddress_v2");
+    let bases = std::env::var("CUVISOR_TEST_BASES").unwrap();
+    let mut out = String::new();
+    for base in bases.split(',') {
+        let name = std::ffi::CString::new(base).unwrap();
+        for version in (2000..=13050).step_by(10) {
+            for flags in [0u64, 1, 2] {
+                let (mut p, mut status) = (null_mut(), 0);
+                // SAFETY: cuGetProcAddress_v2 with a NUL-terminated name and valid out-pointers.
+                if unsafe { gpa(name.as_ptr(), &mut p, version, flags, &mut status) }
+                    != CUDA_SUCCESS
+                    || p.is_null()
+                {
+                    continue;
+                }
+                let mut info: libc::Dl_info = libc_dl_info();
+                // SAFETY: dladdr only reads the address and fills `info`, which we own.
+                let exact = unsafe { libc::dladdr(p, &mut info) } != 0
+                    && !info.dli_sname.is_null()
+                    && info.dli_saddr == p;
+                let (lib, sym) = if exact {
+                    // SAFETY: the loader's NUL-terminated strings, alive while the objects are.
+                    unsafe {
+                        (
+                            std::ffi::CStr::from_ptr(info.dli_fname).to_string_lossy(),
+                            std::ffi::CStr::from_ptr(info.dli_sname).to_string_lossy(),
+                        )
+                    }
+                } else {
+                    ("?".into(), "?".into())
+                };
+                let lib = if lib.contains("libcuvisor") {
+                    "libcuvisor"
+                } else if lib.contains("libcuda") {
+                    "libcuda"
+                } else {
+                    &lib
+                };
+                out += &format!("gpa {base} {version} {flags} {lib} {sym}\n");
+            }
+        }
+    }
+    print!("{out}");
+}
+
+fn libc_dl_info() -> libc::Dl_info {
+    libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: null_mut(),
+    }
+}
+
+/// The entry points libcuvisor.so exports (`nm -D --defined-only`): its wrappers.
+fn wrapped_names() -> std::collections::BTreeSet<String> {
+    let out = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(libcuvisor())
+        .output()
+        .expect("nm (binutils) lists libcuvisor.so's exports");
+    assert!(
+        out.status.success(),
+        "nm: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .filter(|n| n.starts_with("cu"))
+        .map(String::from)
+        .collect()
+}
+
+/// `cuMemAlloc_v2` -> `cuMemAlloc`, `cuLaunchKernel_ptsz` -> `cuLaunchKernel`.
+fn base_name(n: &str) -> &str {
+    let n = n
+        .strip_suffix("_ptsz")
+        .or(n.strip_suffix("_ptds"))
+        .unwrap_or(n);
+    match n.rsplit_once("_v") {
+        Some((b, v)) if !v.is_empty() && v.chars().all(|c| c.is_ascii_digit()) => b,
+        _ => n,
+    }
+}
+
+/// The real driver hands out old ABI versions by `cudaVersion` (cuMemAlloc@2000 is the 32-bit
+/// v1, cuArrayCreate@2000 takes 32-bit extents): a program that asks for one must still reach a
+/// wrapper, or its memory goes uncharged. For every base name libcuvisor wraps, at every CUDA
+/// version and flag, the answer lies in libcuvisor, or is listed in DELIBERATELY_UNWRAPPED with
+/// its reason. (cuArrayCreate, cuArray3DCreate and cuCtxCreate at 2000 were not wrapped.)
+#[test]
+fn every_versioned_form_of_a_wrapped_entry_point_is_wrapped_or_deliberately_not() {
+    if is_child() {
+        return gpa_sweep();
+    }
+    let wrapped = wrapped_names();
+    let bases: std::collections::BTreeSet<&str> = wrapped.iter().map(|n| base_name(n)).collect();
+    let bases: Vec<&str> = bases.into_iter().collect();
+    let ledger = ledger_dir("gpa-sweep");
+    let out = run(child(
+        "every_versioned_form_of_a_wrapped_entry_point_is_wrapped_or_deliberately_not",
+        &ledger,
+        Some("1Gi"),
+    )
+    .env("CUVISOR_TEST_BASES", bases.join(",")))
+    .success();
+    let mut answers = 0;
+    let mut unwrapped = std::collections::BTreeSet::new();
+    let mut stubs = std::collections::BTreeSet::new();
+    for l in out.stdout.lines().filter(|l| l.starts_with("gpa ")) {
+        let f: Vec<&str> = l.split(' ').collect();
+        let (base, version, lib, sym) = (f[1], f[2], f[4], f[5]);
+        answers += 1;
+        match lib {
+            "libcuvisor" => {}
+            "libcuda" if wrapped.contains(sym) => {
+                panic!("{base}@{version}: the driver's own {sym}, though libcuvisor wraps it: {l}")
+            }
+            "libcuda" if DELIBERATELY_UNWRAPPED.iter().any(|(n, _)| *n == sym) => {}
+            "libcuda" => {
+                unwrapped.insert(format!("{sym} (from {base}@{version})"));
+            }
+            _ => {
+                stubs.insert(base.to_string());
+            }
+        }
+    }
+    assert!(
+        answers > 10_000,
+        "{answers} answers: the sweep did not run\n{out}"
+    );
+    assert!(
+        unwrapped.is_empty(),
+        "versioned forms of wrapped entry points that reach the driver unwrapped: {unwrapped:?}"
+    );
+    println!(
+        "{answers} lookups of {} wrapped base names, all wrapped; not implemented by the \
+         simulator (its NOT_SUPPORTED stub): {stubs:?}",
+        bases.len()
+    );
+}

@@ -45,17 +45,21 @@ hooks! {
     Cuda cuStreamSynchronize_ptsz(stream: CUstream) => synchronized;
     Cuda cuEventSynchronize(event: CUevent) => synchronized;
     Cuda cuCtxSynchronize() => ctx_synchronized;
+    Cuda cuCtxSynchronize_v2(ctx: CUcontext) => synchronized;
     Cuda cuMemExportToShareableHandle(out: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int, flags: u64) => mem_export;
     Cuda cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) => mem_create;
     Cuda cuMemRelease(handle: CUmemGenericAllocationHandle) => mem_release;
     Cuda cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) => mem_map;
     Cuda cuMemUnmap(ptr: CUdeviceptr, size: usize) => mem_unmap;
     Cuda cuArrayCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) => array_create;
+    Cuda cuArrayCreate(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) => array_create_v1;
     Cuda cuArray3DCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) => array3d_create;
+    Cuda cuArray3DCreate(array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1) => array3d_create_v1;
     Cuda cuMipmappedArrayCreate(array: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) => mipmapped_create;
     Cuda cuArrayDestroy(array: CUarray) => handle_destroy;
     Cuda cuMipmappedArrayDestroy(array: CUmipmappedArray) => handle_destroy;
     Cuda cuCtxCreate_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => ctx_create_v2;
+    Cuda cuCtxCreate(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => ctx_create_v1;
     Cuda cuCtxCreate_v3(ctx: *mut CUcontext, params: *mut c_void, nparams: c_int, flags: c_uint, dev: CUdevice) => ctx_create_v3;
     Cuda cuCtxCreate_v4(ctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) => ctx_create_v4;
     Cuda cuCtxDestroy_v2(ctx: CUcontext) => ctx_destroy;
@@ -809,6 +813,43 @@ fn array3d_create(
     handle_alloc("cuArray3DCreate_v2", bytes, a, || real(a, desc))
 }
 
+/// The CUDA 2.x form (32-bit extents), which cuGetProcAddress hands out below version 3020.
+fn array_create_v1(
+    real: impl Fn(*mut CUarray, *const CUDA_ARRAY_DESCRIPTOR_v1) -> u32,
+    a: *mut CUarray,
+    desc: *const CUDA_ARRAY_DESCRIPTOR_v1,
+) -> u32 {
+    let bytes = read(desc).and_then(|d| {
+        crate::quota::array_bytes(
+            d.Width as usize,
+            d.Height as usize,
+            1,
+            d.Format,
+            d.NumChannels,
+            1,
+        )
+    });
+    handle_alloc("cuArrayCreate", bytes, a, || real(a, desc))
+}
+
+fn array3d_create_v1(
+    real: impl Fn(*mut CUarray, *const CUDA_ARRAY3D_DESCRIPTOR_v1) -> u32,
+    a: *mut CUarray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1,
+) -> u32 {
+    let bytes = read(desc).and_then(|d| {
+        crate::quota::array_bytes(
+            d.Width as usize,
+            d.Height as usize,
+            d.Depth as usize,
+            d.Format,
+            d.NumChannels,
+            1,
+        )
+    });
+    handle_alloc("cuArray3DCreate", bytes, a, || real(a, desc))
+}
+
 fn mipmapped_create(
     real: impl Fn(*mut CUmipmappedArray, *const CUDA_ARRAY3D_DESCRIPTOR, c_uint) -> u32,
     a: *mut CUmipmappedArray,
@@ -920,6 +961,16 @@ fn ctx_create_v2(
     dev: CUdevice,
 ) -> u32 {
     ctx_create("cuCtxCreate_v2", ctx, dev, || real(ctx, flags, dev))
+}
+
+/// The CUDA 2.x entry point (cuGetProcAddress hands it out below version 3020): the same call.
+fn ctx_create_v1(
+    real: impl Fn(*mut CUcontext, c_uint, CUdevice) -> u32,
+    ctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+) -> u32 {
+    ctx_create("cuCtxCreate", ctx, dev, || real(ctx, flags, dev))
 }
 
 fn ctx_create_v3(

@@ -375,6 +375,30 @@ pub struct CUDA_ARRAY3D_DESCRIPTOR {
     pub Flags: c_uint,
 }
 
+/// The descriptors of the CUDA 2.x ABI (`cuArrayCreate`, `cuArray3DCreate` without `_v2`, which
+/// libcuda still exports and `cuGetProcAddress` hands out for a `cudaVersion` below 3020): the
+/// same fields with 32-bit extents (cuda.h's `CUDA_ARRAY_DESCRIPTOR_v1`,
+/// `CUDA_ARRAY3D_DESCRIPTOR_v1`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_ARRAY_DESCRIPTOR_v1 {
+    pub Width: c_uint,
+    pub Height: c_uint,
+    pub Format: c_int,
+    pub NumChannels: c_uint,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR_v1 {
+    pub Width: c_uint,
+    pub Height: c_uint,
+    pub Depth: c_uint,
+    pub Format: c_int,
+    pub NumChannels: c_uint,
+    pub Flags: c_uint,
+}
+
 /// Bytes per channel element of a `CUarray_format`, or None for formats the simulator does not
 /// model (block-compressed and video formats).
 pub fn array_format_bytes(format: c_int) -> Option<usize> {

@@ -337,6 +337,12 @@ export! {
         create_and_push(pctx, flags, dev)
     }
 
+    /// The CUDA 2.x entry point, still exported by libcuda (cuGetProcAddress hands it out below
+    /// version 3020): the same call.
+    fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) {
+        create_and_push(pctx, flags, dev)
+    }
+
     /// v3 adds execution-affinity parameters (SM partitioning), which the simulator accepts and ignores.
     fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut c_void, nparams: i32, flags: c_uint, dev: CUdevice) {
         if nparams < 0 || (nparams > 0 && params.is_null()) {

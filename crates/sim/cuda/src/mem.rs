@@ -1283,6 +1283,16 @@ export! {
         let d: CUDA_ARRAY3D_DESCRIPTOR = read(desc)?;
         create_array(out, array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels)?)
     }
+    /// The CUDA 2.x forms: 32-bit extents (cuda.h `CUDA_ARRAY_DESCRIPTOR_v1`), otherwise the
+    /// same (libcuda exports both; cuGetProcAddress hands these out below version 3020).
+    fn cuArrayCreate(out: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) {
+        let d: CUDA_ARRAY_DESCRIPTOR_v1 = read(desc)?;
+        create_array(out, array_bytes(d.Width as usize, d.Height as usize, 1, d.Format, d.NumChannels)?)
+    }
+    fn cuArray3DCreate(out: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1) {
+        let d: CUDA_ARRAY3D_DESCRIPTOR_v1 = read(desc)?;
+        create_array(out, array_bytes(d.Width as usize, d.Height as usize, d.Depth as usize, d.Format, d.NumChannels)?)
+    }
     fn cuArrayDestroy(a: CUarray) { destroy_array(a as usize) }
     fn cuMipmappedArrayCreate(out: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) {
         let d: CUDA_ARRAY3D_DESCRIPTOR = read(desc)?;
