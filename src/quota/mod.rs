@@ -25,11 +25,20 @@ pub fn charged_size(requested: u64) -> u64 {
 /// CUDA ordinals we keep a resolved entry for (more would be a very large machine).
 const MAX_ORDINALS: usize = 64;
 
+/// `Quota::proc_slot` with no slot.
+const NO_SLOT: usize = usize::MAX;
+
 pub struct Quota {
     pub config: Config,
     pub ledger: Ledger,
-    /// This process's slot in the ledger (a forked child takes its own: see `after_fork`).
+    /// This process's slot in the ledger (a forked child takes its own: see `after_fork`);
+    /// [`NO_SLOT`] once it was given back at exit (later charges are refused, later frees do
+    /// nothing: the slot may be another process's by then).
     proc_slot: AtomicUsize,
+    /// Per ledger device entry: the limit this process's own configuration gives it. Charges
+    /// are held to it as well as to the entry's limit in the ledger, which the container can
+    /// write.
+    caps: [AtomicU64; MAX_DEVICES],
     /// CUDA ordinal -> ledger device entry + 1 (0: not resolved yet).
     entries: [AtomicU32; MAX_ORDINALS],
     /// Device pointers -> (entry, bytes).
@@ -68,6 +77,7 @@ impl Quota {
             config,
             ledger,
             proc_slot: AtomicUsize::new(proc_slot),
+            caps: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
             entries: std::array::from_fn(|_| AtomicU32::new(0)),
             ptrs: Table::new(1 << 20).ok_or("cannot reserve the allocation table")?,
             handles: Table::new(1 << 16).ok_or("cannot reserve the handle table")?,
@@ -78,22 +88,32 @@ impl Quota {
     }
 
     /// In a child made by fork(): the parent's slot is the parent's, so the child claims its own
-    /// (CUDA itself is unusable in a forked child, so it holds no charges to carry over).
+    /// (CUDA itself is unusable in a forked child, so it holds no charges to carry over). Without
+    /// a description of its own the child claims nothing and is refused every allocation: a
+    /// slot leased through the parent's description would look dead to the parent, and the
+    /// parent's to the child.
     pub fn after_fork(&self) {
         let (pid, start) = cuvisor_shm::process::me();
-        // The inherited descriptor holds the parent's lease; the child's slot needs its own.
         if let Err(e) = self.ledger.after_fork() {
-            crate::log::error(&format!("ledger after fork: {e}"));
+            self.proc_slot.store(NO_SLOT, Relaxed);
+            crate::log::error(&format!(
+                "ledger {}: cannot reopen after fork ({e}): GPU memory allocations refused",
+                self.ledger.path().display()
+            ));
+            return;
         }
-        if let Some(s) = self.ledger.claim_proc(pid, start) {
-            self.proc_slot.store(s, Relaxed);
-        }
+        self.proc_slot.store(
+            self.ledger.claim_proc(pid, start).unwrap_or(NO_SLOT),
+            Relaxed,
+        );
     }
 
     /// At a normal exit: give back whatever this process still holds (only its own slot).
+    /// The slot is let go first, so that a thread still charging or freeing meanwhile touches
+    /// it no more.
     pub fn release_at_exit(&self) {
-        let slot = self.proc_slot.load(Relaxed);
-        if self.ledger.procs()[slot].pid.load(Relaxed) == std::process::id() {
+        let slot = self.proc_slot.swap(NO_SLOT, Relaxed);
+        if slot != NO_SLOT && self.ledger.procs()[slot].pid.load(Relaxed) == std::process::id() {
             self.ledger.release_proc(slot);
         }
     }
@@ -107,6 +127,7 @@ impl Quota {
                 let u = uuid()?;
                 let limit = self.config.limit_for(ordinal as u32, &u);
                 let e = self.ledger.device_for(u, limit)?;
+                self.caps[e].fetch_min(limit, Relaxed);
                 slot.store(e as u32 + 1, Release);
                 Some(e)
             }
@@ -117,36 +138,47 @@ impl Quota {
     /// The ledger entry of a GPU known by UUID (NVML's view), created if this process has not
     /// touched it through CUDA yet. `ordinal` is NVML's index, for limits given by ordinal.
     pub fn entry_by_uuid(&self, uuid: [u8; 16], ordinal: u32) -> Option<usize> {
-        if let Some((i, _, _)) = self.ledger.devices().find(|(_, u, _)| *u == uuid) {
-            return Some(i);
-        }
-        self.ledger
-            .device_for(uuid, self.config.limit_for(ordinal, &uuid))
+        let limit = self.config.limit_for(ordinal, &uuid);
+        let e = match self.ledger.devices().find(|(_, u, _)| *u == uuid) {
+            Some((i, _, _)) => i,
+            None => self.ledger.device_for(uuid, limit)?,
+        };
+        self.caps[e].fetch_min(limit, Relaxed);
+        Some(e)
     }
 
     /// Charges `bytes` on entry `e` before the driver allocates. A full quota first gives back
     /// what dead processes of the container still hold, then tries once more.
     pub fn charge(&self, e: usize, bytes: u64) -> Result<(), Refusal> {
         let slot = self.proc_slot.load(Relaxed);
-        match self.ledger.try_charge(e, slot, bytes) {
+        if slot == NO_SLOT {
+            return Err(Refusal::NoEntry);
+        }
+        let cap = self.caps[e].load(Relaxed);
+        match self.ledger.try_charge_capped(e, slot, bytes, cap) {
             Ok(()) => Ok(()),
             Err(_) if self.ledger.reclaim_dead() > 0 => self
                 .ledger
-                .try_charge(e, slot, bytes)
+                .try_charge_capped(e, slot, bytes, cap)
                 .map_err(Refusal::Quota),
             Err(d) => Err(Refusal::Quota(d)),
         }
     }
 
     pub fn uncharge(&self, e: usize, bytes: u64) {
-        self.ledger.uncharge(e, self.proc_slot.load(Relaxed), bytes);
+        let slot = self.proc_slot.load(Relaxed);
+        if slot != NO_SLOT {
+            self.ledger.uncharge(e, slot, bytes);
+        }
     }
 
     /// Charges memory the driver has already handed out, above the quota if need be (see
     /// `pools`: the caller undoes the allocation right after).
     pub fn force_charge(&self, e: usize, bytes: u64) {
-        self.ledger
-            .force_charge(e, self.proc_slot.load(Relaxed), bytes);
+        let slot = self.proc_slot.load(Relaxed);
+        if slot != NO_SLOT {
+            self.ledger.force_charge(e, slot, bytes);
+        }
     }
 
     /// Records what `key` was charged. If the table is full the charge stays (counted until the
