@@ -264,7 +264,10 @@ impl<IO> AuthorityFix<IO> {
                 });
             }
             (CONTINUATION, Some(b)) if b.stream == stream => {
-                if b.fragment.len() + payload.len() > MAX_BLOCK {
+                // The frames held count too: empty CONTINUATION frames without end would grow
+                // `held` by their 9-byte headers for ever (h2's own CONTINUATION-flood guard
+                // never sees what this layer holds).
+                if b.fragment.len() + payload.len() > MAX_BLOCK || self.held.len() > 2 * MAX_BLOCK {
                     return Err(Unfollowed);
                 }
                 b.fragment.extend_from_slice(payload);
@@ -702,6 +705,27 @@ mod tests {
         let mut out = Vec::new();
         let e = AuthorityFix::new(&after[..]).read_to_end(&mut out).await;
         assert_eq!(e.unwrap_err().kind(), io::ErrorKind::InvalidData);
+    }
+
+    /// A HEADERS frame without END_HEADERS and then empty CONTINUATION frames, without end:
+    /// what is held stays bounded (once, it grew by 9 bytes a frame for as long as the client
+    /// sent them, past MAX_BLOCK: h2's own flood guard never saw them). (Found by review.)
+    #[test]
+    fn an_endless_run_of_empty_continuation_frames_is_not_held() {
+        let mut fix = AuthorityFix::new(());
+        fix.input.extend_from_slice(PREFACE);
+        fix.input.extend(frame(HEADERS, 0, 1, &[0x82])); // :method GET, no END_HEADERS
+        fix.process().unwrap();
+        let empty = frame(CONTINUATION, 0, 1, &[]);
+        for _ in 0..4 * MAX_BLOCK / empty.len() {
+            fix.input.extend_from_slice(&empty);
+            fix.process().unwrap();
+            assert!(
+                fix.held.len() <= 2 * MAX_BLOCK + empty.len(),
+                "{} held",
+                fix.held.len()
+            );
+        }
     }
 
     #[test]

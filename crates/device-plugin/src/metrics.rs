@@ -200,10 +200,13 @@ pub fn read_ledger(a: &Allocation) -> Vec<(String, Usage)> {
     let Ok(snap) = Snapshot::read(dir) else {
         return Vec::new();
     };
+    let mut seen = std::collections::HashSet::new();
     snap.devices
         .into_iter()
         .map(|e| (uuid_string(e.uuid), e))
         .filter(|(uuid, _)| a.gpus.iter().any(|g| &g.uuid == uuid))
+        // One entry per GPU, the first: a planted ledger may list one GPU many times.
+        .filter(|(uuid, _)| seen.insert(uuid.clone()))
         .map(|(uuid, e)| {
             (
                 uuid,
@@ -361,10 +364,11 @@ pub fn render(
             c_thr.samples.push((l.clone(), u.throttled_ns as f64 / NS));
             c_launch.samples.push((l, u.launches as f64));
             let e = by_gpu.entry(uuid).or_default();
-            e.0.used += u.used;
-            e.0.denied += u.denied;
-            e.0.gpu_ns += u.gpu_ns;
-            e.0.throttled_ns += u.throttled_ns;
+            // Container-written numbers: a sum must not wrap (or panic) on a planted u64::MAX.
+            e.0.used = e.0.used.saturating_add(u.used);
+            e.0.denied = e.0.denied.saturating_add(u.denied);
+            e.0.gpu_ns = e.0.gpu_ns.saturating_add(u.gpu_ns);
+            e.0.throttled_ns = e.0.throttled_ns.saturating_add(u.throttled_ns);
         }
     }
     for uuid in health.keys() {

@@ -414,3 +414,44 @@ async fn idle_and_trickling_metrics_clients_are_crowded_out_and_cut_off() {
     drop(idle);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// A ledger a container planted: its one GPU listed in all 16 entries, each claiming
+/// u64::MAX refusals and GPU time. The node's totals neither wrap nor panic (a debug build's
+/// overflow check once made every scrape an empty answer), and the GPU has one series.
+#[test]
+fn a_planted_ledger_cannot_wrap_or_panic_the_gpu_totals() {
+    use std::sync::atomic::Ordering::Release;
+    let root = tmp("planted");
+    let reg = Registry::open(&root).unwrap();
+    let a = memory_alloc(&root, "p1", &["m-p-0"], UUID_A, GIB, 512);
+    let l = Ledger::open_dir(a.ledger_dir.as_ref().unwrap()).unwrap();
+    let (hi, lo) = UUID_A.split_at(8);
+    for i in 0..cuvisor_shm::ledger::MAX_DEVICES {
+        let e = l.device(i);
+        e.uuid_words[0].store(u64::from_be_bytes(hi.try_into().unwrap()), Release);
+        e.uuid_words[1].store(u64::from_be_bytes(lo.try_into().unwrap()), Release);
+        e.denied.store(u64::MAX, Release);
+        e.gpu_ns.store(u64::MAX, Release);
+        e.throttled_ns.store(u64::MAX, Release);
+        e.state.store(cuvisor_shm::ledger::DEV_READY, Release);
+    }
+    reg.insert(a).unwrap();
+    let (_, health) = health_channel();
+    let text = Metrics::new(reg.view(), PodCache::new())
+        .with_health(health)
+        .render();
+    let uuid = metrics::uuid_string(UUID_A);
+    let series: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("cuvisor_container_memory_used_bytes{") && l.contains(&uuid))
+        .collect();
+    assert_eq!(series.len(), 1, "{text}");
+    let denied = text
+        .lines()
+        .find(|l| l.starts_with("cuvisor_gpu_") && l.contains("denied") && l.contains(&uuid))
+        .unwrap_or_else(|| panic!("no per-GPU refusals series\n{text}"));
+    assert!(
+        denied.ends_with(&format!(" {}", u64::MAX as f64)),
+        "{denied}"
+    );
+}
