@@ -27,6 +27,13 @@ pub enum Mode {
     Broken(String),
 }
 
+/// Says "this is libcuvisor" to `cuvisor run`, which refuses to preload a library without it
+/// (any loadable shared object would otherwise run the command with no quota). The value is the
+/// ledger layout this build speaks.
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static cuvisor_ledger_version: u32 = cuvisor_shm::ledger::VERSION;
+
 static MODE: OnceLock<Mode> = OnceLock::new();
 static COMPUTE: OnceLock<Option<timeslice::Compute>> = OnceLock::new();
 

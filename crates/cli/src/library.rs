@@ -208,6 +208,10 @@ fn probe(path: &Path, ld_library_path: Option<&OsStr>) -> Result<(), String> {
             "does not load: loading it killed the process (signal {sig})"
         )),
         None if said.is_empty() => Err(format!("does not load ({status})")),
+        // The probe's own verdict on a library that loads (not libcuvisor, another version).
+        None if said.starts_with("loads, but") || said.starts_with("is libcuvisor") => {
+            Err(said.to_string())
+        }
         None => Err(format!("does not load: {said}")),
     }
 }
@@ -222,6 +226,29 @@ pub fn probe_main(path: &Path) -> (String, u8) {
     // that exists for nothing else (environment emptied by `probe`).
     let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if !handle.is_null() {
+        // SAFETY: a live handle and a NUL-terminated name; the symbol is only read as a u32,
+        // which libcuvisor defines it as.
+        let marker = unsafe { libc::dlsym(handle, c"cuvisor_ledger_version".as_ptr()) };
+        if marker.is_null() {
+            return (
+                "loads, but is not libcuvisor (no cuvisor_ledger_version symbol): the command \
+                 would run with no quota\n"
+                    .into(),
+                1,
+            );
+        }
+        // SAFETY: as above: a u32 static of the library, mapped while the handle lives.
+        let v = unsafe { *(marker as *const u32) };
+        if v != cuvisor_shm::ledger::VERSION {
+            return (
+                format!(
+                    "is libcuvisor for ledger version {v}, this cuvisor speaks {}: build them \
+                     together\n",
+                    cuvisor_shm::ledger::VERSION
+                ),
+                1,
+            );
+        }
         return (String::new(), 0);
     }
     // SAFETY: dlerror returns null or a NUL-terminated string valid until the next dl* call on

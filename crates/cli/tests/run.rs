@@ -840,6 +840,12 @@ fn library_etc_hostname_is_refused_instead_of_running_without_a_quota() {
             library_with_a_missing_symbol(&scratch),
             "does not load: undefined symbol: cuvisor_test_missing".into(),
         ),
+        // A library that loads but is not libcuvisor (the simulator's NVML): it too would run
+        // the command with no quota. (Found by review.)
+        (
+            built().join("sim/libnvidia-ml.so.1"),
+            "loads, but is not libcuvisor".into(),
+        ),
     ];
     if std::fs::read("/etc/hostname").is_ok_and(|h| !h.starts_with(b"\x7fELF")) {
         cases.push((
