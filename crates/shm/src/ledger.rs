@@ -414,11 +414,16 @@ impl Ledger {
     /// between over-counts, never under-counts.
     pub fn uncharge(&self, d: usize, p: usize, bytes: u64) {
         let slot = &self.layout().procs[p].charged[d];
-        let mut took = 0;
-        let _ = slot.fetch_update(AcqRel, Acquire, |c| {
-            took = bytes.min(c & BYTES_MASK);
-            Some((c - took).wrapping_add(TOP_ONE))
-        });
+        // One fetch_add (no CAS loop to retry under contention): the bytes out, a mark in.
+        let prev = slot.fetch_add(TOP_ONE.wrapping_sub(bytes), AcqRel);
+        let mut took = bytes;
+        if prev & BYTES_MASK < bytes {
+            // The slot held less than this free (never for a matched charge; a slot the
+            // container rewrote): the subtraction borrowed from the marks. Put back what was
+            // not there, which carries the mark back in; give back only what the slot held.
+            took = prev & BYTES_MASK;
+            slot.fetch_add(bytes - took, AcqRel);
+        }
         step(4);
         sub_used(&self.layout().devices[d].used, took);
         step(5);
@@ -1050,6 +1055,22 @@ mod tests {
         repairer.join().unwrap();
         assert_eq!(l.device(d).used_bytes(), 4_000_000);
         assert_eq!(sum_slots(&l, d), 4_000_000);
+        cleanup(&l);
+    }
+
+    /// A free of more than the slot holds (a slot the container rewrote) gives back only what
+    /// the slot held and leaves no mark behind.
+    #[test]
+    fn a_free_of_more_than_the_slot_holds_leaves_it_sound() {
+        let l = temp_ledger("overfree");
+        let d = l.device_for([13; 16], 1 << 30).unwrap();
+        let p = l.claim_proc(1, 1).unwrap();
+        let q = l.claim_proc(2, 1).unwrap();
+        l.try_charge(d, q, 1000).unwrap(); // another process's charge, which must stay
+        l.try_charge(d, p, 100).unwrap();
+        l.uncharge(d, p, 300);
+        assert_eq!(l.procs()[p].charged[d].load(Relaxed), 0);
+        assert_eq!(l.device(d).used_bytes(), 1000);
         cleanup(&l);
     }
 
