@@ -224,6 +224,11 @@ impl Shared {
                     continue;
                 }
                 if s.pid.compare_exchange(0, pid, AcqRel, Relaxed).is_ok() {
+                    // A new process has no history: the slot's last owner's busy buckets (its
+                    // kernels, some queued ahead of now) are not this one's utilization.
+                    for b in s.util.iter().flatten() {
+                        b.store(0, Relaxed);
+                    }
                     s.start_time.store(start, Release);
                     return Some(i);
                 }
@@ -498,6 +503,23 @@ mod tests {
         s.procs()[mine].pid.store(999_999, Relaxed); // a pid of another namespace
         let other = Shared::attach_at(&m, &s.path).unwrap();
         assert_eq!(other.reclaim_dead(), 0);
+        let _ = std::fs::remove_file(&s.path);
+    }
+
+    /// A reused process slot once kept its dead owner's busy history, so for about 5 s a new
+    /// process showed the old one's utilization in NVML.
+    #[test]
+    fn a_reused_process_slot_starts_with_no_utilization() {
+        let (_m, s) = temp_state("reuse-util");
+        let slot = s.claim_slot().unwrap();
+        s.run_kernel(slot, 1, 0, 50_000_000); // 50 ms, most of it queued ahead of now
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(s.proc_busy_since(&s.procs()[slot], 1, 0) > 0);
+        s.release_slot(slot);
+        let again = s.claim_slot().unwrap();
+        assert_eq!(again, slot, "the first free slot again");
+        assert_eq!(s.proc_busy_since(&s.procs()[again], 1, 0), 0);
+        s.release_slot(again);
         let _ = std::fs::remove_file(&s.path);
     }
 
