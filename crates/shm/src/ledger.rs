@@ -503,12 +503,10 @@ impl Ledger {
             if pid == 0 {
                 // A free slot with something left in it by a process that died after giving it
                 // back (a thread inside an operation when the process ended): once nobody holds
-                // its lease, that is the dead's and goes back. (Never our own: our description
-                // does not conflict with itself, so `held` cannot tell.)
+                // its lease (taking it succeeds), that is the dead's and goes back. (Never our
+                // own: our description does not conflict with itself, so it would succeed.)
                 if i != self.own.load(Relaxed)
                     && s.charged.iter().any(|c| c.load(Acquire) != 0)
-                    && !lease::held(self.map.file(), i, 1).unwrap_or(true)
-                    && s.pid.load(Acquire) == 0
                     && lease::try_hold(self.map.file(), i, false).unwrap_or(false)
                 {
                     if s.pid.load(Acquire) == 0 {
