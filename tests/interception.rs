@@ -977,11 +977,7 @@ fn allocation_paths() {
                 ok(sync_ptsz(null_mut()));
             })
         });
-        let mut props: cu::CUmemPoolProps = std::mem::zeroed();
-        props.allocType = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-        props.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        let mut pool = null_mut();
-        ok(cu::cuMemPoolCreate(&mut pool, &props));
+        let pool = create_pool();
         charged_exactly("cuMemAllocFromPoolAsync", 64 * MIB, || {
             let mut p = 0;
             ok(cu::cuMemAllocFromPoolAsync(

@@ -363,11 +363,13 @@ const _: () = assert!(
 );
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::Target;
 
-    fn quota(tag: &str, limit: u64) -> Quota {
+    /// A quota of `limit` on every device, with a scratch ledger of its own (also for
+    /// `pools`' tests).
+    pub(crate) fn quota(tag: &str, limit: u64) -> Quota {
         let dir = std::env::temp_dir().join(format!("cuvisor-quota-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         Quota::new(Config {

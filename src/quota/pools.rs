@@ -573,22 +573,13 @@ impl Quota {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Config, Target};
     use std::collections::HashMap;
     use std::sync::Arc;
 
     const MIB: u64 = 1 << 20;
 
     fn quota(tag: &str, limit: u64) -> Quota {
-        let dir = std::env::temp_dir().join(format!("cuvisor-pools-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        Quota::new(Config {
-            limits: vec![(Target::All, limit)],
-            caps: Vec::new(),
-            state_dir: dir,
-            context_reserve: 0,
-        })
-        .unwrap()
+        crate::quota::tests::quota(&format!("pools-{tag}"), limit)
     }
 
     fn used(q: &Quota, e: usize) -> u64 {

@@ -297,27 +297,41 @@ fn the_exit_status_is_the_commands() {
 fn sigint_and_sigterm_are_passed_on() {
     let scratch = Scratch::new("signals");
     for (sig, name, code) in [(libc::SIGTERM, "TERM", 42), (libc::SIGINT, "INT", 43)] {
-        let script = format!(
-            "trap 'echo got {name}; exit {code}' {name}; echo ready; while :; do sleep 0.1; done"
-        );
-        let mut child = command(
-            &["run", "--memory", "1Gi", "--", "sh", "-c", &script],
-            &scratch,
-            &[],
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        assert_eq!(lines.next().unwrap().unwrap(), "ready");
-        // SAFETY: plain kill(2) of our own child.
-        assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
-        let status = child.wait().unwrap();
-        assert_eq!(status.code(), Some(code), "SIG{name}");
-        assert_eq!(lines.next().unwrap().unwrap(), format!("got {name}"));
+        signal_reaches_the_command(&scratch, sig, name, code);
     }
-    assert_eq!(scratch.leftovers(), Vec::<PathBuf>::new());
+}
+
+/// Sends `sig` to a `cuvisor run` whose command traps it (and exits `code`), with the run's
+/// temporary directory there before; the command got it, cuvisor exited with its status and
+/// removed the directory.
+fn signal_reaches_the_command(scratch: &Scratch, sig: libc::c_int, name: &str, code: i32) {
+    // Bounded: a command left behind ends by itself.
+    let script = format!(
+        "trap 'echo got {name}; exit {code}' {name}; echo ready; i=0; \
+         while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; exit 99"
+    );
+    let mut child = command(
+        &["run", "--memory", "1Gi", "--", "sh", "-c", &script],
+        scratch,
+        &[],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    assert_eq!(
+        scratch.leftovers().len(),
+        1,
+        "the run's temporary directory"
+    );
+    // SAFETY: plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(code), "SIG{name}: {status}");
+    assert_eq!(lines.next().unwrap().unwrap(), format!("got {name}"));
+    assert_eq!(scratch.leftovers(), Vec::<PathBuf>::new(), "SIG{name}");
 }
 
 /// What the command gets: the library first in LD_PRELOAD, the quota in bytes, a fresh state
@@ -1274,33 +1288,7 @@ fn sighup_of_cuvisor_run_reaches_the_command_and_the_scratch_is_removed() {
         (libc::SIGUSR1, "USR1", 46),
         (libc::SIGUSR2, "USR2", 47),
     ] {
-        // Bounded: a command left behind ends by itself.
-        let script = format!(
-            "trap 'echo got {name}; exit {code}' {name}; echo ready; i=0; \
-             while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; exit 99"
-        );
-        let mut child = command(
-            &["run", "--memory", "1Gi", "--", "sh", "-c", &script],
-            &scratch,
-            &[],
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        assert_eq!(lines.next().unwrap().unwrap(), "ready");
-        assert_eq!(
-            scratch.leftovers().len(),
-            1,
-            "the run's temporary directory"
-        );
-        // SAFETY: plain kill(2) of our own child.
-        assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
-        let status = child.wait().unwrap();
-        assert_eq!(status.code(), Some(code), "SIG{name}: {status}");
-        assert_eq!(lines.next().unwrap().unwrap(), format!("got {name}"));
-        assert_eq!(scratch.leftovers(), Vec::<PathBuf>::new(), "SIG{name}");
+        signal_reaches_the_command(&scratch, sig, name, code);
     }
 }
 

@@ -203,18 +203,23 @@ fn spawn_plugin_under(
             c
         }
     };
-    let child = cmd
-        .arg("--config")
+    let child = plugin_args(&mut cmd, s, preset, &cfg)
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start cuvisor-device-plugin");
+    PluginProcess(child)
+}
+
+/// The plugin's arguments and environment: config `cfg`, the simulator's `preset` with the
+/// scratch's state, nothing of cuvisor's own preloaded; stdout discarded.
+fn plugin_args<'c>(cmd: &'c mut Command, s: &Scratch, preset: &str, cfg: &Path) -> &'c mut Command {
+    cmd.arg("--config")
         .arg(cfg)
         .args(["--sim", preset])
         .env("CUVISOR_SIM_STATE", s.0.join("sim.state"))
         .env_remove("LD_PRELOAD")
         .env_remove("CUVISOR_CONFIG")
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start cuvisor-device-plugin");
-    PluginProcess(child)
 }
 
 async fn client(dir: &Path, endpoint: &str) -> DevicePluginClient<Channel> {
@@ -1102,14 +1107,7 @@ fn run_plugin_to_exit(
     cfg: &Path,
     within: Duration,
 ) -> (Option<i32>, String) {
-    let mut child = Command::new(EXE)
-        .arg("--config")
-        .arg(cfg)
-        .args(["--sim", preset])
-        .env("CUVISOR_SIM_STATE", s.0.join("sim.state"))
-        .env_remove("LD_PRELOAD")
-        .env_remove("CUVISOR_CONFIG")
-        .stdout(Stdio::null())
+    let mut child = plugin_args(&mut Command::new(EXE), s, preset, cfg)
         .stderr(Stdio::piped())
         .spawn()
         .expect("start cuvisor-device-plugin");

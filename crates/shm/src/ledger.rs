@@ -785,9 +785,7 @@ mod tests {
     pub(super) static KILL_AT: AtomicU32 = AtomicU32::new(0);
 
     fn temp_dir(tag: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("cuvisor-ledger-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir
+        cuvisor_testkit::fresh_dir(&format!("ledger-{tag}"))
     }
 
     fn temp_ledger(tag: &str) -> Ledger {

@@ -275,10 +275,7 @@ mod tests {
     }
 
     fn scratch(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("cuvisor-mapped-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        cuvisor_testkit::fresh_dir(&format!("mapped-{tag}"))
     }
 
     #[test]

@@ -20,10 +20,7 @@ fn wait_for(path: &Path) {
 }
 
 fn rendezvous_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("cuvisor-rdv-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    cuvisor_testkit::fresh_dir(&format!("rdv-{tag}"))
 }
 
 #[test]

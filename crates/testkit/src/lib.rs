@@ -79,3 +79,12 @@ pub fn compile_c(src: &Path, dir: &Path, name: &str) -> PathBuf {
     assert!(status.success(), "compiling {}", src.display());
     out
 }
+
+/// `$TMPDIR/cuvisor-<name>-<pid>`, emptied and created: a scratch directory of this test
+/// process's own.
+pub fn fresh_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cuvisor-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("create a scratch directory");
+    d
+}

@@ -7,10 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("cuvisor-runc-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    cuvisor_testkit::fresh_dir(&format!("runc-{tag}"))
 }
 
 #[test]
