@@ -66,19 +66,7 @@ pub fn open_regular(path: &Path, links: Links) -> Result<File, NotOpened> {
 }
 
 /// Reads up to `buf.len()` bytes from the start of `file`; fewer only at its end.
-pub fn read_head(file: &File, buf: &mut [u8]) -> std::io::Result<usize> {
-    use std::os::unix::fs::FileExt as _;
-    let mut got = 0;
-    while got < buf.len() {
-        match file.read_at(&mut buf[got..], got as u64) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
-}
+pub use cuvisor_shm::mapped::read_head;
 
 #[cfg(test)]
 mod tests {

@@ -14,7 +14,6 @@
 
 use crate::mapped::{self, Flock, Mapped};
 use crate::{lease, process};
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 
@@ -637,11 +636,10 @@ impl Snapshot {
     /// Reads `<dir>/ledger`. `dir` is a directory the caller trusts (made by it); the ledger in
     /// it is not trusted.
     pub fn read(dir: &Path) -> Result<Snapshot, String> {
-        use std::os::unix::fs::FileExt;
         let shown = dir.join(FILE_NAME);
         let e =
             |what: &str, err: std::io::Error| format!("ledger {}: {what}: {err}", shown.display());
-        let file = open_beneath(dir, FILE_NAME).map_err(|err| e("open", err))?;
+        let file = mapped::open_beneath(dir, FILE_NAME).map_err(|err| e("open", err))?;
         let size = std::mem::size_of::<Layout>();
         let len = file.metadata().map_err(|err| e("stat", err))?.len();
         if len != size as u64 {
@@ -657,15 +655,7 @@ impl Snapshot {
         // SAFETY: the box is `size` bytes we own; u8 has no invalid values and we only write.
         let bytes = unsafe { std::slice::from_raw_parts_mut(copy.as_mut_ptr().cast::<u8>(), size) };
         bytes.fill(0);
-        let mut got = 0;
-        while got < wanted {
-            match file.read_at(&mut bytes[got..wanted], got as u64) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(err) => return Err(e("read", err)),
-            }
-        }
+        let got = mapped::read_head(&file, &mut bytes[..wanted]).map_err(|err| e("read", err))?;
         if got < wanted {
             return Err(format!(
                 "ledger {}: truncated while read ({got} bytes)",
@@ -706,54 +696,11 @@ impl Snapshot {
 /// slot's lease), asked without reading or mapping the ledger and without waiting. No ledger
 /// file: Ok(false) (no CUDA process ever ran). A ledger that is not a regular file: an error.
 pub fn any_alive(dir: &Path) -> std::io::Result<bool> {
-    match open_beneath(dir, FILE_NAME) {
+    match mapped::open_beneath(dir, FILE_NAME) {
         Ok(f) => lease::held(&f, 0, MAX_PROCS),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
     }
-}
-
-/// Opens `name` inside `dir` read-only: no symlink followed (in `name`; `dir` itself is opened
-/// with O_NOFOLLOW too), no blocking on a special file, a regular file only.
-pub fn open_beneath(dir: &Path, name: &str) -> std::io::Result<std::fs::File> {
-    use std::os::fd::FromRawFd;
-    use std::os::unix::ffi::OsStrExt;
-    let cdir = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    let cname = std::ffi::CString::new(name)
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    if name.contains('/') {
-        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
-    }
-    // SAFETY: valid NUL-terminated paths; each descriptor is owned by a File at once.
-    let d = unsafe {
-        libc::open(
-            cdir.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    if d < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: d was just opened.
-    let dirf = unsafe { std::fs::File::from_raw_fd(d) };
-    // SAFETY: as above.
-    let fd = unsafe {
-        libc::openat(
-            dirf.as_raw_fd(),
-            cname.as_ptr(),
-            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fd was just opened.
-    let f = unsafe { std::fs::File::from_raw_fd(fd) };
-    if !f.metadata()?.file_type().is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    Ok(f)
 }
 
 /// A random, non-zero 64-bit id (getrandom; the clock and pid if that fails).

@@ -107,26 +107,106 @@ fn err(what: &str, path: &Path, how: &str, e: impl std::fmt::Display) -> String 
     format!("{what} {}: {how}: {e}", path.display())
 }
 
-/// Opens a regular file without following a symlink or blocking on a special file.
-pub fn open_regular(path: &Path, write: bool, create: Option<u32>) -> std::io::Result<File> {
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    let mut flags = libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
-    flags |= if write { libc::O_RDWR } else { libc::O_RDONLY };
-    if create.is_some() {
-        flags |= libc::O_CREAT;
-    }
-    // SAFETY: a valid NUL-terminated path; the mode argument is read only with O_CREAT.
-    let fd = unsafe { libc::open(c.as_ptr(), flags, create.unwrap_or(0) as libc::c_uint) };
+/// What every open of a file someone else may have put in place adds: no symlink followed in
+/// the last component, no blocking on a FIFO, no controlling terminal.
+const UNTRUSTED: libc::c_int =
+    libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+
+fn not_regular() -> std::io::Error {
+    std::io::Error::other("not a regular file")
+}
+
+/// The file of a descriptor just opened (`fd` from open(2), negative on failure), if it is a
+/// regular file.
+fn regular(fd: libc::c_int) -> std::io::Result<File> {
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: fd was just opened and is owned by nobody else.
     let file = unsafe { File::from_raw_fd(fd) };
     if !file.metadata()?.file_type().is_file() {
-        return Err(std::io::Error::other("not a regular file"));
+        return Err(not_regular());
     }
     Ok(file)
+}
+
+fn c_path(p: &[u8]) -> std::io::Result<std::ffi::CString> {
+    std::ffi::CString::new(p).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+}
+
+/// Opens a regular file without following a symlink or blocking on a special file. Something
+/// else already there (a device, a FIFO) is refused before it is opened.
+pub fn open_regular(path: &Path, write: bool, create: Option<u32>) -> std::io::Result<File> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_file() => return Err(not_regular()),
+        Err(e) if create.is_none() || e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let c = c_path(path.as_os_str().as_bytes())?;
+    let mut flags = UNTRUSTED | if write { libc::O_RDWR } else { libc::O_RDONLY };
+    if create.is_some() {
+        flags |= libc::O_CREAT;
+    }
+    // SAFETY: a valid NUL-terminated path; the mode argument is read only with O_CREAT.
+    regular(unsafe { libc::open(c.as_ptr(), flags, create.unwrap_or(0) as libc::c_uint) })
+}
+
+/// Opens `name` inside `dir` read-only, as `open_regular` does (`dir` itself is not followed
+/// through a symlink either), so that a directory the caller trusts cannot lead elsewhere.
+pub fn open_beneath(dir: &Path, name: &str) -> std::io::Result<File> {
+    if name.contains('/') {
+        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    }
+    let (cdir, cname) = (
+        c_path(dir.as_os_str().as_bytes())?,
+        c_path(name.as_bytes())?,
+    );
+    // SAFETY: a valid NUL-terminated path.
+    let d = unsafe {
+        libc::open(
+            cdir.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if d < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: d was just opened and is owned by nobody else.
+    let dirf = unsafe { File::from_raw_fd(d) };
+    // SAFETY: zeroed stat is valid; fstatat fills it for a valid dirfd and NUL-terminated name.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe {
+        libc::fstatat(
+            dirf.as_raw_fd(),
+            cname.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    } != 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(not_regular());
+    }
+    // SAFETY: a valid dirfd and NUL-terminated name.
+    regular(unsafe { libc::openat(dirf.as_raw_fd(), cname.as_ptr(), libc::O_RDONLY | UNTRUSTED) })
+}
+
+/// Reads up to `buf.len()` bytes from the start of `file`; fewer only at its end.
+pub fn read_head(file: &File, buf: &mut [u8]) -> std::io::Result<usize> {
+    use std::os::unix::fs::FileExt as _;
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
 }
 
 /// `flock(LOCK_EX)` waited for at most [`LOCK_WAIT`]. The guard unlocks.
