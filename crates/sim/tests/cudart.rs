@@ -17,73 +17,15 @@ use std::process::Command;
 const CUDART12: (&str, &str) = ("nvidia-cuda-runtime-cu12", "12.9.79");
 const CUDART13: (&str, &str) = ("nvidia-cuda-runtime", "13.5.37");
 
-/// `target/ci-tools/<package>-<version>/`, the venv holding the pinned wheel, installing it
-/// first if needed. None (after a SKIPPED line) where it cannot be had, outside CI.
+/// The venv holding one pinned runtime wheel (`target/ci-tools/<package>-<version>/`).
 fn cudart_venv(test: &str, (package, version): (&str, &str)) -> Option<PathBuf> {
-    let tools = cuvisor_testkit::profile_dir_of_test()
-        .parent()
-        .expect("target/")
-        .join("ci-tools");
-    let venv = tools.join(format!("{package}-{version}"));
-    // One install at a time in this process (its tests run as threads).
-    static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
-    if venv.join("installed").exists() {
-        return Some(venv);
-    }
-    // Installed beside its final place and renamed into it, so that two tests (or two test
-    // processes) installing at once never see half a venv.
-    let tmp = tools.join(format!("{package}-{version}.tmp-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    let install = || -> Result<(), String> {
-        std::fs::create_dir_all(&tools).map_err(|e| format!("{}: {e}", tools.display()))?;
-        run(Command::new("python3").arg("-m").arg("venv").arg(&tmp))?;
-        run(Command::new(tmp.join("bin/pip"))
-            .args([
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--no-deps",
-            ])
-            .arg(format!("{package}=={version}")))?;
-        std::fs::write(tmp.join("installed"), "").map_err(|e| e.to_string())?;
-        Ok(())
-    };
-    match install() {
-        Ok(()) => {
-            if std::fs::rename(&tmp, &venv).is_err() {
-                // Another process got there first; theirs is as good.
-                let _ = std::fs::remove_dir_all(&tmp);
-            }
-            Some(venv)
-        }
-        Err(why) => {
-            let _ = std::fs::remove_dir_all(&tmp);
-            let what = format!("cannot install {package}=={version} from PyPI: {why}");
-            if cuvisor_testkit::container::in_ci() {
-                panic!("{test}: {what}. CI is set, so this fails instead of skipping");
-            }
-            use std::io::Write as _;
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n*** SKIPPED {test}: {what} (with CI set this fails) ***\n"
-            );
-            None
-        }
-    }
-}
-
-fn run(cmd: &mut Command) -> Result<(), String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{cmd:?}: {}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
+    use cuvisor_testkit::wheels::{venv, Deps};
+    venv(
+        test,
+        &format!("{package}-{version}"),
+        &[(package, version)],
+        Deps::None,
+    )
 }
 
 /// The runtime library inside the venv: `lib/python3.X/site-packages/nvidia/cuda_runtime/lib`

@@ -4,6 +4,7 @@
 //! them as OCI containers.
 
 pub mod container;
+pub mod wheels;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
