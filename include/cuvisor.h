@@ -152,44 +152,56 @@ typedef struct cuvisor_ledger {
 } cuvisor_ledger;
 
 /*
- * The GPU coordinator: one file per physical GPU, <coord dir>/gpu-<UUID as 32 hex digits>,
- * shared by every container on the GPU (crates/shm/src/coordinator.rs). A slot per container:
- * its compute policy, its token bucket (GPU-time ns) and its use. Same conventions as above:
- * check magic (acquire), version and size; fields marked atomic are read atomically; only
- * slots whose state is CUVISOR_SLOT_READY are in use.
+ * The GPU coordinator (crates/shm/src/coordinator.rs): one directory per physical GPU,
+ * <coord dir>/gpu-<UUID as 32 hex digits>/, holding
+ * - "board" (CUVISOR_COORD_BOARD): which container holds which entry, with what policy. Under
+ *   the device plugin only the plugin writes it; containers see it read-only. Read it whole
+ *   with pread (little-endian, as laid out below); an entry is valid when container != 0,
+ *   index is its position and check matches (see Entry::seal); all zero is a free entry.
+ * - "slot-NN" (NN the entry, two digits): that entry's state, written by its own container
+ *   only. Others read it with pread too, as a claim (never map a file another container can
+ *   truncate).
  */
-#define CUVISOR_COORD_MAGIC UINT64_C(0x3144524F43565543) /* "CUVCORD1" */
-#define CUVISOR_COORD_VERSION 1
+#define CUVISOR_BOARD_MAGIC UINT64_C(0x3244524F42565543) /* "CUVBORD2" */
+#define CUVISOR_STATE_MAGIC UINT64_C(0x3254415453565543) /* "CUVSTAT2" */
+#define CUVISOR_COORD_VERSION 2
+#define CUVISOR_COORD_BOARD "board"
 #define CUVISOR_MAX_SLOTS 64
-#define CUVISOR_SLOT_PROCS 8
-#define CUVISOR_SLOT_FREE 0
-#define CUVISOR_SLOT_CLAIMING 1
-#define CUVISOR_SLOT_READY 2
-#define CUVISOR_POLICY_LIMIT 1 /* param: cap in ppm of GPU time */
-#define CUVISOR_POLICY_SHARE 2 /* param: weight in thousandths */
+#define CUVISOR_POLICY_LIMIT 1 /* param: cap in ppm of GPU time, 1 .. 1000000 */
+#define CUVISOR_POLICY_SHARE 2 /* param: weight in thousandths, 1 .. CUVISOR_MAX_WEIGHT */
+#define CUVISOR_MAX_WEIGHT UINT64_C(1000000000)
 #define CUVISOR_STALE_NS UINT64_C(2000000000)
 
-typedef struct cuvisor_coord_header {
-    uint64_t magic; /* atomic; CUVISOR_COORD_MAGIC once initialised */
+typedef struct cuvisor_board_header {
+    uint64_t magic; /* CUVISOR_BOARD_MAGIC */
     uint32_t version; /* CUVISOR_COORD_VERSION */
-    uint32_t size; /* sizeof(cuvisor_coord) */
+    uint32_t size; /* sizeof(cuvisor_board) */
     uint32_t max_slots; /* CUVISOR_MAX_SLOTS */
-    uint32_t slot_procs; /* CUVISOR_SLOT_PROCS */
-    uint64_t uuid_words[2]; /* the GPU UUID as two big-endian words */
-    uint64_t timeline; /* atomic; modelled end of all launched work (CLOCK_MONOTONIC ns) */
-} cuvisor_coord_header;
+    uint32_t managed; /* 1: written by the device plugin alone; 0: self-service */
+    uint8_t uuid[16]; /* the GPU's UUID */
+    uint64_t _reserved[3];
+} cuvisor_board_header;
 
-typedef struct cuvisor_slot_proc {
-    uint32_t pid; /* atomic; 0 = free */
+typedef struct cuvisor_board_entry {
+    uint64_t container; /* non-zero */
+    uint32_t policy; /* CUVISOR_POLICY_LIMIT or _SHARE */
+    uint32_t index; /* the entry's own position */
+    uint64_t param; /* see the policy */
+    uint64_t check; /* a seal of the other fields */
+} cuvisor_board_entry;
+
+typedef struct cuvisor_board {
+    cuvisor_board_header header;
+    cuvisor_board_entry entries[CUVISOR_MAX_SLOTS];
+} cuvisor_board;
+
+typedef struct cuvisor_coord_state {
+    uint64_t magic; /* atomic; CUVISOR_STATE_MAGIC once initialised */
+    uint32_t version; /* CUVISOR_COORD_VERSION */
+    uint32_t size; /* sizeof(cuvisor_coord_state) */
+    uint32_t index; /* the board entry it belongs to */
     uint32_t _pad;
-    uint64_t start_time; /* atomic */
-} cuvisor_slot_proc;
-
-typedef struct cuvisor_slot {
-    uint32_t state; /* atomic; CUVISOR_SLOT_FREE, _CLAIMING or _READY */
-    uint32_t policy; /* atomic; CUVISOR_POLICY_LIMIT or _SHARE */
-    uint64_t container_id; /* atomic; the ledger's container_id */
-    uint64_t param; /* atomic; see the policy */
+    uint64_t container; /* atomic; the entry's container */
     uint64_t grant_ppm; /* atomic; refill rate last computed, ppm of GPU time */
     int64_t tokens; /* atomic; the bucket, GPU-time ns (negative: in debt) */
     uint64_t refill_at; /* atomic; CLOCK_MONOTONIC ns */
@@ -197,15 +209,9 @@ typedef struct cuvisor_slot {
     uint64_t throttled_at; /* atomic; last wait for tokens, CLOCK_MONOTONIC ns */
     uint64_t consumed_ns; /* atomic; GPU time used (ns) */
     uint64_t throttled_ns; /* atomic; time waited for tokens (ns) */
-    cuvisor_slot_proc procs[CUVISOR_SLOT_PROCS];
-    uint64_t queued_until; /* atomic; modelled end of its last launched work */
-    uint64_t _reserved[5];
-} cuvisor_slot;
-
-typedef struct cuvisor_coord {
-    cuvisor_coord_header header;
-    cuvisor_slot slots[CUVISOR_MAX_SLOTS];
-} cuvisor_coord;
+    uint64_t queued_until; /* atomic; modelled end of its launched work */
+    uint64_t _reserved[6];
+} cuvisor_coord_state;
 
 #ifdef __cplusplus
 }

@@ -93,6 +93,11 @@ pub struct ComputeConfig {
     pub compute: Compute,
     /// Where the GPU coordinators live (`CUVISOR_COORD_DIR`, `coord_dir` in the file).
     pub coord_dir: PathBuf,
+    /// The entries the device plugin listed the container in, by GPU (the file's `coord_slot.*`),
+    /// and where their states are mounted (`coord_own_dir`): on those GPUs the board's policy
+    /// holds, `compute` only caps it (see `src/timeslice`).
+    pub managed: Vec<([u8; 16], u32)>,
+    pub own_dir: Option<PathBuf>,
     /// Malformed compute values, read as the smallest share (to log once at load).
     pub errors: Vec<String>,
 }
@@ -151,6 +156,8 @@ pub fn load_compute(env: Env, fixed: &Path) -> ComputeConfig {
     let mut cc = ComputeConfig {
         compute: Compute::FromMemory,
         coord_dir: default_coord_dir(),
+        managed: Vec::new(),
+        own_dir: None,
         errors: Vec::new(),
     };
     // `load` has read the same file and environment without error, or we would not be here.
@@ -165,6 +172,8 @@ pub fn load_compute(env: Env, fixed: &Path) -> ComputeConfig {
         if let Some(d) = f.coord_dir {
             cc.coord_dir = d;
         }
+        cc.managed = f.coord_slots;
+        cc.own_dir = f.coord_own_dir;
     }
     let env_compute = var(env, "CUVISOR_COMPUTE").unwrap_or_else(|e| {
         cc.errors.push(e);

@@ -115,9 +115,7 @@ extern "C" fn after_fork_in_child() {
         if let Some(Mode::Enforce(q)) = MODE.get() {
             q.after_fork();
         }
-        if let Some(Some(c)) = COMPUTE.get() {
-            c.after_fork();
-        }
+        // Compute needs nothing: the child shares its parent's coordinator lease and state.
     });
 }
 

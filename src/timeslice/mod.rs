@@ -1,19 +1,25 @@
 //! Compute time slices, as plain Rust: a token bucket per container per GPU whose unit is GPU
-//! time (ns), refilled at a rate that follows from the GPU coordinator's slots.
+//! time (ns), refilled at a rate that follows from the GPU coordinator's entries.
 //!
 //! - A launch draws its estimated run time ([`estimate`]) from the container's bucket (one atomic
-//!   in the coordinator slot, shared by all the container's processes). A bucket that owes more
+//!   in the container's own coordinator state, shared by all its processes). A bucket that owes more
 //!   than two such launches (at most [`LEAD_NS`]) makes the launching thread sleep until the
 //!   refill has paid it; never a spin.
 //! - A sampled fraction of launches is measured (`hook` records events around them and hands the
 //!   elapsed time in later, [`Compute::measured`]); the difference between what was measured and
 //!   what was charged is settled on the bucket, so long-run accounting follows the measurements.
 //! - Refill rates ([`share`]) are recomputed by each process every [`RATE_PERIOD_NS`] from every
-//!   slot of the GPU's coordinator: policy, recent use, whether it is held back, last launch.
+//!   entry of the GPU's coordinator: the policy the board lists, and a copy of each state (recent
+//!   use, whether it is held back, last launch, the end of its queued work), read by `pread`.
+//! - The queue model: each container keeps the end of its own queued work in its state; a launch
+//!   starts after that and after the end of the other containers' work as their states said at
+//!   the last rate computation (`others_until`). What sits between is the predicted wait behind
+//!   other containers (`ahead`), taken off the launch's measured time ([`estimate`]).
 //!
 //! Hot path (a launch under the cap): a TSC read ([`clock::fast_ns`]), a few relaxed loads, a
-//! fetch_sub on the bucket, a CAS on the queue model's timeline and one thread-local access (the
-//! count batch, which also picks the sampled launches). No lock, no syscall, no allocation.
+//! fetch_sub on the bucket, a CAS on the container's own queue end and one thread-local access
+//! (the count batch, which also picks the sampled launches). No lock, no syscall, no allocation;
+//! nothing another container can write or truncate.
 
 pub mod clock;
 pub mod estimate;
@@ -22,11 +28,11 @@ pub mod share;
 pub use clock::{fast_ns, now_ns};
 
 use crate::config::{Compute as Spec, ComputeConfig, Config};
-use cuvisor_shm::coordinator::{self, Coordinator, Slot, POLICY_LIMIT, POLICY_SHARE};
+use cuvisor_shm::coordinator::{self, Coordinator, Peer, State, POLICY_LIMIT, POLICY_SHARE};
 use cuvisor_shm::ledger::Ledger;
 use estimate::{Entry, Estimates};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::{Mutex, OnceLock};
 
 /// How often a process recomputes its container's refill rate on a GPU.
@@ -53,38 +59,52 @@ const WAIT_SLICE_NS: u64 = RATE_PERIOD_NS;
 /// Thread-local counts reach the shared counters after this many launches or this much time.
 const FLUSH_LAUNCHES: u64 = 128;
 const FLUSH_NS: i64 = 1_000_000;
+/// Another container's queued work is believed to end at most this far ahead: a state that
+/// claims more is a claim, and would only inflate the waits predicted for everyone else.
+const QUEUE_CLAIM_MAX_NS: u64 = 20_000_000;
 /// CUDA ordinals we keep a GPU state for.
 pub const MAX_ORDINALS: usize = 64;
 
 /// What the process knows about one GPU.
 pub struct Gpu {
     coord: Coordinator,
-    slot: AtomicUsize,
+    /// The policy the board lists for the container.
     policy: u32,
     param: u64,
+    /// A cap the container's own configuration puts below the board's policy (ppm; 10^6 none).
+    cap_ppm: u64,
     /// The container's ledger entry for this GPU (metrics), if it has one.
     ledger_entry: Option<usize>,
     /// The refill rate, ppm of GPU time.
     rate_ppm: AtomicU64,
     next_rate_at: AtomicU64,
+    /// When the other containers' queued work ends, by their states at the last rate
+    /// computation, and how far ahead of the present it has been ending of late (smoothed): the
+    /// states are read only every [`RATE_PERIOD_NS`], and a busy container keeps about that much
+    /// queued all along (see `queue`).
+    others_until: AtomicU64,
+    others_backlog: AtomicU64,
     usage: Mutex<Usage>,
 }
 
-/// Per-slot use seen by this process at its last rate computation.
+/// Per-entry use seen by this process at its last rate computation.
 struct Usage {
     at: u64,
+    /// The other entries, as read (a buffer, so that nothing is allocated).
+    peers: [Peer; coordinator::MAX_SLOTS],
     ids: [u64; coordinator::MAX_SLOTS],
     consumed: [u64; coordinator::MAX_SLOTS],
     rate: [f64; coordinator::MAX_SLOTS],
     /// Smoothed fraction of recomputations at which the slot had work queued on the GPU (by the
     /// queue model).
     queued: [f64; coordinator::MAX_SLOTS],
-    next_reclaim: u64,
+    /// Smoothed `others_backlog` (ns).
+    backlog: f64,
 }
 
 impl Gpu {
-    fn slot(&self) -> &Slot {
-        self.coord.slot(self.slot.load(Relaxed))
+    fn slot(&self) -> &State {
+        self.coord.own()
     }
     /// The refill rate now, as a fraction of GPU time.
     pub fn rate(&self) -> f64 {
@@ -118,7 +138,6 @@ pub struct Compute {
     pub estimates: Estimates,
     gpus: [OnceLock<Option<Box<Gpu>>>; MAX_ORDINALS],
     pid: u32,
-    start: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -140,7 +159,7 @@ impl Compute {
         if cfg.compute == Spec::None {
             return None;
         }
-        let (pid, start) = cuvisor_shm::process::me();
+        let (pid, _) = cuvisor_shm::process::me();
         Some(Compute {
             spec: cfg.compute,
             cfg,
@@ -150,7 +169,6 @@ impl Compute {
             estimates: Estimates::new(4096),
             gpus: std::array::from_fn(|_| OnceLock::new()),
             pid,
-            start,
         })
     }
 
@@ -175,35 +193,77 @@ impl Compute {
         info: impl FnOnce() -> Option<([u8; 16], u64)>,
     ) -> Option<Box<Gpu>> {
         let (uuid, physical) = info()?;
+        let fraction = || {
+            let quota = self.memory.limit_for(ordinal as u32, &uuid);
+            if physical == 0 {
+                1.0
+            } else {
+                (quota as f64 / physical as f64).min(1.0)
+            }
+        };
         let (policy, param) = match self.spec {
             Spec::Limit(f) => (POLICY_LIMIT, (f * 1e6).round().max(1.0) as u64),
             Spec::Share(w) => (POLICY_SHARE, (w * 1e3).round().max(1.0) as u64),
             Spec::FromMemory | Spec::None => {
-                let quota = self.memory.limit_for(ordinal as u32, &uuid);
-                let f = if physical == 0 {
-                    1.0
-                } else {
-                    (quota as f64 / physical as f64).min(1.0)
-                };
-                (POLICY_SHARE, (f * 1e3).round().max(1.0) as u64)
+                (POLICY_SHARE, (fraction() * 1e3).round().max(1.0) as u64)
             }
         };
-        let coord = match Coordinator::open_dir(&self.cfg.coord_dir, uuid) {
+        let now = now_ns();
+        let managed = self
+            .cfg
+            .managed
+            .iter()
+            .find(|(u, _)| *u == uuid)
+            .map(|(_, i)| *i as usize);
+        let joined = match (managed, &self.cfg.own_dir) {
+            (Some(i), Some(own)) => Coordinator::join_managed(
+                &self.cfg.coord_dir,
+                uuid,
+                i,
+                &own.join(coordinator::dir_name(uuid)),
+            ),
+            (Some(_), None) => {
+                Err("the limits file lists a coordinator entry but no coord_own_dir".into())
+            }
+            (None, _) => Coordinator::join_self(
+                &self.cfg.coord_dir,
+                uuid,
+                self.container,
+                policy,
+                param,
+                now,
+            ),
+        };
+        let coord = match joined {
             Ok(c) => c,
             Err(e) => {
                 crate::log::error(&format!(
                     "{e}: compute share of this GPU not coordinated with other containers"
                 ));
-                // A private coordinator: the policy still holds for this container alone.
+                // A private coordinator: the policy still holds for this container alone. Where
+                // the plugin listed the container, whatever broke its entry (its own state file
+                // rewritten, say) must not free it from the others: it is held to a cap of its
+                // limit, or of its memory fraction (the part a share guarantees at most when
+                // every container's weight follows memory).
+                let (policy, param) = match (managed, self.spec) {
+                    (None, _) => (policy, param),
+                    (Some(_), Spec::Limit(_)) => (POLICY_LIMIT, param),
+                    (Some(_), _) => (POLICY_LIMIT, (fraction() * 1e6).round().max(1.0) as u64),
+                };
                 let dir = std::env::temp_dir().join(format!(
                     "cuvisor-coord-private-{}-{}",
                     self.pid, self.container
                 ));
-                Coordinator::open_dir(&dir, uuid).ok()?
+                Coordinator::join_self(&dir, uuid, self.container, policy, param, now).ok()?
             }
         };
-        let now = now_ns();
-        let slot = coord.join(self.container, policy, param, self.pid, self.start, now)?;
+        // The board's policy; the container's own configuration may only cap it.
+        let (policy, param) = (coord.entry().policy, coord.entry().param);
+        let cap_ppm = match (managed, self.spec) {
+            (Some(_), Spec::Limit(f)) => ((f * 1e6).round() as u64).clamp(1, 1_000_000),
+            _ => 1_000_000,
+        };
+        coord.own().last_active.fetch_max(now, AcqRel);
         let ledger_entry = self
             .ledger
             .devices()
@@ -215,35 +275,42 @@ impl Compute {
             });
         let g = Box::new(Gpu {
             coord,
-            slot: AtomicUsize::new(slot),
             policy,
             param,
+            cap_ppm,
             ledger_entry,
             rate_ppm: AtomicU64::new(1_000_000),
             next_rate_at: AtomicU64::new(0),
+            others_until: AtomicU64::new(0),
+            others_backlog: AtomicU64::new(0),
             usage: Mutex::new(Usage {
                 at: now,
+                peers: [Peer {
+                    index: 0,
+                    entry: coordinator::Entry::default(),
+                    state: None,
+                }; coordinator::MAX_SLOTS],
                 ids: [0; coordinator::MAX_SLOTS],
                 consumed: [0; coordinator::MAX_SLOTS],
                 rate: [0.0; coordinator::MAX_SLOTS],
                 queued: [0.0; coordinator::MAX_SLOTS],
-                next_reclaim: now,
+                backlog: 0.0,
             }),
         });
         self.recompute(&g);
         crate::log::info(&format!(
             "compute on GPU {ordinal}: {} {}, coordinator {}",
-            if policy == POLICY_LIMIT {
+            if g.policy == POLICY_LIMIT {
                 "limit"
             } else {
                 "share"
             },
-            if policy == POLICY_LIMIT {
-                format!("{:.1}%", param as f64 / 1e4)
+            if g.policy == POLICY_LIMIT {
+                format!("{:.1}%", g.param as f64 / 1e4)
             } else {
-                format!("weight {:.3}", param as f64 / 1e3)
+                format!("weight {:.3}", g.param as f64 / 1e3)
             },
-            g.coord.path().display()
+            g.coord.dir().display()
         ));
         Some(g)
     }
@@ -270,7 +337,7 @@ impl Compute {
         let owed_ns = (-after - lead).max(0) as u64;
         // Queued now unless the thread must wait first (then when it wakes: see `wait`).
         let (ahead, ends) = if owed_ns == 0 {
-            queue(&g.coord, s, now, cost)
+            queue(g, now, cost)
         } else {
             (0, 0)
         };
@@ -312,7 +379,7 @@ impl Compute {
         }
         let slept = now - t0;
         s.throttled_ns.fetch_add(slept, Relaxed);
-        (t.ahead, t.ends) = queue(&g.coord, s, now, t.charged);
+        (t.ahead, t.ends) = queue(g, now, t.charged);
         if let Some(e) = g.ledger_entry {
             self.ledger.device(e).throttled_ns.fetch_add(slept, Relaxed);
         }
@@ -363,7 +430,7 @@ impl Compute {
     pub fn ground(&self, ordinal: usize, model_end: u64, real_end: u64) {
         if let Some(Some(g)) = self.gpus.get(ordinal).and_then(|c| c.get()) {
             if model_end != 0 {
-                ground(&g.coord, model_end, real_end);
+                ground(g, model_end, real_end);
             }
         }
     }
@@ -452,24 +519,8 @@ impl Compute {
             return;
         }
         g.next_rate_at.store(now + RATE_PERIOD_NS, Relaxed);
-        let mine = g.slot.load(Relaxed);
-        let s = g.coord.slot(mine);
-        if s.state.load(Acquire) != coordinator::SLOT_READY
-            || s.container_id.load(Acquire) != self.container
-        {
-            // Our slot was reclaimed (every listed process looked dead): take one again.
-            if let Some(i) =
-                g.coord
-                    .join(self.container, g.policy, g.param, self.pid, self.start, now)
-            {
-                g.slot.store(i, Relaxed);
-            }
-        }
-        if now >= u.next_reclaim {
-            u.next_reclaim = now + 1_000_000_000;
-            g.coord.reclaim_dead(now);
-        }
-        let mine = g.slot.load(Relaxed);
+        let u = &mut *u;
+        let (n, _) = g.coord.peers(&mut u.peers);
         let dt = now.saturating_sub(u.at).max(1) as f64;
         u.at = now;
         let idle = share::View {
@@ -478,77 +529,95 @@ impl Compute {
             wanting: false,
             usage: 0.0,
         };
-        let mut views = [idle; coordinator::MAX_SLOTS];
-        let mut n = 0;
-        let mut me = None;
-        for (i, s) in g.coord.slots() {
-            let id = s.container_id.load(Acquire);
-            let consumed = s.consumed_ns.load(Relaxed);
-            if u.ids[i] != id {
-                u.ids[i] = id;
-                u.consumed[i] = consumed;
-                u.rate[i] = 0.0;
-                u.queued[i] = 0.0;
-            }
-            let inst = consumed.saturating_sub(u.consumed[i]) as f64 / dt;
-            u.consumed[i] = consumed;
-            // A smoothed use (time constant ~ 5 periods).
-            u.rate[i] += 0.2 * (inst.min(1.5) - u.rate[i]);
-            let queued = s.queued_until.load(Relaxed) > now;
-            u.queued[i] += 0.2 * (f64::from(u8::from(queued)) - u.queued[i]);
-            let param = s.param.load(Relaxed) as f64;
-            let kind = if s.policy.load(Relaxed) == POLICY_LIMIT {
-                share::Kind::Limit(param / 1e6)
+        let kind = |e: &coordinator::Entry| {
+            if e.policy == POLICY_LIMIT {
+                share::Kind::Limit(e.param as f64 / 1e6)
             } else {
-                share::Kind::Share(param / 1e3)
-            };
-            if i == mine {
-                me = Some(n);
+                share::Kind::Share(e.param as f64 / 1e3)
             }
-            views[n] = share::View {
-                kind,
-                active: i == mine || now.saturating_sub(s.last_active.load(Relaxed)) < ACTIVE_NS,
-                // Wants more than it gets: it had to wait for tokens recently, or its work was
-                // queued on the GPU most of the time (a program that synchronizes every step
-                // uses less than its part because the others' work is ahead of its own, not
-                // because it has nothing to run: it must not lend its part).
-                wanting: now.saturating_sub(s.throttled_at.load(Relaxed)) < THROTTLED_NS
-                    || u.queued[i] > QUEUED_WANTING,
-                usage: u.rate[i],
-            };
-            n += 1;
+        };
+        // Our own view first, then every other entry's.
+        let mut views = [idle; coordinator::MAX_SLOTS];
+        let own = g.slot();
+        let copy = coordinator::StateCopy {
+            last_active: own.last_active.load(Relaxed),
+            throttled_at: own.throttled_at.load(Relaxed),
+            consumed_ns: own.consumed_ns.load(Relaxed),
+            queued_until: own.queued_until.load(Relaxed),
+            grant_ppm: 0,
+        };
+        views[0] = observe(u, now, dt, g.coord.index(), g.coord.entry(), Some(&copy));
+        views[0].kind = kind(g.coord.entry());
+        views[0].active = true;
+        let mut others_until = 0;
+        for k in 0..n {
+            let p = u.peers[k];
+            views[k + 1] = observe(u, now, dt, p.index, &p.entry, p.state.as_ref());
+            views[k + 1].kind = kind(&p.entry);
+            if let Some(st) = &p.state {
+                others_until = others_until.max(st.queued_until.min(now + QUEUE_CLAIM_MAX_NS));
+            }
         }
-        let Some(me) = me else { return };
+        g.others_until.store(others_until, Relaxed);
+        u.backlog += 0.2 * (others_until.saturating_sub(now) as f64 - u.backlog);
+        g.others_backlog.store(u.backlog as u64, Relaxed);
         let mut rates = [0.0; coordinator::MAX_SLOTS];
-        share::rates_into(&views[..n], &mut rates[..n]);
-        let r = rates[me];
-        let ppm = (r * 1e6) as u64;
+        share::rates_into(&views[..n + 1], &mut rates[..n + 1]);
+        let ppm = ((rates[0] * 1e6) as u64).min(g.cap_ppm);
         g.rate_ppm.store(ppm, Relaxed);
-        g.slot().grant_ppm.store(ppm, Relaxed);
+        own.grant_ppm.store(ppm, Relaxed);
     }
 
-    /// At a normal exit: this thread's counts, and the process off every slot it is listed in.
+    /// At a normal exit: this thread's counts. (A self-service entry's lease goes with the
+    /// process's descriptors; a forked child still running shares it.)
     pub fn at_exit(&self) {
         self.flush();
-        for g in self
-            .gpus
-            .iter()
-            .filter_map(|c| c.get().and_then(|g| g.as_deref()))
-        {
-            g.coord.leave(g.slot.load(Relaxed), self.pid, self.start);
-        }
     }
+}
 
-    /// In a forked child: list the child in the slots (it is a process of the container).
-    pub fn after_fork(&self) {
-        let (pid, start) = cuvisor_shm::process::me();
-        for g in self
-            .gpus
-            .iter()
-            .filter_map(|c| c.get().and_then(|g| g.as_deref()))
-        {
-            g.coord.list_proc(g.slot.load(Relaxed), pid, start);
-        }
+/// One entry's view for the rate computation from what its state says (None: unreadable), its
+/// use tracked in `u` by entry and container. The caller sets the kind. An entry whose state
+/// does not read back counts as active and wanting: it gets what its policy allows, and the
+/// others what theirs guarantees.
+fn observe(
+    u: &mut Usage,
+    now: u64,
+    dt: f64,
+    i: usize,
+    e: &coordinator::Entry,
+    st: Option<&coordinator::StateCopy>,
+) -> share::View {
+    let unknown = share::View {
+        kind: share::Kind::Share(0.0),
+        active: true,
+        wanting: true,
+        usage: 0.0,
+    };
+    let Some(st) = st else {
+        u.ids[i] = 0;
+        return unknown;
+    };
+    if u.ids[i] != e.container {
+        u.ids[i] = e.container;
+        u.consumed[i] = st.consumed_ns;
+        u.rate[i] = 0.0;
+        u.queued[i] = 0.0;
+    }
+    let inst = st.consumed_ns.saturating_sub(u.consumed[i]) as f64 / dt;
+    u.consumed[i] = st.consumed_ns;
+    // A smoothed use (time constant ~ 5 periods); a claim of more than the GPU is capped.
+    u.rate[i] += 0.2 * (inst.min(1.5) - u.rate[i]);
+    let queued = st.queued_until > now;
+    u.queued[i] += 0.2 * (f64::from(u8::from(queued)) - u.queued[i]);
+    share::View {
+        kind: unknown.kind,
+        active: now.saturating_sub(st.last_active) < ACTIVE_NS,
+        // Wants more than it gets: it had to wait for tokens recently, or its work was queued
+        // on the GPU most of the time (a program that synchronizes every step uses less than
+        // its part because the others' work is ahead of its own, not because it has nothing to
+        // run: it must not lend its part).
+        wanting: now.saturating_sub(st.throttled_at) < THROTTLED_NS || u.queued[i] > QUEUED_WANTING,
+        usage: u.rate[i],
     }
 }
 
@@ -556,7 +625,7 @@ impl Compute {
 /// [`REFILL_NS`], by whichever thread of the container comes first) at the current rate, draws
 /// `cost` from it, and returns the tokens left (negative: owed).
 #[inline]
-fn refill(g: &Gpu, s: &Slot, now: u64, cost: i64) -> i64 {
+fn refill(g: &Gpu, s: &State, now: u64, cost: i64) -> i64 {
     let rate = g.rate_ppm.load(Relaxed).max(1);
     let last = s.refill_at.load(Relaxed);
     if now > last + REFILL_NS
@@ -576,50 +645,46 @@ fn refill(g: &Gpu, s: &Slot, now: u64, cost: i64) -> i64 {
 }
 
 /// Where the work the queue model expected to end at `model_end` really ended (`real_end`, from
-/// a measurement whose start event is known in host time): moves the model's queue (the
-/// timeline and every container's end of work after that point) by the difference, so that
-/// the model follows the GPU instead of drifting with the sum of everyone's estimate errors.
-fn ground(c: &Coordinator, model_end: u64, real_end: u64) {
+/// a measurement whose start event is known in host time): moves the model's queue (the end of
+/// the container's own work and of the others' work after that point) by the difference, so
+/// that the model follows the GPU instead of drifting with the sum of estimate errors.
+fn ground(g: &Gpu, model_end: u64, real_end: u64) {
     let delta = real_end as i64 - model_end as i64;
     if delta == 0 {
         return;
     }
-    let shift = |t: u64| {
+    let shift = |t: u64| (t as i64 + delta).max(0) as u64;
+    let _ = g.slot().queued_until.fetch_update(AcqRel, Relaxed, |t| {
         if t >= model_end {
-            Some((t as i64 + delta).max(0) as u64)
+            Some(shift(t))
         } else if real_end > t {
             Some(real_end) // the model had the GPU done earlier than it was
         } else {
             None
         }
-    };
-    let _ = c.header().timeline.fetch_update(AcqRel, Relaxed, shift);
-    for (_, s) in c.slots() {
-        let _ = s.queued_until.fetch_update(Relaxed, Relaxed, |q| {
-            if q >= model_end {
-                shift(q)
-            } else {
-                None
-            }
-        });
-    }
+    });
+    let _ = g
+        .others_until
+        .fetch_update(Relaxed, Relaxed, |t| (t >= model_end).then(|| shift(t)));
 }
 
-/// Puts `cost` of work launched at `now` on the coordinator's model of the GPU queue (kernels
-/// of all containers one after another, as the GPU runs them); returns how long it should wait
-/// behind other containers' work: its start minus the later of `now` and the end of the
-/// container's own previous work (which events on its stream do not count as waiting).
+/// Puts `cost` of work launched at `now` on the model of the GPU queue (kernels of all
+/// containers one after another, as the GPU runs them): after the container's own queued work
+/// and after the others' (as their states said at the last rate computation, or as far ahead
+/// of now as it has been ending of late, whichever is later). Returns how long
+/// it should wait behind other containers' work (its start minus the later of `now` and the end
+/// of the container's own previous work, which events on its stream do not count as waiting),
+/// and when it should end.
 #[inline]
-fn queue(c: &Coordinator, s: &Slot, now: u64, cost: u64) -> (u64, u64) {
-    let own = s.queued_until.load(Relaxed);
-    let prev = c
-        .header()
-        .timeline
-        .fetch_update(AcqRel, Relaxed, |t| Some(t.max(now) + cost))
+fn queue(g: &Gpu, now: u64, cost: u64) -> (u64, u64) {
+    let floor = (now + g.others_backlog.load(Relaxed)).max(g.others_until.load(Relaxed));
+    let own = g
+        .slot()
+        .queued_until
+        .fetch_update(AcqRel, Relaxed, |q| Some(q.max(floor) + cost))
         .unwrap_or(now);
-    let start = prev.max(now);
-    s.queued_until.store(start + cost, Relaxed);
-    (start.saturating_sub(own.max(now)), start + cost)
+    let start = own.max(floor);
+    (start - own.max(now), start + cost)
 }
 
 fn add_signed(a: &AtomicU64, v: i64) {
@@ -651,6 +716,8 @@ mod tests {
         let cfg = ComputeConfig {
             compute: spec,
             coord_dir: coord.to_path_buf(),
+            managed: Vec::new(),
+            own_dir: None,
             errors: Vec::new(),
         };
         Box::leak(Box::new(Compute::new(cfg, memory, ledger).unwrap()))
@@ -716,6 +783,8 @@ mod tests {
         let cfg = ComputeConfig {
             compute: Spec::None,
             coord_dir: PathBuf::from("/nonexistent"),
+            managed: Vec::new(),
+            own_dir: None,
             errors: Vec::new(),
         };
         let state = std::env::temp_dir().join(format!("cuvisor-ts-none-{}", std::process::id()));

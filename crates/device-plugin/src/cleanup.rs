@@ -47,6 +47,8 @@ pub struct Sweeper {
     registry: Registry,
     grace: Duration,
     liveness: Option<Box<dyn Liveness>>,
+    /// The host's coordinators' directory, whose boards follow the registry (`coord`).
+    coord_dir: Option<std::path::PathBuf>,
 }
 
 fn age(created_unix: u64) -> Duration {
@@ -70,7 +72,14 @@ impl Sweeper {
             registry,
             grace,
             liveness: None,
+            coord_dir: None,
         }
+    }
+
+    /// Also takes off coordinator board entries no allocation holds any more, at each sweep.
+    pub fn with_coord_dir(mut self, dir: std::path::PathBuf) -> Sweeper {
+        self.coord_dir = Some(dir);
+        self
     }
 
     /// Adds the PodResources-style rule.
@@ -136,6 +145,12 @@ impl Sweeper {
                 }
             }
         }
+        if let Some(coord) = &self.coord_dir {
+            let _boards = crate::coord::lock();
+            for what in crate::coord::reconcile(coord, &self.registry.view()) {
+                eprintln!("cuvisor-device-plugin: coordinator {what}: no allocation holds it");
+            }
+        }
         removed
     }
 }
@@ -170,6 +185,7 @@ mod tests {
                 uuid: "GPU-00000000-0000-0000-0000-000000000001".into(),
                 units: 1,
                 quota: Some(1 << 30),
+                coord_slot: None,
             }],
             ledger_dir: Some(dir.join("state")),
             dir,

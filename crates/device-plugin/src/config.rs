@@ -31,7 +31,8 @@
 //! library = "/usr/local/lib/cuvisor/libcuvisor.so"
 //! # (the limits file is always at /var/run/cuvisor/limits.conf: the library's fixed path)
 //! state_dir = "/var/run/cuvisor/state"
-//! coord_dir = "/var/run/cuvisor/coord"
+//! coord_dir = "/var/run/cuvisor/coord"       # every GPU's coordinator, read-only
+//! coord_own_dir = "/var/run/cuvisor/compute" # the container's own coordinator states
 //!
 //! [topology]                             # topology::Weights
 //! bandwidth = 0.5
@@ -116,6 +117,7 @@ pub struct ContainerPaths {
     pub limits: Option<PathBuf>,
     pub state_dir: PathBuf,
     pub coord_dir: PathBuf,
+    pub coord_own_dir: PathBuf,
 }
 
 /// kubelet's PodResources API (pod labels of the metrics; the sweeper's liveness rule).
@@ -199,6 +201,7 @@ impl Default for ContainerPaths {
             limits: None,
             state_dir: PathBuf::from("/var/run/cuvisor/state"),
             coord_dir: PathBuf::from("/var/run/cuvisor/coord"),
+            coord_own_dir: PathBuf::from("/var/run/cuvisor/compute"),
         }
     }
 }
@@ -311,10 +314,18 @@ impl Config {
             ("container.library", &self.container.library),
             ("container.state_dir", &self.container.state_dir),
             ("container.coord_dir", &self.container.coord_dir),
+            ("container.coord_own_dir", &self.container.coord_own_dir),
         ] {
             if !p.is_absolute() {
                 return err(format!("{key} = {p:?}: must be an absolute path"));
             }
+        }
+        let (coord, own) = (&self.container.coord_dir, &self.container.coord_own_dir);
+        if own.starts_with(coord) || coord.starts_with(own) {
+            return err(format!(
+                "container.coord_own_dir = {own:?}: must not be inside container.coord_dir = \
+                 {coord:?} or contain it (the one is mounted read-only, the other read-write)"
+            ));
         }
         if let Some(l) = &self.container.limits {
             if l != std::path::Path::new(cuvisor_shm::CONTAINER_LIMITS) {

@@ -7,9 +7,14 @@
 //!   `state_dir` and `coord_dir` as the container sees them;
 //! - `state/`: the container's ledger directory, mounted read-write at `container.state_dir`;
 //!
+//! and per GPU, with a compute policy other than `none`: an entry on the GPU's coordinator board
+//! (`coord`), its state file mounted read-write at `<container.coord_own_dir>/gpu-<UUID hex>`
+//! (`coord_slot.<UUID>` in the limits file names the entry);
+//!
 //! plus, shared by all containers: the library (read-only), `<state_root>/ld.so.preload` at
 //! `/etc/ld.so.preload` (read-only; names the in-container library, so a program that drops
-//! LD_PRELOAD still loads it), and the GPU coordinators' directory (read-write). Envs:
+//! LD_PRELOAD still loads it), and the GPU coordinators' directory (read-only: only the plugin
+//! writes the boards, and each container writes its own state through its own mount). Envs:
 //! `NVIDIA_VISIBLE_DEVICES` (UUIDs); no `CUVISOR_CONFIG`: the library finds the file at its fixed
 //! path, and nothing the container sets or unsets makes it read another. Devices: `/dev/nvidiaN` of each GPU
 //! (N its minor number, not its NVML index: see `devices`) and the control nodes that exist on
@@ -58,7 +63,11 @@ pub fn install_shared(cfg: &Config) -> Result<(), String> {
         std::fs::write(&tmp, &want).map_err(|e| io(&tmp, e))?;
         std::fs::rename(&tmp, &p).map_err(|e| io(&p, e))?;
     }
-    shared_dir(&cfg.host_coord_dir())
+    // Only the plugin writes here (containers see it read-only).
+    let coord = cfg.host_coord_dir();
+    std::fs::create_dir_all(&coord).map_err(|e| io(&coord, e))?;
+    std::fs::set_permissions(&coord, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| io(&coord, e))
 }
 
 fn now_unix() -> u64 {
@@ -106,9 +115,9 @@ fn mount(container: &Path, host: &Path, read_only: bool) -> api::Mount {
     }
 }
 
-/// The limits file for memory quotas `(uuid, bytes)` (crates/shm's `LimitsFile`, which the
-/// library parses).
-pub fn limits_file(cfg: &Config, quotas: &[(String, u64)]) -> String {
+/// The limits file for memory quotas `(uuid, bytes)` and coordinator entries `(uuid, index)`
+/// (crates/shm's `LimitsFile`, which the library parses).
+pub fn limits_file(cfg: &Config, quotas: &[(String, u64)], slots: &[(String, u32)]) -> String {
     use cuvisor_shm::limits::{LimitsFile, Target};
     LimitsFile {
         state_dir: cfg.container.state_dir.clone(),
@@ -125,6 +134,11 @@ pub fn limits_file(cfg: &Config, quotas: &[(String, u64)]) -> String {
             .as_deref()
             .and_then(|c| cuvisor_shm::quantity::parse_quantity(c).ok()),
         compute: cfg.resources.compute.clone(),
+        coord_own_dir: (!slots.is_empty()).then(|| cfg.container.coord_own_dir.clone()),
+        coord_slots: slots
+            .iter()
+            .filter_map(|(uuid, i)| Some((cuvisor_shm::uuid::parse(uuid)?, *i)))
+            .collect(),
     }
     .render()
 }
@@ -155,24 +169,46 @@ pub fn memory(
     let result = (|| {
         let state = dir.join(STATE);
         shared_dir(&state)?;
-        let shares: Vec<GpuShare> = units
-            .iter()
-            .map(|(g, n)| GpuShare {
-                uuid: inv.gpus()[*g].uuid.clone(),
+        let c = &cfg.container;
+        let mut own_mounts = Vec::new();
+        let mut shares = Vec::new();
+        for (g, n) in units {
+            let gpu = &inv.gpus()[*g];
+            let quota = u64::from(*n) * inv.unit_bytes();
+            let compute = cfg.resources.compute.as_deref();
+            let coord_slot = match crate::coord::policy(compute, quota, gpu.memory) {
+                Some(p) => {
+                    let (i, state) =
+                        crate::coord::assign(&cfg.host_coord_dir(), &gpu.uuid, &id, p)?;
+                    let uuid = cuvisor_shm::uuid::parse(&gpu.uuid).unwrap_or_default();
+                    let at = c
+                        .coord_own_dir
+                        .join(cuvisor_shm::coordinator::dir_name(uuid));
+                    own_mounts.push(mount(&at, &state, false));
+                    Some(i)
+                }
+                None => None,
+            };
+            shares.push(GpuShare {
+                uuid: gpu.uuid.clone(),
                 units: *n,
-                quota: Some(u64::from(*n) * inv.unit_bytes()),
-            })
-            .collect();
+                quota: Some(quota),
+                coord_slot,
+            });
+        }
         let quotas: Vec<(String, u64)> = shares
             .iter()
             .map(|s| (s.uuid.clone(), s.quota.unwrap_or(0)))
             .collect();
+        let slots: Vec<(String, u32)> = shares
+            .iter()
+            .filter_map(|s| Some((s.uuid.clone(), s.coord_slot?)))
+            .collect();
         let limits = dir.join(LIMITS);
-        std::fs::write(&limits, limits_file(cfg, &quotas)).map_err(|e| io(&limits, e))?;
+        std::fs::write(&limits, limits_file(cfg, &quotas, &slots)).map_err(|e| io(&limits, e))?;
         std::fs::set_permissions(&limits, std::fs::Permissions::from_mode(0o444))
             .map_err(|e| io(&limits, e))?;
         let gpus: Vec<usize> = units.keys().copied().collect();
-        let c = &cfg.container;
         let response = api::ContainerAllocateResponse {
             envs: [("NVIDIA_VISIBLE_DEVICES".to_string(), visible(inv, &gpus))]
                 .into_iter()
@@ -186,8 +222,11 @@ pub fn memory(
                 ),
                 mount(Path::new(cuvisor_shm::CONTAINER_LIMITS), &limits, true),
                 mount(&c.state_dir, &state, false),
-                mount(&c.coord_dir, &cfg.host_coord_dir(), false),
-            ],
+                mount(&c.coord_dir, &cfg.host_coord_dir(), true),
+            ]
+            .into_iter()
+            .chain(own_mounts)
+            .collect(),
             devices: devices(cfg, inv, &gpus),
             annotations: [("cuvisor.io/allocation".to_string(), id.clone())]
                 .into_iter()
@@ -254,6 +293,7 @@ pub fn whole(
                     uuid: inv.gpus()[*g].uuid.clone(),
                     units: 0,
                     quota: None,
+                    coord_slot: None,
                 })
                 .collect(),
             dir,

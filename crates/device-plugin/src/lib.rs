@@ -39,6 +39,7 @@ pub mod api;
 pub mod authority;
 pub mod cleanup;
 pub mod config;
+pub mod coord;
 pub mod inject;
 pub mod inventory;
 pub mod plan;

@@ -173,7 +173,8 @@ fn main() {
             );
             tokio::spawn(metrics::serve(listener, Arc::new(m)));
         }
-        let mut sweeper = Sweeper::new(plugin.registry_mut().clone(), grace);
+        let mut sweeper =
+            Sweeper::new(plugin.registry_mut().clone(), grace).with_coord_dir(cfg.host_coord_dir());
         if !pr.socket.as_os_str().is_empty() {
             sweeper = sweeper.with_liveness(Box::new(pods));
         }

@@ -33,6 +33,9 @@ pub struct GpuShare {
     pub units: u32,
     /// The memory quota in bytes (None: the whole GPU, no quota).
     pub quota: Option<u64>,
+    /// The allocation's entry on the GPU's coordinator board (see `coord`), if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coord_slot: Option<u32>,
 }
 
 /// One Allocate of one container.

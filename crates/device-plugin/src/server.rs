@@ -106,6 +106,11 @@ impl Plugin {
         check_list_sizes(&cfg, &inv)?;
         inject::install_shared(&cfg)?;
         let registry = Registry::open(&cfg.state_root)?;
+        // Boards from before a restart keep only the entries of recorded allocations.
+        {
+            let _boards = crate::coord::lock();
+            crate::coord::reconcile(&cfg.host_coord_dir(), &registry.view());
+        }
         Ok(Plugin {
             cfg,
             inv,
@@ -293,6 +298,8 @@ impl Plugin {
         let name = self.resource_name(kind).to_string();
         let ids = &req.devices_ids;
         let _g = self.allocating.lock().unwrap_or_else(|e| e.into_inner());
+        // Board entries are assigned and recorded before a sweep may reconcile the boards.
+        let _boards = crate::coord::lock();
         // An allocation that loses a device ID to this one is over: it does not count.
         let holds = self.holds(ids);
         for id in ids {

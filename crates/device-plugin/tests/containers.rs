@@ -431,7 +431,8 @@ fn a_killed_containers_quota_goes_whole_to_the_next_container() {
 }
 
 /// What Allocate mounts read-only cannot be written even by root in the container (the limits
-/// file, the library, the preload file); the ledger directory can.
+/// file, the library, the preload file, the GPU coordinators' directory); the ledger directory
+/// and the container's own coordinator state can.
 #[test]
 fn allocate_read_only_mounts_are_read_only_in_the_container() {
     if !container::usable("allocate_read_only_mounts_are_read_only_in_the_container") {
@@ -451,13 +452,18 @@ fn allocate_read_only_mounts_are_read_only_in_the_container() {
             "/usr/local/lib/cuvisor/libcuvisor.so",
             "/etc/ld.so.preload",
             "/var/run/cuvisor/limits.conf",
+            "/var/run/cuvisor/coord",
         ]
     );
+    // A directory is written by creating a file in it.
     let script = format!(
-        "for f in {}; do if e=$( (: >> \"$f\") 2>&1 ); then echo \"writable $f\"; \
+        "for f in {}; do t=$f; [ -d \"$f\" ] && t=$f/probe; \
+         if e=$( (: >> \"$t\") 2>&1 ); then echo \"writable $f\"; \
          else echo \"refused $f: ${{e##*: }}\"; fi; done; \
-         : > /var/run/cuvisor/state/probe && echo 'writable state'",
-        ro.join(" ")
+         : > /var/run/cuvisor/state/probe && echo 'writable state'; \
+         : >> {} && echo 'writable own coordinator state'",
+        ro.join(" "),
+        own_mount(&r)
     );
     let mut spec = node.spec(&r, 0, &[]);
     spec.args = ["/bin/sh", "-c", &script].map(String::from).to_vec();
@@ -468,7 +474,140 @@ fn allocate_read_only_mounts_are_read_only_in_the_container() {
         .map(|f| format!("refused {f}: Read-only file system"))
         .collect();
     want.push("writable state".into());
+    want.push("writable own coordinator state".into());
     assert_eq!(out.stdout.lines().collect::<Vec<_>>(), want, "{out}");
+}
+
+/// The mount of the container's own coordinator state on GPU 0, from Allocate's answer.
+fn own(r: &api::ContainerAllocateResponse) -> &api::Mount {
+    let m = r
+        .mounts
+        .iter()
+        .find(|m| {
+            m.container_path
+                .starts_with("/var/run/cuvisor/compute/gpu-")
+        })
+        .expect("a coordinator state mount");
+    assert!(!m.read_only);
+    m
+}
+
+/// Its host path.
+fn own_state(r: &api::ContainerAllocateResponse) -> PathBuf {
+    PathBuf::from(&own(r).host_path)
+}
+
+/// Its path in the container.
+fn own_mount(r: &api::ContainerAllocateResponse) -> &str {
+    &own(r).container_path
+}
+
+/// The rate (ppm of GPU time) the container's library last computed for it, read from its
+/// coordinator state on the host.
+fn grant_ppm(state: &Path) -> u64 {
+    let b = std::fs::read(state).unwrap();
+    let at = std::mem::offset_of!(cuvisor_shm::coordinator::State, grant_ppm);
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+/// The coordinator attacked from a tenant container, as root in it: it cannot write the board
+/// (list a tenant that never goes stale, change a policy, its own or another's, take the
+/// entries, break the magic), nor rename it, nor write or create another container's state;
+/// it can break only its own state. The victim (uid 1000) launches kernels all along and never
+/// faults, and reads the broken state as a tenant that wants all its policy allows: its rate
+/// stays exactly what its own policy guarantees next to that one (weights by memory, 4 and 6
+/// GiB: 40 %). The attacker, whose library then cannot use its own state, is held to its memory
+/// fraction on a private coordinator rather than freed (it says so, in one line).
+#[test]
+fn a_tenant_attacking_the_coordinator_cannot_change_anyones_share() {
+    if !container::usable("a_tenant_attacking_the_coordinator_cannot_change_anyones_share") {
+        return;
+    }
+    use cuvisor_shm::coordinator::{self, BoardWriter};
+    let node = Node::new("coord-attack");
+    let (rv, ra) = (node.allocate(0..4), node.allocate(4..10));
+    let uuid = cuvisor_shm::uuid::parse(&rv.envs["NVIDIA_VISIBLE_DEVICES"]).unwrap();
+    let host_coord = node.dir.join("state/coord");
+    let board = || {
+        BoardWriter::open(&host_coord, uuid)
+            .unwrap()
+            .entries()
+            .unwrap()
+    };
+    let before = board();
+    assert_eq!(before.len(), 2, "one entry per container: {before:?}");
+    let victim_state = own_state(&rv);
+    let mut victim = Container::start(&node.spec(
+        &rv,
+        1000,
+        &[
+            "id",
+            "launch",
+            "5",
+            "wait",
+            "/run/cuvisor-test/go",
+            "launch",
+            "400",
+        ],
+    ))
+    .unwrap();
+    victim.wait_for("launch 5 ", LIMIT).unwrap();
+    let dir = format!("/var/run/cuvisor/coord/{}", coordinator::dir_name(uuid));
+    let script = format!(
+        "for f in board slot-00 slot-01; do if (: >> {dir}/$f) 2>/dev/null; \
+         then echo \"writable $f\"; else echo \"refused $f\"; fi; done; \
+         (: > {dir}/slot-09) 2>/dev/null && echo created || echo 'refused create'; \
+         (mv {dir}/board {dir}/old) 2>/dev/null && echo renamed || echo 'refused rename'; \
+         : > {} && echo 'truncated own'; \
+         exec {} launch 20",
+        own_mount(&ra),
+        tenant().display()
+    );
+    let attack = node.spec_of(&ra, 0, ["/bin/sh".into(), "-c".into(), script]);
+    let out = container::run(&attack, LIMIT).unwrap();
+    assert!(out.success(), "{out}");
+    assert_eq!(
+        out.stdout.lines().collect::<Vec<_>>(),
+        [
+            "refused board",
+            "refused slot-00",
+            "refused slot-01",
+            "refused create",
+            "refused rename",
+            "truncated own",
+            "launch 20 0",
+            "done"
+        ],
+        "{out}"
+    );
+    let said: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("coordinat"))
+        .collect();
+    assert!(
+        said.len() == 1 && said[0].contains("not coordinated"),
+        "one line about its own broken state: {out}"
+    );
+    node.go("go");
+    let v = victim.wait(LIMIT).unwrap();
+    assert!(v.success(), "{v}");
+    assert_eq!(
+        after_id(&v.stdout),
+        [
+            "launch 5 0",
+            "waited /run/cuvisor-test/go",
+            "launch 400 0",
+            "done"
+        ],
+        "{v}"
+    );
+    let ppm = grant_ppm(&victim_state);
+    assert!(
+        ppm.abs_diff(400_000) <= 2,
+        "the victim's rate next to a broken state: {ppm} ppm, want 400000 (weights 4:6)"
+    );
+    assert_eq!(board(), before, "the board is the plugin's alone");
 }
 
 // ---------------------------------------------------------------------------------------------

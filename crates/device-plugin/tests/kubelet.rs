@@ -405,8 +405,21 @@ async fn fake_kubelet_drives_the_plugin_on_dgx1_v100() {
     assert!(Path::new(&limits.host_path).starts_with(s.state_root()));
     let state = mount(&r, "/var/run/cuvisor/state");
     assert!(!state.read_only && Path::new(&state.host_path).is_dir());
+    // Every GPU's coordinator read-only (only the plugin writes the boards), and the
+    // container's own state on this GPU read-write, at a path of its own.
     let coord = mount(&r, "/var/run/cuvisor/coord");
-    assert!(!coord.read_only && Path::new(&coord.host_path).is_dir());
+    assert!(coord.read_only && Path::new(&coord.host_path).is_dir());
+    let hex: String = cuvisor_shm::uuid::parse(&uuids[1])
+        .unwrap()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let own = mount(&r, &format!("/var/run/cuvisor/compute/gpu-{hex}"));
+    assert!(!own.read_only);
+    assert_eq!(
+        Path::new(&own.host_path),
+        Path::new(&coord.host_path).join(format!("gpu-{hex}/slot-00"))
+    );
     let text = std::fs::read_to_string(&limits.host_path).unwrap();
     let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
     assert_eq!(
@@ -416,11 +429,13 @@ async fn fake_kubelet_drives_the_plugin_on_dgx1_v100() {
             "state_dir = /var/run/cuvisor/state".to_string(),
             "coord_dir = /var/run/cuvisor/coord".to_string(),
             format!("memory.{} = {}", uuids[1], 6 * GIB),
+            "coord_own_dir = /var/run/cuvisor/compute".to_string(),
+            format!("coord_slot.{} = 0", uuids[1]),
         ],
         "{text}"
     );
     assert!(
-        !text.contains("compute"),
+        !text.contains("compute ="),
         "no compute line: the default share follows memory"
     );
     let devs: Vec<(&str, &str, &str)> = r

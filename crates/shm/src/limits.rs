@@ -11,7 +11,13 @@
 //! memory.GPU-5f2ac1de-0000-4000-8000-000000000001 = 6Gi   # by GPU UUID
 //! context_reserve = 300Mi                   # charged per CUDA context
 //! compute = limit=30                        # or share=2, share=memory, none
+//! coord_own_dir = /var/run/cuvisor/compute  # the container's own coordinator states
+//! coord_slot.GPU-5f2ac1de-0000-4000-8000-000000000001 = 3   # its entry on that GPU's board
 //! ```
+//!
+//! `coord_slot.<UUID> = N` says that the plugin listed the container as entry N of that GPU's
+//! coordinator board (crate::coordinator), its state mounted read-write at
+//! `<coord_own_dir>/gpu-<UUID hex>`; the policy is then the board's.
 //!
 //! `#` starts a comment. Unknown keys, a missing or other `version`, a missing `state_dir` and a
 //! file that grants no memory are errors. `compute` is kept as written: the library reads a
@@ -41,6 +47,10 @@ pub struct LimitsFile {
     pub context_reserve: Option<u64>,
     /// The compute policy as written (validated by whoever writes it; read leniently).
     pub compute: Option<String>,
+    /// Where the container's own coordinator states are mounted.
+    pub coord_own_dir: Option<PathBuf>,
+    /// The container's entry on each GPU's coordinator board: (GPU UUID, index).
+    pub coord_slots: Vec<([u8; 16], u32)>,
 }
 
 impl LimitsFile {
@@ -70,6 +80,12 @@ impl LimitsFile {
         if let Some(c) = &self.compute {
             let _ = writeln!(t, "compute = {c}");
         }
+        if let Some(d) = &self.coord_own_dir {
+            let _ = writeln!(t, "coord_own_dir = {}", d.display());
+        }
+        for (u, i) in &self.coord_slots {
+            let _ = writeln!(t, "coord_slot.{} = {i}", crate::uuid::format(u));
+        }
         t
     }
 
@@ -94,6 +110,23 @@ impl LimitsFile {
                 "coord_dir" => f.coord_dir = Some(PathBuf::from(value)),
                 "context_reserve" => f.context_reserve = Some(size(value).map_err(at)?),
                 "compute" => f.compute = Some(value.to_string()),
+                "coord_own_dir" => f.coord_own_dir = Some(PathBuf::from(value)),
+                k if k.starts_with("coord_slot.") => {
+                    let dev = &k["coord_slot.".len()..];
+                    let uuid = crate::uuid::parse(dev)
+                        .ok_or_else(|| at(format!("{dev:?} is not a GPU UUID")))?;
+                    let i = value
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|i| (*i as usize) < crate::coordinator::MAX_SLOTS)
+                        .ok_or_else(|| {
+                            at(format!(
+                                "{value:?} is not a coordinator entry (0 to {})",
+                                crate::coordinator::MAX_SLOTS - 1
+                            ))
+                        })?;
+                    f.coord_slots.push((uuid, i));
+                }
                 "memory" => f.memory.push((Target::All, size(value).map_err(at)?)),
                 k if k.starts_with("memory.") => {
                     let dev = &k["memory.".len()..];
@@ -145,6 +178,8 @@ mod tests {
             ],
             context_reserve: Some(300 << 20),
             compute: Some("share=2".into()),
+            coord_own_dir: Some("/var/run/cuvisor/compute".into()),
+            coord_slots: vec![([0x5f; 16], 3), ([0x60; 16], 63)],
         };
         assert_eq!(LimitsFile::parse(&f.render()).unwrap(), f);
         let minimal = LimitsFile {
@@ -173,6 +208,15 @@ mod tests {
                 "neither a device ordinal",
             ),
             ("version = 1\nstate_dir = /x\n", "no memory limit"),
+            (
+                "version = 1\nmemory = 1Gi\nstate_dir = /x\ncoord_slot.GPU-zz = 1\n",
+                "line 4: \"GPU-zz\" is not a GPU UUID",
+            ),
+            (
+                "version = 1\nmemory = 1Gi\nstate_dir = /x\n\
+                 coord_slot.GPU-5f5f5f5f-5f5f-5f5f-5f5f-5f5f5f5f5f5f = 64\n",
+                "\"64\" is not a coordinator entry (0 to 63)",
+            ),
             ("version = 1\nmemory = 1Gi\n", "no state_dir"),
             (
                 "version = 1\njust words\n",

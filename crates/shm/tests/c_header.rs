@@ -9,7 +9,7 @@
 //! ledger.rs. Then a ledger written by Rust is read back by C programs (the probe, and the example
 //! in the header's comment) using nothing but the header.
 
-use cuvisor_shm::coordinator::{self, CoordHeader, CoordLayout, Slot, SlotProc};
+use cuvisor_shm::coordinator::{self, Board, BoardHeader, Entry, State};
 use cuvisor_shm::ledger::{self, DeviceEntry, Header, Layout, Ledger, ProcEntry};
 use std::collections::{BTreeMap, BTreeSet};
 use std::mem::{offset_of, size_of};
@@ -106,25 +106,33 @@ fn rust_structs() -> Vec<Struct> {
             devices: [DeviceEntry; D] => "cuvisor_device_entry[CUVISOR_MAX_DEVICES]",
             procs: [ProcEntry; P] => "cuvisor_proc_entry[CUVISOR_MAX_PROCS]",
         }),
-        rust_struct!(CoordHeader => "cuvisor_coord_header" {
-            magic: AtomicU64 => "uint64_t",
+        rust_struct!(BoardHeader => "cuvisor_board_header" {
+            magic: u64 => "uint64_t",
             version: u32 => "uint32_t",
             size: u32 => "uint32_t",
             max_slots: u32 => "uint32_t",
-            slot_procs: u32 => "uint32_t",
-            uuid_words: [u64; 2] => "uint64_t[2]",
-            timeline: AtomicU64 => "uint64_t",
+            managed: u32 => "uint32_t",
+            uuid: [u8; 16] => "uint8_t[16]",
+            _reserved: [u64; 3] => "uint64_t[3]",
         }),
-        rust_struct!(SlotProc => "cuvisor_slot_proc" {
-            pid: AtomicU32 => "uint32_t",
+        rust_struct!(Entry => "cuvisor_board_entry" {
+            container: u64 => "uint64_t",
+            policy: u32 => "uint32_t",
+            index: u32 => "uint32_t",
+            param: u64 => "uint64_t",
+            check: u64 => "uint64_t",
+        }),
+        rust_struct!(Board => "cuvisor_board" {
+            header: BoardHeader => "cuvisor_board_header",
+            entries: [Entry; coordinator::MAX_SLOTS] => "cuvisor_board_entry[CUVISOR_MAX_SLOTS]",
+        }),
+        rust_struct!(State => "cuvisor_coord_state" {
+            magic: AtomicU64 => "uint64_t",
+            version: u32 => "uint32_t",
+            size: u32 => "uint32_t",
+            index: u32 => "uint32_t",
             _pad: u32 => "uint32_t",
-            start_time: AtomicU64 => "uint64_t",
-        }),
-        rust_struct!(Slot => "cuvisor_slot" {
-            state: AtomicU32 => "uint32_t",
-            policy: AtomicU32 => "uint32_t",
-            container_id: AtomicU64 => "uint64_t",
-            param: AtomicU64 => "uint64_t",
+            container: AtomicU64 => "uint64_t",
             grant_ppm: AtomicU64 => "uint64_t",
             tokens: AtomicI64 => "int64_t",
             refill_at: AtomicU64 => "uint64_t",
@@ -132,13 +140,8 @@ fn rust_structs() -> Vec<Struct> {
             throttled_at: AtomicU64 => "uint64_t",
             consumed_ns: AtomicU64 => "uint64_t",
             throttled_ns: AtomicU64 => "uint64_t",
-            procs: [SlotProc; coordinator::SLOT_PROCS] => "cuvisor_slot_proc[CUVISOR_SLOT_PROCS]",
             queued_until: AtomicU64 => "uint64_t",
-            _reserved: [u64; 5] => "uint64_t[5]",
-        }),
-        rust_struct!(CoordLayout => "cuvisor_coord" {
-            header: CoordHeader => "cuvisor_coord_header",
-            slots: [Slot; coordinator::MAX_SLOTS] => "cuvisor_slot[CUVISOR_MAX_SLOTS]",
+            _reserved: [u64; 6] => "uint64_t[6]",
         }),
     ]
 }
@@ -184,8 +187,12 @@ fn rust_defines() -> BTreeMap<&'static str, (&'static str, String)> {
             ("CUVISOR_BYTES_MASK", ledger::BYTES_MASK.to_string()),
         ),
         (
-            "COORD_MAGIC",
-            ("CUVISOR_COORD_MAGIC", coordinator::COORD_MAGIC.to_string()),
+            "BOARD_MAGIC",
+            ("CUVISOR_BOARD_MAGIC", coordinator::BOARD_MAGIC.to_string()),
+        ),
+        (
+            "STATE_MAGIC",
+            ("CUVISOR_STATE_MAGIC", coordinator::STATE_MAGIC.to_string()),
         ),
         (
             "COORD_VERSION",
@@ -195,27 +202,12 @@ fn rust_defines() -> BTreeMap<&'static str, (&'static str, String)> {
             ),
         ),
         (
+            "BOARD",
+            ("CUVISOR_COORD_BOARD", coordinator::BOARD.to_string()),
+        ),
+        (
             "MAX_SLOTS",
             ("CUVISOR_MAX_SLOTS", coordinator::MAX_SLOTS.to_string()),
-        ),
-        (
-            "SLOT_PROCS",
-            ("CUVISOR_SLOT_PROCS", coordinator::SLOT_PROCS.to_string()),
-        ),
-        (
-            "SLOT_FREE",
-            ("CUVISOR_SLOT_FREE", coordinator::SLOT_FREE.to_string()),
-        ),
-        (
-            "SLOT_CLAIMING",
-            (
-                "CUVISOR_SLOT_CLAIMING",
-                coordinator::SLOT_CLAIMING.to_string(),
-            ),
-        ),
-        (
-            "SLOT_READY",
-            ("CUVISOR_SLOT_READY", coordinator::SLOT_READY.to_string()),
         ),
         (
             "POLICY_LIMIT",
@@ -230,6 +222,10 @@ fn rust_defines() -> BTreeMap<&'static str, (&'static str, String)> {
                 "CUVISOR_POLICY_SHARE",
                 coordinator::POLICY_SHARE.to_string(),
             ),
+        ),
+        (
+            "MAX_WEIGHT",
+            ("CUVISOR_MAX_WEIGHT", coordinator::MAX_WEIGHT.to_string()),
         ),
         (
             "STALE_NS",
