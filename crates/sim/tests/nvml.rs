@@ -8,7 +8,9 @@ mod common;
 use cuvisor_sim::model::{self, LinkPeer, Model, PcieLevel, GIB};
 use cuvisor_sim::state::Shared;
 use nvml_wrapper::bitmasks::event::EventTypes;
-use nvml_wrapper::enum_wrappers::device::{TemperatureSensor, TopologyLevel};
+use nvml_wrapper::enum_wrappers::device::{
+    ComputeMode, P2pCapabilitiesIndex, P2pStatus, TemperatureSensor, TopologyLevel,
+};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
@@ -22,6 +24,8 @@ use std::time::{Duration, Instant};
 const NVML_SUCCESS: u32 = 0;
 const NVML_ERROR_UNINITIALIZED: u32 = 1;
 const NVML_ERROR_INVALID_ARGUMENT: u32 = 2;
+const NVML_ERROR_NOT_FOUND: u32 = 6;
+const NVML_ERROR_INSUFFICIENT_SIZE: u32 = 7;
 const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: u32 = 25;
 const NVML_NVLINK_DEVICE_TYPE_GPU: u32 = 0;
 const NVML_NVLINK_DEVICE_TYPE_SWITCH: u32 = 2;
@@ -35,6 +39,73 @@ struct MemoryV2 {
     reserved: u64,
     free: u64,
     used: u64,
+}
+
+/// `nvmlTemperature_v1_t` and its version, `nvmlTemperature_v1` (nvml.h; 0x0100000C).
+#[repr(C)]
+#[derive(Default)]
+struct TemperatureV1 {
+    version: c_uint,
+    sensor_type: c_uint,
+    temperature: i32,
+}
+const TEMPERATURE_V1: c_uint = 0x0100_000C;
+
+/// `nvmlProcessUtilizationInfo_v1_t` (40 bytes).
+#[repr(C)]
+#[derive(Default, Clone, Copy, Debug)]
+struct ProcessUtilizationInfoV1 {
+    time_stamp: u64,
+    pid: c_uint,
+    sm_util: c_uint,
+    mem_util: c_uint,
+    enc_util: c_uint,
+    dec_util: c_uint,
+    jpg_util: c_uint,
+    ofa_util: c_uint,
+}
+
+/// `nvmlProcessesUtilizationInfo_v1_t` and its version, `nvmlProcessesUtilizationInfo_v1`
+/// (0x01000018).
+#[repr(C)]
+struct ProcessesUtilizationInfoV1 {
+    version: c_uint,
+    count: c_uint,
+    last_seen: u64,
+    array: *mut ProcessUtilizationInfoV1,
+}
+const PROCESSES_UTILIZATION_INFO_V1: c_uint = 0x0100_0018;
+
+/// nvmlDeviceGetProcessesUtilizationInfo with room for `room` samples (None: a NULL array):
+/// the code, the count it wrote back and the samples.
+fn processes_utilization(
+    nvml: &Nvml,
+    dev: &Device,
+    version: c_uint,
+    room: Option<usize>,
+    last_seen: u64,
+) -> (u32, u32, Vec<ProcessUtilizationInfoV1>) {
+    let mut buf = vec![ProcessUtilizationInfoV1::default(); room.unwrap_or(0)];
+    let mut info = ProcessesUtilizationInfoV1 {
+        version,
+        count: room.unwrap_or(0) as c_uint,
+        last_seen,
+        array: if room.is_some() {
+            buf.as_mut_ptr()
+        } else {
+            std::ptr::null_mut()
+        },
+    };
+    // SAFETY: the handle comes from a live Device of this Nvml; `info` and the `room` elements
+    // of `buf` it points to outlive the call.
+    let rc = unsafe {
+        nvml.lib().nvmlDeviceGetProcessesUtilizationInfo(
+            dev.handle(),
+            (&mut info as *mut ProcessesUtilizationInfoV1).cast(),
+        )
+    };
+    buf.truncate(info.count as usize);
+    (rc, info.count, buf)
 }
 
 /// The simulated library, found the way the child's loader would (the parent put the simulator's
@@ -167,6 +238,62 @@ fn check_preset() {
         }
     }
 
+    // Peer-to-peer status agrees with the simulated driver's cuDeviceCanAccessPeer rule: NVLink
+    // (direct or through NVSwitch) or one PCIe root complex (PIX/PXB) make peers.
+    use P2pCapabilitiesIndex as Cap;
+    for a in 0..devices.len() {
+        for b in (0..devices.len()).filter(|&b| b != a) {
+            let nvlink = m.nvlink_bandwidth_links(a, b) > 0;
+            let pcie = m.pcie_level(a, b) <= PcieLevel::Multiple;
+            let want = |yes: bool, no: P2pStatus| if yes { P2pStatus::Ok } else { no };
+            let got = |cap| devices[a].p2p_status(&devices[b], cap).unwrap();
+            let cns = P2pStatus::ChipsetNotSupported;
+            assert_eq!(got(Cap::Read), want(nvlink || pcie, cns), "{a}-{b}");
+            assert_eq!(got(Cap::Write), want(nvlink || pcie, cns), "{a}-{b}");
+            assert_eq!(got(Cap::Prop), want(pcie, cns), "{a}-{b}");
+            assert_eq!(
+                got(Cap::NvLink),
+                want(nvlink, P2pStatus::NotSupported),
+                "{a}-{b}"
+            );
+            assert_eq!(
+                got(Cap::Atomics),
+                want(nvlink, P2pStatus::NotSupported),
+                "{a}-{b}"
+            );
+        }
+        // A device is not its own peer, and NVML_P2P_CAPS_INDEX_UNKNOWN is no capability.
+        assert!(matches!(
+            devices[a].p2p_status(&devices[a], Cap::Read),
+            Err(NvmlError::InvalidArg)
+        ));
+        if let Some(other) = devices
+            .get((a + 1) % devices.len())
+            .filter(|_| devices.len() > 1)
+        {
+            assert!(matches!(
+                devices[a].p2p_status(other, Cap::Unknown),
+                Err(NvmlError::InvalidArg)
+            ));
+        }
+    }
+
+    // MIG: A100 (8.0) and Hopper or later can have it, and report it disabled, now and after
+    // the next reset; any other GPU answers NOT_SUPPORTED (nvmlDeviceGetMigMode's documented
+    // answer for a device without MIG).
+    for (dev, want) in devices.iter().zip(&m.devices) {
+        let capable = want.cc == (8, 0) || want.cc.0 >= 9;
+        match dev.mig_mode() {
+            Ok(mode) => {
+                assert!(capable, "{}", want.name);
+                assert_eq!((mode.current, mode.pending), (0, 0));
+            }
+            Err(NvmlError::NotSupported) => assert!(!capable, "{}", want.name),
+            Err(e) => panic!("{}: {e:?}", want.name),
+        }
+        assert_eq!(dev.compute_mode().unwrap(), ComputeMode::Default);
+    }
+
     // NVLinks: every link active, with the model's peer at the far end.
     for (i, (dev, want)) in devices.iter().zip(&m.devices).enumerate() {
         if want.links.is_empty() {
@@ -268,6 +395,21 @@ fn dgx1_v100_preset_through_nvml_wrapper() {
         };
         assert_eq!(near_cpu(3), [0, 1, 2, 3]);
         assert_eq!(near_cpu(17), [4, 5, 6, 7]);
+        // Peers: 0-3 by two NVLinks, 0-1 by one and a PCIe switch; 0-5 neither (SYS).
+        let p2p = |a, b, cap| d(a).p2p_status(&d(b), cap).unwrap();
+        assert_eq!(p2p(0, 3, P2pCapabilitiesIndex::NvLink), P2pStatus::Ok);
+        assert_eq!(p2p(0, 3, P2pCapabilitiesIndex::Atomics), P2pStatus::Ok);
+        assert_eq!(p2p(0, 1, P2pCapabilitiesIndex::Prop), P2pStatus::Ok);
+        assert_eq!(
+            p2p(0, 5, P2pCapabilitiesIndex::Read),
+            P2pStatus::ChipsetNotSupported
+        );
+        assert_eq!(
+            p2p(0, 5, P2pCapabilitiesIndex::NvLink),
+            P2pStatus::NotSupported
+        );
+        // V100: no MIG.
+        assert!(matches!(d(0).mig_mode(), Err(NvmlError::NotSupported)));
         assert_eq!(d(0).memory_info().unwrap().total, 16 * GIB);
         return;
     }
@@ -307,6 +449,16 @@ fn dgx_a100_preset_through_nvml_wrapper() {
         ));
         // A100: what real drivers report, NVML_NVLINK_VERSION_3_1.
         assert_eq!(d.link_wrapper_for(0).version().unwrap(), 5);
+        // Every pair are NVLink peers through the switches, though no link joins them directly.
+        let d7 = nvml.device_by_index(7).unwrap();
+        assert_eq!(
+            d.p2p_status(&d7, P2pCapabilitiesIndex::NvLink).unwrap(),
+            P2pStatus::Ok
+        );
+        assert_eq!(
+            d.p2p_status(&d7, P2pCapabilitiesIndex::Read).unwrap(),
+            P2pStatus::Ok
+        );
         return;
     }
     common::Child::new("dgx_a100_preset_through_nvml_wrapper")
@@ -331,6 +483,24 @@ fn pcie_8_preset_through_nvml_wrapper() {
             d(0).link_wrapper_for(0).is_active(),
             Err(NvmlError::NotSupported)
         ));
+        // PCIe peers behind one root complex (0-1 PIX, 0-3 PXB), none across it; no NVLink,
+        // no peer atomics. A10 (8.6): no MIG.
+        let p2p = |a, b, cap| d(a).p2p_status(&d(b), cap).unwrap();
+        assert_eq!(p2p(0, 1, P2pCapabilitiesIndex::Read), P2pStatus::Ok);
+        assert_eq!(p2p(0, 3, P2pCapabilitiesIndex::Write), P2pStatus::Ok);
+        assert_eq!(
+            p2p(0, 4, P2pCapabilitiesIndex::Read),
+            P2pStatus::ChipsetNotSupported
+        );
+        assert_eq!(
+            p2p(0, 1, P2pCapabilitiesIndex::NvLink),
+            P2pStatus::NotSupported
+        );
+        assert_eq!(
+            p2p(0, 1, P2pCapabilitiesIndex::Atomics),
+            P2pStatus::NotSupported
+        );
+        assert!(matches!(d(0).mig_mode(), Err(NvmlError::NotSupported)));
         return;
     }
     common::Child::new("pcie_8_preset_through_nvml_wrapper")
@@ -466,6 +636,40 @@ fn memory_processes_and_utilization_follow_other_processes() {
             d0.process_utilization_stats(None),
             Err(NvmlError::NotFound)
         ));
+
+        // The struct-versioned form: the same samples, asked for as pynvml does (no array
+        // first: INSUFFICIENT_SIZE and the count), jpg and ofa engines idle.
+        let v1 = PROCESSES_UTILIZATION_INFO_V1;
+        let (rc, n, _) = processes_utilization(&nvml, &d1, v1, None, 0);
+        assert_eq!((rc, n), (NVML_ERROR_INSUFFICIENT_SIZE, 1));
+        let (rc, n, _) = processes_utilization(&nvml, &d1, v1, Some(0), 0);
+        assert_eq!((rc, n), (NVML_ERROR_INSUFFICIENT_SIZE, 1));
+        let (rc, n, got) = processes_utilization(&nvml, &d1, v1, Some(4), 0);
+        assert_eq!((rc, n), (NVML_SUCCESS, 1), "{got:?}");
+        let s = got[0];
+        assert_eq!(s.pid, parent);
+        assert!(s.sm_util > 0 && s.sm_util <= 100, "{s:?}");
+        assert_eq!((s.mem_util, s.enc_util, s.dec_util), (0, 0, 0));
+        assert_eq!((s.jpg_util, s.ofa_util), (0, 0));
+        assert!(
+            s.time_stamp.abs_diff(mine[0].timestamp) < 5_000_000,
+            "{s:?}"
+        );
+        let (rc, n, _) = processes_utilization(&nvml, &d1, v1, Some(4), s.time_stamp + 10_000_000);
+        assert_eq!((rc, n), (NVML_ERROR_NOT_FOUND, 0));
+        let (rc, n, _) = processes_utilization(&nvml, &d0, v1, Some(4), 0);
+        assert_eq!((rc, n), (NVML_ERROR_NOT_FOUND, 0));
+        // A struct of another version, or none.
+        let (rc, _, _) = processes_utilization(&nvml, &d1, v1 + 1, Some(4), 0);
+        assert_eq!(rc, NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        let (rc, _, _) = processes_utilization(&nvml, &d1, 0x0200_0018, Some(4), 0);
+        assert_eq!(rc, NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        // SAFETY: a live handle and a NULL struct, which the call must refuse.
+        let rc = unsafe {
+            nvml.lib()
+                .nvmlDeviceGetProcessesUtilizationInfo(d1.handle(), std::ptr::null_mut())
+        };
+        assert_eq!(rc, NVML_ERROR_INVALID_ARGUMENT);
         return;
     }
     let state = parent_state("memory_processes_and_utilization_follow_other_processes");
@@ -492,6 +696,173 @@ fn memory_processes_and_utilization_follow_other_processes() {
         .success();
     s.release_slot(slot);
     assert_eq!(s.device(1).mem_used.load(Ordering::Acquire), 0);
+    let _ = std::fs::remove_file(&state);
+}
+
+// ---- sensors and modes -------------------------------------------------------------------------
+
+/// Raw nvmlDeviceGetTemperatureV with a struct of `version` asking for `sensor`.
+fn temperature_v(nvml: &Nvml, dev: &Device, version: c_uint, sensor: c_uint) -> (u32, i32) {
+    let mut t = TemperatureV1 {
+        version,
+        sensor_type: sensor,
+        temperature: -1,
+    };
+    // SAFETY: a live handle; `t` outlives the call.
+    let rc = unsafe {
+        nvml.lib()
+            .nvmlDeviceGetTemperatureV(dev.handle(), (&mut t as *mut TemperatureV1).cast())
+    };
+    (rc, t.temperature)
+}
+
+/// The simulated A100 PCIe's board power (its datasheet's 250 W) and idle draw (15 % of it), mW.
+const A100_PCIE_MW: u32 = 250_000;
+const A100_PCIE_IDLE_MW: u32 = 37_500;
+
+/// Energy the simulator reports for a GPU idle all along but for `busy_ns` of kernels, at
+/// CLOCK_MONOTONIC `now`, mJ.
+fn a100_energy_mj(now: u64, busy_ns: u64) -> u64 {
+    let extra = (A100_PCIE_MW - A100_PCIE_IDLE_MW) as u128;
+    ((A100_PCIE_IDLE_MW as u128 * now as u128 + extra * busy_ns as u128) / 1_000_000_000) as u64
+}
+
+#[test]
+fn sensors_and_modes_of_an_idle_gpu() {
+    if common::is_child() {
+        let nvml = nvml();
+        let d = nvml.device_by_index(0).unwrap();
+        assert_eq!(d.utilization_rates().unwrap().gpu, 0);
+        assert_eq!(d.temperature(TemperatureSensor::Gpu).unwrap(), 33);
+        assert_eq!(d.power_usage().unwrap(), A100_PCIE_IDLE_MW);
+        assert_eq!(d.power_management_limit().unwrap(), A100_PCIE_MW);
+        assert_eq!(d.power_management_limit_default().unwrap(), A100_PCIE_MW);
+        assert_eq!(d.enforced_power_limit().unwrap(), A100_PCIE_MW);
+        let t0 = cuvisor_sim::state::now_ns();
+        let e = d.total_energy_consumption().unwrap();
+        let t1 = cuvisor_sim::state::now_ns();
+        assert!(
+            (a100_energy_mj(t0, 0)..=a100_energy_mj(t1, 0)).contains(&e),
+            "{e} mJ: the idle draw since boot"
+        );
+        assert!(d.total_energy_consumption().unwrap() >= e, "it only grows");
+        assert_eq!(d.compute_mode().unwrap(), ComputeMode::Default);
+        let mig = d.mig_mode().unwrap();
+        assert_eq!((mig.current, mig.pending), (0, 0), "A100: MIG capable, off");
+
+        // The versioned temperature query checks its struct.
+        assert_eq!(
+            temperature_v(&nvml, &d, TEMPERATURE_V1, 0),
+            (NVML_SUCCESS, 33)
+        );
+        assert_eq!(
+            temperature_v(&nvml, &d, 0, 0).0,
+            NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        );
+        assert_eq!(
+            temperature_v(&nvml, &d, TEMPERATURE_V1 + (1 << 24), 0).0,
+            NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        );
+        assert_eq!(
+            temperature_v(&nvml, &d, TEMPERATURE_V1, 1).0,
+            NVML_ERROR_INVALID_ARGUMENT,
+            "NVML_TEMPERATURE_GPU is the only sensor"
+        );
+        let lib = nvml.lib();
+        let mut v: c_uint = 0;
+        // SAFETY: raw calls with a live handle (or a forged one, which must be refused) and
+        // out-pointers that are NULL or point at `v`.
+        unsafe {
+            let h = d.handle();
+            let forged = (h as usize + 4096) as _;
+            assert_eq!(
+                lib.nvmlDeviceGetTemperatureV(h, std::ptr::null_mut()),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                lib.nvmlDeviceGetTemperature(h, 0, std::ptr::null_mut()),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                lib.nvmlDeviceGetTemperature(h, 7, &mut v),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                lib.nvmlDeviceGetTemperature(forged, 0, &mut v),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                lib.nvmlDeviceGetPowerUsage(h, std::ptr::null_mut()),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                lib.nvmlDeviceGetEnforcedPowerLimit(h, std::ptr::null_mut()),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                lib.nvmlDeviceGetPowerManagementLimit(forged, &mut v),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                lib.nvmlDeviceGetTotalEnergyConsumption(h, std::ptr::null_mut()),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                lib.nvmlDeviceGetComputeMode(h, std::ptr::null_mut()),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                lib.nvmlDeviceGetMigMode(h, &mut v, std::ptr::null_mut()),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                lib.nvmlDeviceGetP2PStatus(h, h, 0, std::ptr::null_mut()),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+        }
+        return;
+    }
+    common::Child::new("sensors_and_modes_of_an_idle_gpu")
+        .run()
+        .success();
+}
+
+/// Another process keeps the GPU busy for 4 s; a second or more into it, NVML's utilization is 100 %
+/// and temperature and power read their full-load values; the energy counter holds the kernel
+/// time at the board power.
+#[test]
+fn temperature_power_and_energy_follow_the_timeline() {
+    // Long enough that a child slow to start still looks while it runs; short of the 5 s
+    // per-process history (PROC_BUCKETS x 10 ms), which time queued further ahead laps.
+    const KERNEL_NS: u64 = 4_000_000_000;
+    if common::is_child() {
+        let nvml = nvml();
+        let d = nvml.device_by_index(0).unwrap();
+        std::thread::sleep(Duration::from_millis(1100));
+        assert_eq!(d.utilization_rates().unwrap().gpu, 100);
+        assert_eq!(d.temperature(TemperatureSensor::Gpu).unwrap(), 63);
+        assert_eq!(
+            temperature_v(&nvml, &d, TEMPERATURE_V1, 0),
+            (NVML_SUCCESS, 63)
+        );
+        assert_eq!(d.power_usage().unwrap(), A100_PCIE_MW);
+        assert_eq!(d.enforced_power_limit().unwrap(), A100_PCIE_MW);
+        let t0 = cuvisor_sim::state::now_ns();
+        let e = d.total_energy_consumption().unwrap();
+        let t1 = cuvisor_sim::state::now_ns();
+        assert!(
+            (a100_energy_mj(t0, KERNEL_NS)..=a100_energy_mj(t1, KERNEL_NS)).contains(&e),
+            "{e} mJ"
+        );
+        return;
+    }
+    let test = "temperature_power_and_energy_follow_the_timeline";
+    let state = parent_state(test);
+    let (_m, s) = shared("single", &state);
+    let slot = s.claim_slot().unwrap();
+    s.run_kernel(slot, 0, 0, KERNEL_NS);
+    common::Child::new(test).state(&state).run().success();
+    s.release_slot(slot);
     let _ = std::fs::remove_file(&state);
 }
 
@@ -572,11 +943,9 @@ fn init_is_reference_counted_and_errors_are_nvmls() {
             Err(NvmlError::NotFound)
         ));
         let d = nvml.device_by_index(0).unwrap();
-        // What the simulator does not model answers NOT_SUPPORTED.
-        assert!(matches!(
-            d.temperature(TemperatureSensor::Gpu),
-            Err(NvmlError::NotSupported)
-        ));
+        // What the simulator does not model answers NOT_SUPPORTED (the simulated A100 PCIe is
+        // passively cooled: no fan of its own).
+        assert!(matches!(d.fan_speed(0), Err(NvmlError::NotSupported)));
         assert!(matches!(
             d.running_graphics_processes().map(|v| v.len()),
             Ok(0)

@@ -29,7 +29,9 @@ pub(crate) fn dev(h: nvmlDevice_t) -> Result<(&'static Sim, usize), nvmlReturn_t
     Ok((sim, index))
 }
 
-fn model_dev(h: nvmlDevice_t) -> Result<(&'static Sim, usize, &'static Device), nvmlReturn_t> {
+pub(crate) fn model_dev(
+    h: nvmlDevice_t,
+) -> Result<(&'static Sim, usize, &'static Device), nvmlReturn_t> {
     let (sim, d) = dev(h)?;
     Ok((sim, d, &sim.model.devices[d]))
 }
@@ -250,6 +252,44 @@ export! {
         write_array(utilization, &samples)
     }
 
+    /// The struct-versioned successor of nvmlDeviceGetProcessUtilization (R550), with the same
+    /// samples (jpg and ofa engines read 0: the simulator has none) and the same protocol inside
+    /// the struct: `processSamplesCount` is the room in `procUtilArray`; with too little room (or
+    /// no array), NVML_ERROR_INSUFFICIENT_SIZE and the count needed there, which is how pynvml's
+    /// wrapper asks; NVML_ERROR_NOT_FOUND (count 0) when no process has a sample since
+    /// `lastSeenTimeStamp`. A struct whose `version` is not nvmlProcessesUtilizationInfo_v1 is
+    /// NVML_ERROR_ARGUMENT_VERSION_MISMATCH; a NULL struct NVML_ERROR_INVALID_ARGUMENT.
+    fn nvmlDeviceGetProcessesUtilizationInfo(device: nvmlDevice_t, info: *mut nvmlProcessesUtilizationInfo_v1_t) {
+        let (sim, d) = dev(device)?;
+        let mut i = read(info)?;
+        if i.version != NVML_PROCESSES_UTILIZATION_INFO_V1 {
+            return Err(ret::ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let samples: Vec<nvmlProcessUtilizationInfo_v1_t> = process_samples(sim, d, i.lastSeenTimeStamp)
+            .into_iter()
+            .map(|s| nvmlProcessUtilizationInfo_v1_t {
+                timeStamp: s.timeStamp,
+                pid: s.pid,
+                smUtil: s.smUtil,
+                memUtil: s.memUtil,
+                encUtil: s.encUtil,
+                decUtil: s.decUtil,
+                jpgUtil: 0,
+                ofaUtil: 0,
+            })
+            .collect();
+        let room = i.processSamplesCount as usize;
+        i.processSamplesCount = samples.len() as c_uint;
+        write(info, i)?;
+        if samples.is_empty() {
+            return Err(ret::ERROR_NOT_FOUND);
+        }
+        if i.procUtilArray.is_null() || room < samples.len() {
+            return Err(ret::ERROR_INSUFFICIENT_SIZE);
+        }
+        write_array(i.procUtilArray, &samples)
+    }
+
     /// The oldest ABI: 16-byte `nvmlProcessInfo_v1_t` entries.
     fn nvmlDeviceGetComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) {
         process_list(device, count, infos, |pid, mem| nvmlProcessInfo_v1_t { pid, usedGpuMemory: mem })
@@ -283,6 +323,57 @@ export! {
         empty_list(device, count)
     }
 }
+
+// ---- nvmlDeviceGetProcessesUtilizationInfo's structs ---------------------------------------------
+// As NVIDIA's nvml.h (R550 and later) declares them:
+//
+//   typedef struct nvmlProcessUtilizationInfo_v1_st {
+//       unsigned long long timeStamp; unsigned int pid; unsigned int smUtil; unsigned int memUtil;
+//       unsigned int encUtil; unsigned int decUtil; unsigned int jpgUtil; unsigned int ofaUtil;
+//   } nvmlProcessUtilizationInfo_v1_t;                                             // 40 bytes
+//   typedef struct nvmlProcessesUtilizationInfo_v1_st {
+//       unsigned int version; unsigned int processSamplesCount;
+//       unsigned long long lastSeenTimeStamp; nvmlProcessUtilizationInfo_v1_t *procUtilArray;
+//   } nvmlProcessesUtilizationInfo_v1_t;                                           // 24 bytes
+//   #define nvmlProcessesUtilizationInfo_v1 NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1)
+//
+// Found with this project's code search (query "nvmlProcessesUtilizationInfo_v1
+// nvmlProcessUtilizationInfo_v1"): the same fields in nvml-wrapper-sys 0.10's bindgen output of
+// nvml.h, in cuda-bindings 13.5's `cuda/bindings/cynvml.pxd` (`cdef extern from 'nvml.h'`), and in nvidia-ml-py
+// 13.615's pynvml.py, which hard-codes the version as 0x01000018. NVIDIA's NVML reference
+// (docs.nvidia.com/deploy/nvml-api, "nvmlProcessesUtilizationInfo_v1_t Struct Reference")
+// documents `processSamplesCount` as "Caller-supplied array size, and returns number of
+// processes running".
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(non_snake_case)]
+pub struct nvmlProcessUtilizationInfo_v1_t {
+    /// CPU timestamp in microseconds.
+    pub timeStamp: c_ulonglong,
+    pub pid: c_uint,
+    pub smUtil: c_uint,
+    pub memUtil: c_uint,
+    pub encUtil: c_uint,
+    pub decUtil: c_uint,
+    pub jpgUtil: c_uint,
+    pub ofaUtil: c_uint,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+#[allow(non_snake_case)]
+pub struct nvmlProcessesUtilizationInfo_v1_t {
+    pub version: c_uint,
+    pub processSamplesCount: c_uint,
+    pub lastSeenTimeStamp: c_ulonglong,
+    pub procUtilArray: *mut nvmlProcessUtilizationInfo_v1_t,
+}
+
+pub const NVML_PROCESSES_UTILIZATION_INFO_V1: c_uint =
+    nvml_struct_version(std::mem::size_of::<nvmlProcessesUtilizationInfo_v1_t>(), 1);
+const _: () = assert!(NVML_PROCESSES_UTILIZATION_INFO_V1 == 0x0100_0018);
+const _: () = assert!(std::mem::size_of::<nvmlProcessUtilizationInfo_v1_t>() == 40);
 
 /// Documented: NVML_ERROR_INVALID_ARGUMENT for an index past the device count.
 fn by_index(index: c_uint, device: *mut nvmlDevice_t) -> Res {
@@ -318,7 +409,7 @@ fn memory_of(device: nvmlDevice_t) -> Result<(u64, u64), nvmlReturn_t> {
 }
 
 /// NVML's "sample period" for utilization.
-const UTIL_WINDOW_NS: u64 = 1_000_000_000;
+pub(crate) const UTIL_WINDOW_NS: u64 = 1_000_000_000;
 
 fn realtime_us() -> u64 {
     std::time::SystemTime::now()

@@ -7,7 +7,8 @@
 //! fault injection. NVML itself never takes a process slot: a monitor is not a GPU process.
 //!
 //! Layout: FFI helpers, init/shutdown and system queries here; `device` handles, identity, memory,
-//! processes and utilization; `topology` PCIe/NUMA placement and NVLinks; `events` event sets;
+//! processes and utilization; `sensors` temperature, power and compute mode; `topology` PCIe/NUMA
+//! placement, NVLinks and peer-to-peer status; `events` event sets;
 //! `stubs` the entry points answered with NVML_ERROR_NOT_SUPPORTED.
 //!
 //! Where NVIDIA's documentation left a behaviour open, the choice and its source are noted at the
@@ -16,6 +17,7 @@
 
 mod device;
 mod events;
+mod sensors;
 mod stubs;
 mod topology;
 

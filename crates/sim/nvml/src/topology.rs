@@ -165,6 +165,25 @@ export! {
         write(pci, info)
     }
 
+    /// See [`p2p`]. NVML_ERROR_INVALID_ARGUMENT for an index past NVML_P2P_CAPS_INDEX_PCI
+    /// (including NVML_P2P_CAPS_INDEX_UNKNOWN), a NULL `status`, or a device paired with itself (a
+    /// device is not its own peer: the simulated cuDeviceCanAccessPeer answers 0 for it, and
+    /// nvidia-smi prints "X" there without asking).
+    fn nvmlDeviceGetP2PStatus(
+        device1: nvmlDevice_t,
+        device2: nvmlDevice_t,
+        index: c_uint,
+        status: *mut c_uint,
+    ) {
+        let (sim, a) = dev(device1)?;
+        let (_, b) = dev(device2)?;
+        if a == b {
+            return Err(ret::ERROR_INVALID_ARGUMENT);
+        }
+        let s = p2p(&sim.model, a, b, index).ok_or(ret::ERROR_INVALID_ARGUMENT)?;
+        write(status, s)
+    }
+
     fn nvmlDeviceGetNvLinkRemoteDeviceType(
         device: nvmlDevice_t,
         l: c_uint,
@@ -176,6 +195,47 @@ export! {
             LinkPeer::Switch(_) => nvlink_device::SWITCH,
         })
     }
+}
+
+/// `nvmlGpuP2PCapsIndex_t`.
+pub mod p2p_caps {
+    pub const READ: u32 = 0;
+    pub const WRITE: u32 = 1;
+    pub const NVLINK: u32 = 2;
+    pub const ATOMICS: u32 = 3;
+    /// NVML_P2P_CAPS_INDEX_PCI (formerly _PROP).
+    pub const PCI: u32 = 4;
+}
+
+/// `nvmlGpuP2PStatus_t`.
+pub mod p2p_status {
+    pub const OK: u32 = 0;
+    pub const CHIPSET_NOT_SUPPORTED: u32 = 1;
+    pub const NOT_SUPPORTED: u32 = 5;
+}
+
+/// What `nvmlDeviceGetP2PStatus` answers for two distinct GPUs, from the model's wiring, in
+/// agreement with the simulated driver's `cuDeviceCanAccessPeer` (crates/sim/cuda): peers are
+/// GPUs joined by NVLink (directly or through NVSwitches) or behind one PCIe root complex (PIX,
+/// PXB). Per capability:
+/// - READ / WRITE: OK for peers; otherwise the path crosses host bridges, which the chipset does
+///   not route peer traffic over: CHIPSET_NOT_SUPPORTED (`nvidia-smi topo -p2p` prints "CNS").
+/// - NVLINK: OK when an NVLink joins them, else NOT_SUPPORTED.
+/// - ATOMICS: OK over NVLink only (PCIe peer atomics are not modelled), else NOT_SUPPORTED.
+/// - PCI: peer traffic over PCIe alone: OK behind one root complex, else CHIPSET_NOT_SUPPORTED.
+///
+/// Links taken down by fault injection do not change the answers (nor cuDeviceCanAccessPeer's).
+pub(crate) fn p2p(m: &cuvisor_sim::model::Model, a: usize, b: usize, index: u32) -> Option<u32> {
+    use cuvisor_sim::model::PcieLevel;
+    let nvlink = m.nvlink_bandwidth_links(a, b) > 0;
+    let pcie = m.pcie_level(a, b) <= PcieLevel::Multiple;
+    let ok = |yes: bool, no: u32| if yes { p2p_status::OK } else { no };
+    Some(match index {
+        p2p_caps::READ | p2p_caps::WRITE => ok(nvlink || pcie, p2p_status::CHIPSET_NOT_SUPPORTED),
+        p2p_caps::NVLINK | p2p_caps::ATOMICS => ok(nvlink, p2p_status::NOT_SUPPORTED),
+        p2p_caps::PCI => ok(pcie, p2p_status::CHIPSET_NOT_SUPPORTED),
+        _ => return None,
+    })
 }
 
 /// The link a per-link NVLink query names. Errors: a device without NVLinks,
@@ -243,4 +303,38 @@ fn bitmap(size: c_uint, words: *mut c_ulong, set: std::ops::Range<u32>) -> Res {
         })
         .collect();
     write_array(words, &out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cuvisor_sim::model::preset;
+
+    #[test]
+    fn p2p_follows_nvlinks_and_root_complexes() {
+        let dgx1 = preset("dgx1-v100").unwrap();
+        assert_eq!(p2p(&dgx1, 0, 3, p2p_caps::NVLINK), Some(p2p_status::OK));
+        assert_eq!(
+            p2p(&dgx1, 0, 5, p2p_caps::READ),
+            Some(p2p_status::CHIPSET_NOT_SUPPORTED)
+        );
+        assert_eq!(
+            p2p(&dgx1, 0, 5, p2p_caps::ATOMICS),
+            Some(p2p_status::NOT_SUPPORTED)
+        );
+        let pcie = preset("pcie-8").unwrap();
+        assert_eq!(p2p(&pcie, 0, 3, p2p_caps::WRITE), Some(p2p_status::OK));
+        assert_eq!(p2p(&pcie, 0, 3, p2p_caps::PCI), Some(p2p_status::OK));
+        assert_eq!(
+            p2p(&pcie, 0, 1, p2p_caps::ATOMICS),
+            Some(p2p_status::NOT_SUPPORTED)
+        );
+        assert_eq!(
+            p2p(&pcie, 0, 4, p2p_caps::PCI),
+            Some(p2p_status::CHIPSET_NOT_SUPPORTED)
+        );
+        let a100 = preset("dgx-a100").unwrap();
+        assert_eq!(p2p(&a100, 0, 7, p2p_caps::NVLINK), Some(p2p_status::OK));
+        assert_eq!(p2p(&a100, 0, 7, 5), None, "NVML_P2P_CAPS_INDEX_UNKNOWN");
+    }
 }
