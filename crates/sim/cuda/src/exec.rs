@@ -7,6 +7,7 @@
 //! Copies and memsets take no simulated time.
 
 use crate::ctx::{self, Context};
+use crate::image::{self, Image};
 use crate::{cstr, drv, export, mem, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::state::{now_ns, sleep_until};
@@ -100,7 +101,11 @@ struct Node {
 }
 
 struct Module {
+    /// What the image defines, where the simulator can read it.
+    image: Image,
     funcs: Mutex<HashMap<String, usize>>,
+    /// The device memory behind each variable, per context: (context, name) → address.
+    globals: Mutex<HashMap<(usize, String), u64>>,
 }
 
 pub(crate) struct Function {
@@ -606,26 +611,88 @@ fn function_or_kernel(f: CUfunction) -> Result<Arc<Function>, CUresult> {
     }
 }
 
-/// A new module object, in no context.
-fn new_module() -> usize {
+/// A new module object of `image`, in no context.
+fn new_module(image: Image) -> usize {
     modules()
         .insert(Module {
+            image,
             funcs: Mutex::new(HashMap::new()),
+            globals: Mutex::new(HashMap::new()),
         })
         .0
 }
 
-/// The function `name` of module `m` (made on first ask: any name resolves).
-fn module_function(module: usize, m: &Module, name: &str) -> usize {
+/// Whether a kernel of this name is a `sim_busy*` one, under C linkage (`sim_busy_ms`) or C++
+/// linkage, whose Itanium-mangled name is `_Z` then the identifier's length and the identifier
+/// (`_Z8sim_busyy` for `sim_busy(unsigned long long)`; Itanium C++ ABI, "Mangling",
+/// <https://itanium-cxx-abi.github.io/cxx-abi/abi.html#mangling>). NVRTC and nvcc mangle
+/// kernels so (CuPy's `name_expressions` resolve to such names).
+fn is_busy(name: &str) -> bool {
+    const BUSY: &str = "sim_busy";
+    if name.starts_with(BUSY) {
+        return true;
+    }
+    let Some(rest) = name.strip_prefix("_Z") else {
+        return false;
+    };
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    match rest[..digits].parse::<usize>() {
+        Ok(len) => rest[digits..]
+            .get(..len)
+            .is_some_and(|id| id.starts_with(BUSY)),
+        Err(_) => false,
+    }
+}
+
+/// The function `name` of module `m`, made on first ask; CUDA_ERROR_NOT_FOUND if the image
+/// does not define that kernel (in an image the simulator cannot read, any name resolves).
+fn module_function(module: usize, m: &Module, name: &str) -> Result<usize, CUresult> {
+    if !m.image.has_kernel(name) {
+        return Err(err::NOT_FOUND);
+    }
     let mut funcs = m.funcs.lock().unwrap_or_else(|e| e.into_inner());
-    *funcs.entry(name.to_string()).or_insert_with(|| {
+    Ok(*funcs.entry(name.to_string()).or_insert_with(|| {
         functions()
             .insert(Function {
-                busy: name.starts_with("sim_busy"),
+                busy: is_busy(name),
                 module,
             })
             .0
-    })
+    }))
+}
+
+/// The variable `name` of module `m` in the current context: its address and size, its memory
+/// allocated the first time it is asked for in a context (cuModuleLoadData* allocates every
+/// variable at load; a library's are made as its contexts ask). CUDA_ERROR_NOT_FOUND if the
+/// image defines no such variable.
+fn module_global(m: &Module, name: &str) -> Result<(u64, u64), CUresult> {
+    let (ch, _) = ctx::current()?;
+    let size = m.image.global(name).ok_or(err::NOT_FOUND)?;
+    let mut g = m.globals.lock().unwrap_or_else(|e| e.into_inner());
+    let key = (ch, name.to_string());
+    if let Some(&addr) = g.get(&key) {
+        if mem::module_global_live(addr, ch) {
+            return Ok((addr, size));
+        }
+    }
+    let addr = mem::alloc_module_global(size)?;
+    g.insert(key, addr);
+    Ok((addr, size))
+}
+
+/// cuModuleGetGlobal_v2 / cuLibraryGetGlobal: both out-parameters are optional ("If one of them
+/// is NULL, it is ignored", CUDA driver API reference).
+fn get_global(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    module: usize,
+    name: *const c_char,
+) -> Res {
+    let m = modules().get(module)?;
+    let name = cstr(name)?;
+    let (addr, size) = module_global(&m, name)?;
+    write_opt(dptr, addr as CUdeviceptr)?;
+    write_opt(bytes, size as usize)
 }
 
 /// Options come as `n` keys and `n` values; either array missing while `n` > 0 is the
@@ -643,6 +710,7 @@ fn check_options(n: c_uint, keys: *const c_void, values: *const c_void) -> Res {
 fn load_library(
     library: *mut *mut c_void,
     code: *const c_void,
+    image: impl FnOnce() -> Image,
     jit_n: c_uint,
     jit_keys: *const c_void,
     jit_values: *const c_void,
@@ -656,21 +724,37 @@ fn load_library(
     }
     check_options(jit_n, jit_keys, jit_values)?;
     check_options(lib_n, lib_keys, lib_values)?;
+    let image = image();
     // Any image loads: the simulator has no ISA to check.
     let (h, _) = libraries().insert(Library {
-        module: new_module(),
+        module: new_module(image),
         kernels: Mutex::new(HashMap::new()),
     });
     write(library, h as *mut c_void)
 }
 
 pub(crate) fn load_module(module: *mut CUmodule, image: *const c_void) -> Res {
+    load_module_of(module, image, || image::from_ptr(image))
+}
+
+/// Loads `read()`'s image into the current context, with memory for each of its variables.
+fn load_module_of(module: *mut CUmodule, code: *const c_void, read: impl FnOnce() -> Image) -> Res {
     ctx::current()?;
-    if module.is_null() || image.is_null() {
+    if module.is_null() || code.is_null() {
         return Err(err::INVALID_VALUE);
     }
     // Any image loads: the simulator has no ISA to check.
-    write(module, new_module() as CUmodule)
+    let image = read();
+    let names: Vec<String> = image.globals().into_iter().map(|(n, _)| n).collect();
+    let h = new_module(image);
+    let m = modules().get(h)?;
+    for n in names {
+        if let Err(e) = module_global(&m, &n) {
+            let _ = unload_module(h);
+            return Err(e);
+        }
+    }
+    write(module, h as CUmodule)
 }
 
 /// Unloads a module and the functions got from it.
@@ -685,6 +769,9 @@ fn unload_module(module: usize) -> Res {
         .collect();
     for f in funcs {
         let _ = functions().remove(f);
+    }
+    for (_, addr) in m.globals.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+        mem::free_module_global(addr);
     }
     Ok(())
 }
@@ -701,7 +788,7 @@ export! {
         if !std::path::Path::new(path).is_file() {
             return Err(err::FILE_NOT_FOUND);
         }
-        load_module(module, fname as *const c_void)
+        load_module_of(module, fname as *const c_void, || image::from_file(path))
     }
     fn cuModuleUnload(module: CUmodule) {
         drv()?;
@@ -714,11 +801,11 @@ export! {
         if hfunc.is_null() {
             return Err(err::INVALID_VALUE);
         }
-        write(hfunc, module_function(module as usize, &m, name) as CUfunction)
+        write(hfunc, module_function(module as usize, &m, name)? as CUfunction)
     }
 
     fn cuLibraryLoadData(library: *mut *mut c_void, code: *const c_void, jit_keys: *const c_void, jit_values: *const c_void, jit_n: c_uint, lib_keys: *const c_void, lib_values: *const c_void, lib_n: c_uint) {
-        load_library(library, code, jit_n, jit_keys, jit_values, lib_n, lib_keys, lib_values)
+        load_library(library, code, || image::from_ptr(code), jit_n, jit_keys, jit_values, lib_n, lib_keys, lib_values)
     }
     fn cuLibraryLoadFromFile(library: *mut *mut c_void, file: *const c_char, jit_keys: *const c_void, jit_values: *const c_void, jit_n: c_uint, lib_keys: *const c_void, lib_values: *const c_void, lib_n: c_uint) {
         drv()?;
@@ -726,7 +813,7 @@ export! {
         if !std::path::Path::new(path).is_file() {
             return Err(err::FILE_NOT_FOUND);
         }
-        load_library(library, file as *const c_void, jit_n, jit_keys, jit_values, lib_n, lib_keys, lib_values)
+        load_library(library, file as *const c_void, || image::from_file(path), jit_n, jit_keys, jit_values, lib_n, lib_keys, lib_values)
     }
     /// The library goes, and with it its module, its kernels and their functions.
     fn cuLibraryUnload(library: *mut c_void) {
@@ -753,18 +840,22 @@ export! {
         }
         let m = modules().get(l.module)?;
         let mut ks = l.kernels.lock().unwrap_or_else(|e| e.into_inner());
-        let k = *ks.entry(name.to_string()).or_insert_with(|| {
-            kernels().insert(Kernel { function: module_function(l.module, &m, name) }).0
-        });
+        let k = match ks.get(name) {
+            Some(&k) => k,
+            None => {
+                let function = module_function(l.module, &m, name)?;
+                let k = kernels().insert(Kernel { function }).0;
+                ks.insert(name.to_string(), k);
+                k
+            }
+        };
         write(pkernel, k as *mut c_void)
     }
-    /// The simulator's images have no globals (as cuModuleGetGlobal_v2).
-    fn cuLibraryGetGlobal(_dptr: *mut CUdeviceptr, _bytes: *mut usize, library: *mut c_void, name: *const c_char) {
+    /// The variable `name` of the library, in the current context (as cuModuleGetGlobal_v2).
+    fn cuLibraryGetGlobal(dptr: *mut CUdeviceptr, bytes: *mut usize, library: *mut c_void, name: *const c_char) {
         drv()?;
-        libraries().get(library as usize)?;
-        cstr(name)?;
-        ctx::current()?;
-        Err(err::NOT_FOUND)
+        let l = libraries().get(library as usize)?;
+        get_global(dptr, bytes, l.module, name)
     }
     /// The kernel's function in the current context (cuda.h: "Returns in pFunc the handle of
     /// the function for the requested kernel kernel and the current context").
@@ -774,12 +865,10 @@ export! {
         ctx::current()?;
         write(pfunc, k.function as CUfunction)
     }
-    /// The simulator's images have no globals.
-    fn cuModuleGetGlobal_v2(_dptr: *mut CUdeviceptr, _bytes: *mut usize, module: CUmodule, name: *const c_char) {
+    /// The variable `name` of the module (see `module_global`).
+    fn cuModuleGetGlobal_v2(dptr: *mut CUdeviceptr, bytes: *mut usize, module: CUmodule, name: *const c_char) {
         drv()?;
-        modules().get(module as usize)?;
-        cstr(name)?;
-        Err(err::NOT_FOUND)
+        get_global(dptr, bytes, module as usize, name)
     }
     fn cuFuncGetAttribute(value: *mut i32, attrib: i32, f: CUfunction) {
         drv()?;

@@ -52,6 +52,9 @@ enum Kind {
     Mapped(usize),
     /// An opened IPC handle (someone else's memory).
     Ipc,
+    /// A module's `__device__` / `__constant__` variable: the driver's, freed with the module
+    /// (or its context), never by cuMemFree.
+    ModuleGlobal,
 }
 
 struct Alloc {
@@ -206,6 +209,26 @@ fn release(addr: u64, rec: Alloc) {
         Kind::Mapped(_) | Kind::Ipc => {}
         _ => uncharge(rec.dev, rec.charged),
     }
+}
+
+/// Device memory for a module's variable of `size` bytes, in the current context (charged, as
+/// the real driver's module memory takes device memory).
+pub(crate) fn alloc_module_global(size: u64) -> Result<u64, CUresult> {
+    alloc(size.max(1), Kind::ModuleGlobal, None)
+}
+
+/// Gives a module variable's memory back (nothing if its context already took it).
+pub(crate) fn free_module_global(addr: u64) {
+    let _ = free(addr, |k| k == Kind::ModuleGlobal);
+}
+
+/// Whether `addr` is still a module variable of context `ch` (a context's teardown frees them).
+pub(crate) fn module_global_live(addr: u64, ch: usize) -> bool {
+    table()
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&addr)
+        .is_some_and(|r| r.kind == Kind::ModuleGlobal && r.ctx == ch)
 }
 
 /// Frees everything a context owned (cuCtxDestroy, last primary release, primary reset).
@@ -854,7 +877,7 @@ export! {
         if dptr == 0 {
             return Ok(()); // freeing NULL is a no-op
         }
-        free(dptr, |k| !matches!(k, Kind::Mapped(_) | Kind::Ipc))
+        free(dptr, |k| !matches!(k, Kind::Mapped(_) | Kind::Ipc | Kind::ModuleGlobal))
     }
     fn cuMemFree(dptr: c_uint) {
         if dptr == 0 {
