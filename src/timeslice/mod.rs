@@ -12,9 +12,10 @@
 //!   entry of the GPU's coordinator: the policy the board lists, and a copy of each state (recent
 //!   use, whether it is held back, last launch, the end of its queued work), read by `pread`.
 //! - The queue model: each container keeps the end of its own queued work in its state; a launch
-//!   starts after that and after the end of the other containers' work as their states said at
-//!   the last rate computation (`others_until`). What sits between is the predicted wait behind
-//!   other containers (`ahead`), taken off the launch's measured time ([`estimate`]).
+//!   starts after that and after the work the other containers added since the process's last
+//!   launch, at the rate their states say they have been using the GPU (`others_ppm`). What
+//!   sits between is the predicted wait behind other containers (`ahead`), taken off the
+//!   launch's measured time ([`estimate`]).
 //!
 //! Hot path (a launch under the cap): a TSC read ([`clock::fast_ns`]), a few relaxed loads, a
 //! fetch_sub on the bucket, a CAS on the container's own queue end and one thread-local access
@@ -59,9 +60,9 @@ const WAIT_SLICE_NS: u64 = RATE_PERIOD_NS;
 /// Thread-local counts reach the shared counters after this many launches or this much time.
 const FLUSH_LAUNCHES: u64 = 128;
 const FLUSH_NS: i64 = 1_000_000;
-/// Another container's queued work is believed to end at most this far ahead: a state that
-/// claims more is a claim, and would only inflate the waits predicted for everyone else.
-const QUEUE_CLAIM_MAX_NS: u64 = 20_000_000;
+/// The others' work added between two launches of ours is counted over at most this much time
+/// (after a longer gap the GPU has run it).
+const ARRIVALS_MAX_NS: u64 = 20_000_000;
 /// CUDA ordinals we keep a GPU state for.
 pub const MAX_ORDINALS: usize = 64;
 
@@ -73,17 +74,20 @@ pub struct Gpu {
     param: u64,
     /// A cap the container's own configuration puts below the board's policy (ppm; 10^6 none).
     cap_ppm: u64,
+    /// The rate it is held to once its entry is gone from the board (the plugin took it off):
+    /// its limit, or its memory fraction (ppm).
+    orphan_ppm: u64,
     /// The container's ledger entry for this GPU (metrics), if it has one.
     ledger_entry: Option<usize>,
     /// The refill rate, ppm of GPU time.
     rate_ppm: AtomicU64,
     next_rate_at: AtomicU64,
-    /// When the other containers' queued work ends, by their states at the last rate
-    /// computation, and how far ahead of the present it has been ending of late (smoothed): the
-    /// states are read only every [`RATE_PERIOD_NS`], and a busy container keeps about that much
-    /// queued all along (see `queue`).
-    others_until: AtomicU64,
-    others_backlog: AtomicU64,
+    /// The rate at which the other containers have been adding work of late (their recent use
+    /// as their states say, ppm of GPU time): between two launches of ours they add work ahead
+    /// of our next one (see `queue`).
+    others_ppm: AtomicU64,
+    /// When this process last put a launch on the model (CLOCK_MONOTONIC ns).
+    last_queued: AtomicU64,
     usage: Mutex<Usage>,
 }
 
@@ -98,8 +102,6 @@ struct Usage {
     /// Smoothed fraction of recomputations at which the slot had work queued on the GPU (by the
     /// queue model).
     queued: [f64; coordinator::MAX_SLOTS],
-    /// Smoothed `others_backlog` (ns).
-    backlog: f64,
 }
 
 impl Gpu {
@@ -137,7 +139,6 @@ pub struct Compute {
     ledger: &'static Ledger,
     pub estimates: Estimates,
     gpus: [OnceLock<Option<Box<Gpu>>>; MAX_ORDINALS],
-    pid: u32,
 }
 
 #[derive(Clone, Copy)]
@@ -159,7 +160,6 @@ impl Compute {
         if cfg.compute == Spec::None {
             return None;
         }
-        let (pid, _) = cuvisor_shm::process::me();
         Some(Compute {
             spec: cfg.compute,
             cfg,
@@ -168,7 +168,6 @@ impl Compute {
             ledger,
             estimates: Estimates::new(4096),
             gpus: std::array::from_fn(|_| OnceLock::new()),
-            pid,
         })
     }
 
@@ -250,10 +249,10 @@ impl Compute {
                     (Some(_), Spec::Limit(_)) => (POLICY_LIMIT, param),
                     (Some(_), _) => (POLICY_LIMIT, (fraction() * 1e6).round().max(1.0) as u64),
                 };
-                let dir = std::env::temp_dir().join(format!(
-                    "cuvisor-coord-private-{}-{}",
-                    self.pid, self.container
-                ));
+                // One per container (its processes share its bucket), in its own temporary
+                // directory.
+                let dir = std::env::temp_dir()
+                    .join(format!("cuvisor-coord-private-{:016x}", self.container));
                 Coordinator::join_self(&dir, uuid, self.container, policy, param, now).ok()?
             }
         };
@@ -262,6 +261,11 @@ impl Compute {
         let cap_ppm = match (managed, self.spec) {
             (Some(_), Spec::Limit(f)) => ((f * 1e6).round() as u64).clamp(1, 1_000_000),
             _ => 1_000_000,
+        };
+        let orphan_ppm = if policy == POLICY_LIMIT {
+            param
+        } else {
+            ((fraction() * 1e6).round() as u64).clamp(1, 1_000_000)
         };
         coord.own().last_active.fetch_max(now, AcqRel);
         let ledger_entry = self
@@ -278,11 +282,12 @@ impl Compute {
             policy,
             param,
             cap_ppm,
+            orphan_ppm,
             ledger_entry,
             rate_ppm: AtomicU64::new(1_000_000),
             next_rate_at: AtomicU64::new(0),
-            others_until: AtomicU64::new(0),
-            others_backlog: AtomicU64::new(0),
+            others_ppm: AtomicU64::new(0),
+            last_queued: AtomicU64::new(0),
             usage: Mutex::new(Usage {
                 at: now,
                 peers: [Peer {
@@ -294,7 +299,6 @@ impl Compute {
                 consumed: [0; coordinator::MAX_SLOTS],
                 rate: [0.0; coordinator::MAX_SLOTS],
                 queued: [0.0; coordinator::MAX_SLOTS],
-                backlog: 0.0,
             }),
         });
         self.recompute(&g);
@@ -520,7 +524,7 @@ impl Compute {
         }
         g.next_rate_at.store(now + RATE_PERIOD_NS, Relaxed);
         let u = &mut *u;
-        let (n, _) = g.coord.peers(&mut u.peers);
+        let (n, still_listed) = g.coord.peers(now, &mut u.peers);
         let dt = now.saturating_sub(u.at).max(1) as f64;
         u.at = now;
         let idle = share::View {
@@ -549,21 +553,24 @@ impl Compute {
         views[0] = observe(u, now, dt, g.coord.index(), g.coord.entry(), Some(&copy));
         views[0].kind = kind(g.coord.entry());
         views[0].active = true;
-        let mut others_until = 0;
+        let mut others_use = 0.0;
         for k in 0..n {
             let p = u.peers[k];
             views[k + 1] = observe(u, now, dt, p.index, &p.entry, p.state.as_ref());
             views[k + 1].kind = kind(&p.entry);
-            if let Some(st) = &p.state {
-                others_until = others_until.max(st.queued_until.min(now + QUEUE_CLAIM_MAX_NS));
+            if p.state.is_some() && views[k + 1].active {
+                others_use += views[k + 1].usage;
             }
         }
-        g.others_until.store(others_until, Relaxed);
-        u.backlog += 0.2 * (others_until.saturating_sub(now) as f64 - u.backlog);
-        g.others_backlog.store(u.backlog as u64, Relaxed);
+        g.others_ppm
+            .store((others_use.clamp(0.0, 1.0) * 1e6) as u64, Relaxed);
         let mut rates = [0.0; coordinator::MAX_SLOTS];
         share::rates_into(&views[..n + 1], &mut rates[..n + 1]);
-        let ppm = ((rates[0] * 1e6) as u64).min(g.cap_ppm);
+        let mut ppm = ((rates[0] * 1e6) as u64).min(g.cap_ppm);
+        if !still_listed {
+            // Taken off the board: no longer counted by the others, so held to a cap alone.
+            ppm = ppm.min(g.orphan_ppm);
+        }
         g.rate_ppm.store(ppm, Relaxed);
         own.grant_ppm.store(ppm, Relaxed);
     }
@@ -645,9 +652,9 @@ fn refill(g: &Gpu, s: &State, now: u64, cost: i64) -> i64 {
 }
 
 /// Where the work the queue model expected to end at `model_end` really ended (`real_end`, from
-/// a measurement whose start event is known in host time): moves the model's queue (the end of
-/// the container's own work and of the others' work after that point) by the difference, so
-/// that the model follows the GPU instead of drifting with the sum of estimate errors.
+/// a measurement whose start event is known in host time): moves the end of the container's own
+/// queued work by the difference, so that the model follows the GPU instead of drifting with
+/// the sum of estimate errors.
 fn ground(g: &Gpu, model_end: u64, real_end: u64) {
     let delta = real_end as i64 - model_end as i64;
     if delta == 0 {
@@ -663,27 +670,26 @@ fn ground(g: &Gpu, model_end: u64, real_end: u64) {
             None
         }
     });
-    let _ = g
-        .others_until
-        .fetch_update(Relaxed, Relaxed, |t| (t >= model_end).then(|| shift(t)));
 }
 
 /// Puts `cost` of work launched at `now` on the model of the GPU queue (kernels of all
 /// containers one after another, as the GPU runs them): after the container's own queued work
-/// and after the others' (as their states said at the last rate computation, or as far ahead
-/// of now as it has been ending of late, whichever is later). Returns how long
+/// and what the others added since our last launch (at their recent rate of use). Returns how long
 /// it should wait behind other containers' work (its start minus the later of `now` and the end
 /// of the container's own previous work, which events on its stream do not count as waiting),
 /// and when it should end.
 #[inline]
 fn queue(g: &Gpu, now: u64, cost: u64) -> (u64, u64) {
-    let floor = (now + g.others_backlog.load(Relaxed)).max(g.others_until.load(Relaxed));
+    // The others' work since our last launch sits between it and this one.
+    let since = now.saturating_sub(g.last_queued.swap(now, Relaxed));
+    let arrived = (since.min(ARRIVALS_MAX_NS) as u128 * g.others_ppm.load(Relaxed) as u128
+        / 1_000_000) as u64;
     let own = g
         .slot()
         .queued_until
-        .fetch_update(AcqRel, Relaxed, |q| Some(q.max(floor) + cost))
+        .fetch_update(AcqRel, Relaxed, |q| Some((q + arrived).max(now) + cost))
         .unwrap_or(now);
-    let start = own.max(floor);
+    let start = (own + arrived).max(now);
     (start - own.max(now), start + cost)
 }
 

@@ -147,7 +147,7 @@ impl Sweeper {
         }
         if let Some(coord) = &self.coord_dir {
             let _boards = crate::coord::lock();
-            for what in crate::coord::reconcile(coord, &self.registry.view()) {
+            for what in crate::coord::reconcile(coord, &self.registry) {
                 eprintln!("cuvisor-device-plugin: coordinator {what}: no allocation holds it");
             }
         }

@@ -6,11 +6,12 @@
 //! take entries.
 //!
 //! The boards follow the registry: [`reconcile`] takes off every entry that no recorded
-//! allocation holds (after a removal, a superseded allocation, a plugin restart). Allocate
-//! assigns and records under [`lock`], and [`reconcile`] runs under it, so no entry is taken off
-//! between its assignment and its record.
+//! allocation holds (after a removal, a plugin restart), except those of an allocation whose
+//! directory is still there with live processes (superseded, see `cleanup`). Allocate assigns
+//! and records under [`lock`], and [`reconcile`] runs under it, so no entry is taken off between
+//! its assignment and its record; an Allocate that fails takes its entries off at once.
 
-use crate::registry::{Allocation, RegistryView};
+use crate::registry::{Allocation, Registry};
 use cuvisor_shm::compute::{self, ComputePolicy};
 use cuvisor_shm::coordinator::{self, BoardWriter, POLICY_LIMIT, POLICY_SHARE};
 use std::path::{Path, PathBuf};
@@ -68,6 +69,25 @@ pub fn assign(
     Ok((i as u32, path))
 }
 
+/// Takes allocation `id`'s entries off the boards of GPUs `uuids` (an Allocate that failed).
+pub fn release_all(coord_dir: &Path, uuids: &[String], id: &str) {
+    let Some(container) = container_of(id) else {
+        return;
+    };
+    for u in uuids {
+        let Some(bytes) = cuvisor_shm::uuid::parse(u) else {
+            continue;
+        };
+        if let Ok(w) = BoardWriter::open(coord_dir, bytes) {
+            for (i, e) in w.entries().unwrap_or_default() {
+                if e.container == container {
+                    let _ = w.release(i, container);
+                }
+            }
+        }
+    }
+}
+
 /// Whether allocation `a` holds entry `i` of GPU `uuid` for `container`.
 fn holds(a: &Allocation, uuid: [u8; 16], i: usize, container: u64) -> bool {
     container_of(&a.id) == Some(container)
@@ -76,14 +96,19 @@ fn holds(a: &Allocation, uuid: [u8; 16], i: usize, container: u64) -> bool {
         })
 }
 
-/// Takes off every board entry under `coord_dir` that no allocation of `registry` holds; call
-/// with [`lock`] held. Returns what it took off, as "GPU entry: container".
-pub fn reconcile(coord_dir: &Path, registry: &RegistryView) -> Vec<String> {
+/// Takes off every board entry under `coord_dir` that no allocation of `registry` holds and
+/// whose allocation directory is not still there with live processes; call with [`lock`] held.
+/// Returns what it took off, as "GPU entry: container".
+pub fn reconcile(coord_dir: &Path, registry: &Registry) -> Vec<String> {
     let mut released = Vec::new();
     let Ok(rd) = std::fs::read_dir(coord_dir) else {
         return released;
     };
-    let allocations = registry.list();
+    let allocations = registry.view().list();
+    let lingering = |container: u64| {
+        let dir = registry.root().join(format!("{container:016x}"));
+        dir.is_dir() && crate::cleanup::has_live_process(&dir.join(crate::inject::STATE))
+    };
     for d in rd.flatten() {
         let name = d.file_name().to_string_lossy().into_owned();
         let Some(uuid) = name.strip_prefix("gpu-").and_then(parse_hex) else {
@@ -97,6 +122,7 @@ pub fn reconcile(coord_dir: &Path, registry: &RegistryView) -> Vec<String> {
         };
         for (i, e) in w.entries().unwrap_or_default() {
             if !allocations.iter().any(|a| holds(a, uuid, i, e.container))
+                && !lingering(e.container)
                 && w.release(i, e.container).is_ok()
             {
                 released.push(format!("{name} entry {i}: {:016x}", e.container));
@@ -120,6 +146,68 @@ fn parse_hex(h: &str) -> Option<[u8; 16]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn boards_follow_the_registry_and_spare_a_lingering_allocation() {
+        use crate::registry::{GpuShare, Kind};
+        let root = std::env::temp_dir().join(format!("cuvisor-coord-rec-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let registry = Registry::open(&root).unwrap();
+        let coord = root.join("coord");
+        let uuid = "GPU-00000000-0000-0000-0000-000000000001";
+        let share = (POLICY_SHARE, 1_000);
+        let (held, _) = assign(&coord, uuid, "00000000000000a1", share).unwrap();
+        let (_, _) = assign(&coord, uuid, "00000000000000b2", share).unwrap();
+        let (_, _) = assign(&coord, uuid, "00000000000000c3", share).unwrap();
+        std::fs::create_dir_all(registry.root().join("00000000000000a1")).unwrap();
+        registry
+            .insert(Allocation {
+                id: "00000000000000a1".into(),
+                kind: Kind::Memory,
+                resource: "r".into(),
+                device_ids: vec!["u-0".into()],
+                gpus: vec![GpuShare {
+                    uuid: uuid.into(),
+                    units: 1,
+                    quota: Some(1),
+                    coord_slot: Some(held),
+                }],
+                dir: registry.root().join("00000000000000a1"),
+                ledger_dir: None,
+                created_unix: 0,
+            })
+            .unwrap();
+        // c3's directory is still there with a live process (superseded, not yet swept).
+        let state = registry
+            .root()
+            .join("00000000000000c3")
+            .join(crate::inject::STATE);
+        let ledger = cuvisor_shm::ledger::Ledger::open_dir(&state).unwrap();
+        let _p = ledger.claim_proc(1, 1).unwrap();
+        let released = reconcile(&coord, &registry);
+        assert_eq!(released.len(), 1, "{released:?}");
+        assert!(released[0].ends_with("00000000000000b2"), "{released:?}");
+        let bytes = cuvisor_shm::uuid::parse(uuid).unwrap();
+        let left: Vec<u64> = BoardWriter::open(&coord, bytes)
+            .unwrap()
+            .entries()
+            .unwrap()
+            .iter()
+            .map(|(_, e)| e.container)
+            .collect();
+        assert_eq!(left, [0xa1, 0xc3]);
+        // A failed Allocate takes its entries off at once.
+        release_all(&coord, &[uuid.to_string()], "00000000000000c3");
+        assert_eq!(
+            BoardWriter::open(&coord, bytes)
+                .unwrap()
+                .entries()
+                .unwrap()
+                .len(),
+            1
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
 
     #[test]
     fn policies_become_entries() {

@@ -248,6 +248,8 @@ pub fn memory(
         })
     })();
     if result.is_err() {
+        let uuids: Vec<String> = units.keys().map(|g| inv.gpus()[*g].uuid.clone()).collect();
+        crate::coord::release_all(&cfg.host_coord_dir(), &uuids, &id);
         let _ = std::fs::remove_dir_all(&dir);
     }
     result

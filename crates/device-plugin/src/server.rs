@@ -109,7 +109,7 @@ impl Plugin {
         // Boards from before a restart keep only the entries of recorded allocations.
         {
             let _boards = crate::coord::lock();
-            crate::coord::reconcile(&cfg.host_coord_dir(), &registry.view());
+            crate::coord::reconcile(&cfg.host_coord_dir(), &registry);
         }
         Ok(Plugin {
             cfg,
@@ -353,6 +353,9 @@ impl Plugin {
         }
         .map_err(|e| Status::internal(format!("{name}: {e}")))?;
         if let Err(e) = self.registry.insert(prepared.allocation.clone()) {
+            let a = &prepared.allocation;
+            let uuids: Vec<String> = a.gpus.iter().map(|g| g.uuid.clone()).collect();
+            crate::coord::release_all(&self.cfg.host_coord_dir(), &uuids, &a.id);
             let _ = std::fs::remove_dir_all(&prepared.allocation.dir);
             return Err(Status::internal(format!("{name}: recording: {e}")));
         }

@@ -553,13 +553,28 @@ fn a_tenant_attacking_the_coordinator_cannot_change_anyones_share() {
     .unwrap();
     victim.wait_for("launch 5 ", LIMIT).unwrap();
     let dir = format!("/var/run/cuvisor/coord/{}", coordinator::dir_name(uuid));
+    // The board, and both states as every container sees them there (read-only).
+    let names: Vec<String> = before
+        .iter()
+        .map(|(i, e)| coordinator::state_name(*i, e.container))
+        .collect();
+    for n in &names {
+        assert!(
+            host_coord
+                .join(coordinator::dir_name(uuid))
+                .join(n)
+                .is_file(),
+            "{n}"
+        );
+    }
     let script = format!(
-        "for f in board slot-00 slot-01; do if (: >> {dir}/$f) 2>/dev/null; \
+        "for f in board {}; do if (: >> {dir}/$f) 2>/dev/null; \
          then echo \"writable $f\"; else echo \"refused $f\"; fi; done; \
          (: > {dir}/slot-09) 2>/dev/null && echo created || echo 'refused create'; \
          (mv {dir}/board {dir}/old) 2>/dev/null && echo renamed || echo 'refused rename'; \
          : > {} && echo 'truncated own'; \
          exec {} launch 20",
+        names.join(" "),
         own_mount(&ra),
         tenant().display()
     );
@@ -569,14 +584,14 @@ fn a_tenant_attacking_the_coordinator_cannot_change_anyones_share() {
     assert_eq!(
         out.stdout.lines().collect::<Vec<_>>(),
         [
-            "refused board",
-            "refused slot-00",
-            "refused slot-01",
-            "refused create",
-            "refused rename",
-            "truncated own",
-            "launch 20 0",
-            "done"
+            "refused board".to_string(),
+            format!("refused {}", names[0]),
+            format!("refused {}", names[1]),
+            "refused create".into(),
+            "refused rename".into(),
+            "truncated own".into(),
+            "launch 20 0".into(),
+            "done".into()
         ],
         "{out}"
     );

@@ -416,9 +416,10 @@ async fn fake_kubelet_drives_the_plugin_on_dgx1_v100() {
         .collect();
     let own = mount(&r, &format!("/var/run/cuvisor/compute/gpu-{hex}"));
     assert!(!own.read_only);
+    let id = &r.annotations["cuvisor.io/allocation"];
     assert_eq!(
         Path::new(&own.host_path),
-        Path::new(&coord.host_path).join(format!("gpu-{hex}/slot-00"))
+        Path::new(&coord.host_path).join(format!("gpu-{hex}/slot-00-{id}"))
     );
     let text = std::fs::read_to_string(&limits.host_path).unwrap();
     let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();

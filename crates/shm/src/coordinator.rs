@@ -9,13 +9,14 @@
 //!   break the file. Without the plugin (`cuvisor run`, the environment alone), processes claim
 //!   entries themselves under the board's flock ([`Coordinator::join_self`]): tenants of one user
 //!   who trust each other.
-//! - `slot-NN`: entry `NN`'s dynamic state ([`State`]: token bucket, last launch, GPU time
+//! - `slot-NN-<container hex>`: entry `NN`'s dynamic state ([`State`]: token bucket, last launch, GPU time
 //!   used, when it was last held back, the end of its queued work). Only its own container
 //!   writes it and only its own processes map it; under the plugin it reaches the container
 //!   through a read-write mount of that one file, while every other container sees it read-only.
 //!
 //! Every process reads the board and the other entries' states by `pread` into a copy (a few
-//! hundred bytes each, every rate computation, never on a launch; see `src/timeslice`), so a
+//! hundred bytes each, at each rate computation: every 10 ms, by the launch that finds it due;
+//! see `src/timeslice`), so a
 //! file another container truncates, rewrites or replaces can make nothing fault, and what it
 //! says is a claim: a state that does not read back whole, with the right magic, index and
 //! container, counts as a tenant that wants all its policy allows (see [`Peer`]). A lie in a
@@ -270,9 +271,19 @@ pub fn dir_name(uuid: [u8; 16]) -> String {
 /// The board's name in a GPU's directory.
 pub const BOARD: &str = "board";
 
-/// `slot-NN`: entry `i`'s state file in a GPU's directory.
-pub fn state_name(i: usize) -> String {
-    format!("slot-{i:02}")
+/// `slot-NN-<container hex>`: the state file of container `container` as entry `i` in a GPU's
+/// directory. The container is in the name so that a path handed out once (a mount kubelet
+/// keeps for a container it restarts) never names another container's state later.
+pub fn state_name(i: usize, container: u64) -> String {
+    format!("slot-{i:02}-{container:016x}")
+}
+
+/// Moves aside a file of an older cuvisor (v1's coordinator was a file where v2's directory
+/// goes): processes still mapping it keep it, and the directory can be made.
+fn move_v1_aside(dir: &Path) {
+    if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_file()) {
+        let _ = std::fs::rename(dir, dir.with_extension("v1"));
+    }
 }
 
 /// Reads a whole board from `file` into a copy: the header and every entry as they read.
@@ -352,10 +363,15 @@ pub fn new_state_bytes(i: usize, container: u64) -> [u8; STATE_LEN] {
     b
 }
 
-/// Files of the other entries, kept open between rate computations.
+/// Files of the other entries, kept open between rate computations; one that did not read
+/// back is not opened again before `retry_at` (so a state kept unreadable costs nothing).
 struct PeerFiles {
     files: [Option<(u64, File)>; MAX_SLOTS],
+    retry_at: [u64; MAX_SLOTS],
 }
+
+/// How long an unreadable state is left alone before it is opened again.
+const RETRY_NS: u64 = 1_000_000_000;
 
 /// A process's view of one GPU's coordinator: its own entry and state, the others by copy.
 pub struct Coordinator {
@@ -408,15 +424,8 @@ impl Coordinator {
         if !entry.valid_at(index) {
             return Err(what(&format!("entry {index} is not assigned")));
         }
-        let own = mapped::open::<State>(
-            own,
-            mapped::Open {
-                create: false,
-                mode: 0o666,
-            },
-            |_| {},
-            state_check(index, entry.container),
-        )?;
+        // The plugin made it whole; others can open (and lock) it, so no lock is waited for.
+        let own = mapped::open_existing::<State>(own, state_check(index, entry.container))?;
         Ok(Coordinator::new(dir, board, index, entry, own))
     }
 
@@ -434,6 +443,7 @@ impl Coordinator {
     ) -> Result<Coordinator, String> {
         let dir = coord_dir.join(dir_name(uuid));
         let what = |e: &dyn std::fmt::Display| format!("coordinator {}: {e}", dir.display());
+        move_v1_aside(&dir);
         for d in [coord_dir, dir.as_path()] {
             if std::fs::symlink_metadata(d).is_err() {
                 std::fs::create_dir_all(d).map_err(|e| what(&e))?;
@@ -462,28 +472,36 @@ impl Coordinator {
         }
         let mine =
             (0..MAX_SLOTS).find(|&i| entries[i].valid_at(i) && entries[i].container == container);
-        let (index, entry, own) = match mine {
+        // An entry of ours whose state no live process holds is claimed afresh, with the
+        // policy asked now (a later run of the container may ask another).
+        let live = mine.filter(|&i| Self::held(&dir, i, &entries[i]));
+        let (index, entry, own) = match live {
             Some(i) => {
+                let own = mapped::open_existing::<State>(
+                    &dir.join(state_name(i, container)),
+                    state_check(i, container),
+                )?;
                 let mut e = entries[i];
                 if policy == POLICY_LIMIT && e.policy == POLICY_LIMIT && param < e.param {
                     e = Entry::new(i, container, policy, param);
                     write_entry(&board, i, &e).map_err(|err| what(&err))?;
                 }
-                let own = Self::open_state(&dir, i, container, false, now);
-                match own {
-                    Ok(own) => (i, e, own),
-                    // Its state is gone or broken: it starts again in a fresh one.
-                    Err(_) => (i, e, Self::open_state(&dir, i, container, true, now)?),
-                }
+                (i, e, own)
             }
             None => {
-                let i = (0..MAX_SLOTS)
-                    .find(|&i| !entries[i].valid_at(i))
+                let i = mine
+                    .or_else(|| (0..MAX_SLOTS).find(|&i| !entries[i].valid_at(i)))
                     .or_else(|| (0..MAX_SLOTS).find(|&i| Self::stale(&dir, i, &entries[i], now)))
                     .ok_or_else(|| what(&format!("all {MAX_SLOTS} entries are in use")))?;
+                // The state first, the entry last: a failure leaves the board as it was.
+                let own = Self::new_state(&dir, i, container, now)?;
                 let e = Entry::new(i, container, policy, param);
                 write_entry(&board, i, &e).map_err(|err| what(&err))?;
-                (i, e, Self::open_state(&dir, i, container, true, now)?)
+                let old = entries[i];
+                if old.valid_at(i) && old.container != container {
+                    let _ = std::fs::remove_file(dir.join(state_name(i, old.container)));
+                }
+                (i, e, own)
             }
         };
         // Every process of the container holds a shared lease on its state (a forked child
@@ -502,26 +520,20 @@ impl Coordinator {
             own,
             peers: Mutex::new(PeerFiles {
                 files: std::array::from_fn(|_| None),
+                retry_at: [0; MAX_SLOTS],
             }),
         }
     }
 
-    /// Opens (`fresh`: replaces by a new one) entry `i`'s state in `dir` (self-service).
-    fn open_state(
-        dir: &Path,
-        i: usize,
-        container: u64,
-        fresh: bool,
-        now: u64,
-    ) -> Result<Mapped<State>, String> {
-        let path = dir.join(state_name(i));
-        if fresh {
-            let _ = std::fs::remove_file(&path);
-        }
+    /// A new state for container `container` as entry `i` in `dir` (self-service), replacing
+    /// any file by its name.
+    fn new_state(dir: &Path, i: usize, container: u64, now: u64) -> Result<Mapped<State>, String> {
+        let path = dir.join(state_name(i, container));
+        let _ = std::fs::remove_file(&path);
         mapped::open::<State>(
             &path,
             mapped::Open {
-                create: fresh,
+                create: true,
                 mode: 0o666,
             },
             |s| {
@@ -539,10 +551,16 @@ impl Coordinator {
         )
     }
 
+    /// Whether a live process holds the lease of entry `e`'s state (self-service).
+    fn held(dir: &Path, i: usize, e: &Entry) -> bool {
+        mapped::open_beneath(dir, &state_name(i, e.container))
+            .is_ok_and(|f| lease::held(&f, 0, 1).unwrap_or(true))
+    }
+
     /// Whether self-service entry `i` may be given back: no process holds its state's lease and
     /// it has not launched for [`STALE_NS`] (or its state does not read back).
     fn stale(dir: &Path, i: usize, e: &Entry, now: u64) -> bool {
-        let Ok(f) = mapped::open_beneath(dir, &state_name(i)) else {
+        let Ok(f) = mapped::open_beneath(dir, &state_name(i, e.container)) else {
             return true;
         };
         if lease::held(&f, 0, 1).unwrap_or(true) {
@@ -567,11 +585,11 @@ impl Coordinator {
         &self.own
     }
 
-    /// Reads every other valid entry of the board and its state into `out`; returns how many.
-    /// Also answers whether this container's own entry still stands (false: the board no
-    /// longer lists it, e.g. a self-service entry taken over as stale). An unreadable board
-    /// leaves `out` empty and keeps the entry.
-    pub fn peers(&self, out: &mut [Peer; MAX_SLOTS]) -> (usize, bool) {
+    /// Reads every other valid entry of the board and its state into `out` (at `now`); returns
+    /// how many. Also answers whether this container's own entry still stands (false: the
+    /// board no longer lists it: the plugin took it off). An unreadable board leaves `out`
+    /// empty and keeps the entry.
+    pub fn peers(&self, now: u64, out: &mut [Peer; MAX_SLOTS]) -> (usize, bool) {
         let Ok((header, entries)) = read_board(&self.board) else {
             return (0, true);
         };
@@ -587,13 +605,17 @@ impl Coordinator {
                 continue;
             }
             let cached = files.files[i].take().filter(|(c, _)| *c == e.container);
-            let file = cached
-                .map(|(_, f)| f)
-                .or_else(|| mapped::open_beneath(&self.dir, &state_name(i)).ok());
+            let file = cached.map(|(_, f)| f).or_else(|| {
+                (now >= files.retry_at[i])
+                    .then(|| mapped::open_beneath(&self.dir, &state_name(i, e.container)).ok())
+                    .flatten()
+            });
             let state = file.as_ref().and_then(|f| read_state(f, i, e));
-            // A file that does not read back is opened again next time (it may be replaced).
+            // A file that does not read back is opened again later (it may be replaced).
             if state.is_some() {
                 files.files[i] = file.map(|f| (e.container, f));
+            } else if file.is_some() || now >= files.retry_at[i] {
+                files.retry_at[i] = now + RETRY_NS;
             }
             out[n] = Peer {
                 index: i,
@@ -620,6 +642,7 @@ impl BoardWriter {
     pub fn open(coord_dir: &Path, uuid: [u8; 16]) -> Result<BoardWriter, String> {
         let dir = coord_dir.join(dir_name(uuid));
         let what = |e: &dyn std::fmt::Display| format!("coordinator {}: {e}", dir.display());
+        move_v1_aside(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| what(&e))?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
             .map_err(|e| what(&e))?;
@@ -655,8 +678,8 @@ impl BoardWriter {
     }
 
     /// Lists `container` with `policy`/`param` in a free entry, with a new state file
-    /// (`slot-NN`, mode 0666: which container may write it is decided by the mounts) whose path
-    /// is returned with the index.
+    /// ([`state_name`], mode 0666: which container may write it is decided by the mounts) whose
+    /// path is returned with the index.
     pub fn assign(
         &self,
         container: u64,
@@ -679,8 +702,8 @@ impl BoardWriter {
             ));
         }
         // A new inode, in place at once: a container that still maps an old one keeps it.
-        let path = self.dir.join(state_name(i));
-        let tmp = self.dir.join(format!(".{}.tmp", state_name(i)));
+        let path = self.dir.join(state_name(i, container));
+        let tmp = self.dir.join(format!(".{}.tmp", state_name(i, container)));
         let io = |e: std::io::Error| format!("{}: {e}", tmp.display());
         std::fs::write(&tmp, new_state_bytes(i, container)).map_err(io)?;
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o666)).map_err(io)?;
@@ -701,7 +724,7 @@ impl BoardWriter {
         if listed {
             write_entry(&self.file, i, &Entry::default())
                 .map_err(|e| format!("{}: {e}", self.dir.display()))?;
-            let _ = std::fs::remove_file(self.dir.join(state_name(i)));
+            let _ = std::fs::remove_file(self.dir.join(state_name(i, container)));
         }
         Ok(())
     }
@@ -725,7 +748,7 @@ mod tests {
             entry: Entry::default(),
             state: None,
         }; MAX_SLOTS];
-        let (n, _) = c.peers(&mut out);
+        let (n, _) = c.peers(1, &mut out);
         out[..n].to_vec()
     }
 
@@ -807,6 +830,40 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    #[test]
+    fn a_rerun_of_a_dead_container_claims_its_entry_afresh_with_its_new_policy() {
+        let dir = temp("rerun");
+        let first = Coordinator::join_self(&dir, GPU, 11, POLICY_LIMIT, 100_000, 5).unwrap();
+        let i = first.index();
+        first.own().consumed_ns.store(5, Relaxed);
+        drop(first);
+        let start = std::time::Instant::now();
+        let again = loop {
+            let c = Coordinator::join_self(&dir, GPU, 11, POLICY_SHARE, 3_000, 6).unwrap();
+            if c.entry().policy == POLICY_SHARE || start.elapsed().as_secs() >= 2 {
+                break c;
+            }
+        };
+        assert_eq!(again.index(), i);
+        assert_eq!(
+            (again.entry().policy, again.entry().param),
+            (POLICY_SHARE, 3_000)
+        );
+        assert_eq!(again.own().consumed_ns.load(Relaxed), 0, "a fresh state");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_v1_coordinator_file_is_moved_aside() {
+        let dir = temp("v1");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(dir_name(GPU)), b"CUVCORD1").unwrap();
+        BoardWriter::open(&dir, GPU).unwrap();
+        assert!(dir.join(dir_name(GPU)).join(BOARD).is_file());
+        assert!(dir.join(format!("{}.v1", dir_name(GPU))).is_file());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// Under the plugin: the board is the plugin's, a container maps only its own state, and
     /// whatever it does to its own files the others read a copy of (or nothing), never fault.
     #[test]
@@ -822,6 +879,22 @@ mod tests {
         let p = peers(&cb);
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].state.unwrap().last_active, 123);
+        // Every container can open (and flock) every state: nobody waits on that lock.
+        let holder = std::fs::File::open(&pa).unwrap();
+        let _lock = crate::mapped::Flock::try_exclusive(&holder).unwrap();
+        let t = std::time::Instant::now();
+        let again = Coordinator::join_managed(&dir, GPU, a, &pa).unwrap();
+        assert!(t.elapsed() < std::time::Duration::from_millis(500));
+        assert_eq!(again.own().last_active.load(Relaxed), 123);
+        // An entry given to another container names another file: a path handed out once
+        // never leads to the next holder's state.
+        w.release(b, 22).unwrap();
+        let (b2, pb2) = w.assign(23, POLICY_SHARE, 1_000).unwrap();
+        assert_eq!(b2, b);
+        assert_ne!(pb2, pb);
+        assert!(!pb.exists());
+        drop(cb);
+        let cb = Coordinator::join_managed(&dir, GPU, b2, &pb2).unwrap();
         // Self-service processes cannot join or write a managed board.
         let e = Coordinator::join_self(&dir, GPU, 33, POLICY_LIMIT, 1_000_000, 1)
             .err()

@@ -318,6 +318,53 @@ pub fn open<T: Layout>(
     Ok(mapped)
 }
 
+/// Maps `path`, an initialised `T` someone else made (its magic set), without taking its flock:
+/// for a file others can open, and so lock, but not write (a container's coordinator state,
+/// which the device plugin made and other containers see read-only). The size must be exact and
+/// `check` must accept it.
+pub fn open_existing<T: Layout>(
+    path: &Path,
+    check: impl FnOnce(&T) -> Result<(), String>,
+) -> Result<Mapped<T>, String> {
+    let what = T::WHAT;
+    let size = std::mem::size_of::<T>();
+    let file = open_regular(path, true, None).map_err(|e| err(what, path, "open", e))?;
+    let len = file
+        .metadata()
+        .map_err(|e| err(what, path, "stat", e))?
+        .len();
+    if len != size as u64 {
+        return Err(format!(
+            "{what} {}: {len} bytes, expected {size}: not a cuvisor {what} of this version",
+            path.display()
+        ));
+    }
+    // SAFETY: mapping `size` bytes of a file exactly that long, shared between processes.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(err(what, path, "mmap", std::io::Error::last_os_error()));
+    }
+    let mapped = Mapped {
+        ptr: p.cast::<T>(),
+        file,
+        path: path.to_path_buf(),
+    };
+    if mapped.magic().load(Acquire) != T::MAGIC {
+        return Err(format!("{what} {}: not a cuvisor {what}", path.display()));
+    }
+    check(&mapped).map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    Ok(mapped)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
