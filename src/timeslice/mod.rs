@@ -20,7 +20,10 @@
 //! Hot path (a launch under the cap): a TSC read ([`clock::fast_ns`]), a few relaxed loads, a
 //! fetch_sub on the bucket, a CAS on the container's own queue end and one thread-local access
 //! (the count batch, which also picks the sampled launches). No lock, no syscall, no allocation;
-//! nothing another container can write or truncate.
+//! nothing another container can write or truncate. Every [`RATE_PERIOD_NS`] the launch that
+//! finds the rate due recomputes it instead (a `try_lock`, one `pread` of the board and one per
+//! other container on the GPU): the price of reading other containers' states as copies rather
+//! than through a mapping they could truncate.
 
 pub mod clock;
 pub mod estimate;

@@ -510,21 +510,25 @@ fn grant_ppm(state: &Path) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
-/// The coordinator attacked from a tenant container, as root in it: it cannot write the board
-/// (list a tenant that never goes stale, change a policy, its own or another's, take the
-/// entries, break the magic), nor rename it, nor write or create another container's state;
-/// it can break only its own state. The victim (uid 1000) launches kernels all along and never
-/// faults, and reads the broken state as a tenant that wants all its policy allows: its rate
-/// stays exactly what its own policy guarantees next to that one (weights by memory, 4 and 6
-/// GiB: 40 %). The attacker, whose library then cannot use its own state, is held to its memory
-/// fraction on a private coordinator rather than freed (it says so, in one line).
-#[test]
-fn a_tenant_attacking_the_coordinator_cannot_change_anyones_share() {
-    if !container::usable("a_tenant_attacking_the_coordinator_cannot_change_anyones_share") {
-        return;
-    }
+/// What a coordinator attack left: the attacker's output (see [`coordinator_attack`]), the
+/// state names it tried, the victim's output and last rate, and the board before and after.
+struct CoordAttack {
+    out: container::Exited,
+    names: Vec<String>,
+    victim: container::Exited,
+    ppm: u64,
+    before: Vec<(usize, cuvisor_shm::coordinator::Entry)>,
+    after: Vec<(usize, cuvisor_shm::coordinator::Entry)>,
+}
+
+/// The coordinator attacked from a tenant container, as root in it, while a victim (uid 1000,
+/// 4 of the GPU's 16 GiB) runs kernels: the attacker (6 GiB) tries to append to the board and
+/// to both states as every container sees them (the coordinators' directory), to create a state
+/// file, to rename the board, then does `own` to its own state (`{own}` in it is its path) and
+/// runs 20 kernels. Then the victim launches 400 more.
+fn coordinator_attack(tag: &str, own: &str) -> CoordAttack {
     use cuvisor_shm::coordinator::{self, BoardWriter};
-    let node = Node::new("coord-attack");
+    let node = Node::new(tag);
     let (rv, ra) = (node.allocate(0..4), node.allocate(4..10));
     let uuid = cuvisor_shm::uuid::parse(&rv.envs["NVIDIA_VISIBLE_DEVICES"]).unwrap();
     let host_coord = node.dir.join("state/coord");
@@ -536,7 +540,6 @@ fn a_tenant_attacking_the_coordinator_cannot_change_anyones_share() {
     };
     let before = board();
     assert_eq!(before.len(), 2, "one entry per container: {before:?}");
-    let victim_state = own_state(&rv);
     let mut victim = Container::start(&node.spec(
         &rv,
         1000,
@@ -553,7 +556,6 @@ fn a_tenant_attacking_the_coordinator_cannot_change_anyones_share() {
     .unwrap();
     victim.wait_for("launch 5 ", LIMIT).unwrap();
     let dir = format!("/var/run/cuvisor/coord/{}", coordinator::dir_name(uuid));
-    // The board, and both states as every container sees them there (read-only).
     let names: Vec<String> = before
         .iter()
         .map(|(i, e)| coordinator::state_name(*i, e.container))
@@ -572,24 +574,43 @@ fn a_tenant_attacking_the_coordinator_cannot_change_anyones_share() {
          then echo \"writable $f\"; else echo \"refused $f\"; fi; done; \
          (: > {dir}/slot-09) 2>/dev/null && echo created || echo 'refused create'; \
          (mv {dir}/board {dir}/old) 2>/dev/null && echo renamed || echo 'refused rename'; \
-         : > {} && echo 'truncated own'; \
+         {} && echo 'broke own'; \
          exec {} launch 20",
         names.join(" "),
-        own_mount(&ra),
+        own.replace("{own}", own_mount(&ra)),
         tenant().display()
     );
     let attack = node.spec_of(&ra, 0, ["/bin/sh".into(), "-c".into(), script]);
     let out = container::run(&attack, LIMIT).unwrap();
+    node.go("go");
+    let victim = victim.wait(LIMIT).unwrap();
+    CoordAttack {
+        out,
+        names,
+        victim,
+        ppm: grant_ppm(&own_state(&rv)),
+        before,
+        after: board(),
+    }
+}
+
+/// The attacker's lines, what the victim did, and its rate: it never faulted, and it reads
+/// the attacker's broken state as a container that wants all its policy allows, so its rate is
+/// exactly what its own policy guarantees next to that one (weights by memory, 4:6 GiB: 40 %).
+/// The attacker, whose library cannot use its own state any more, is held to its memory
+/// fraction on a private coordinator rather than freed, and says so in one line.
+fn check_victim_and_attacker(a: &CoordAttack) {
+    let out = &a.out;
     assert!(out.success(), "{out}");
     assert_eq!(
         out.stdout.lines().collect::<Vec<_>>(),
         [
             "refused board".to_string(),
-            format!("refused {}", names[0]),
-            format!("refused {}", names[1]),
+            format!("refused {}", a.names[0]),
+            format!("refused {}", a.names[1]),
             "refused create".into(),
             "refused rename".into(),
-            "truncated own".into(),
+            "broke own".into(),
             "launch 20 0".into(),
             "done".into()
         ],
@@ -604,8 +625,7 @@ fn a_tenant_attacking_the_coordinator_cannot_change_anyones_share() {
         said.len() == 1 && said[0].contains("not coordinated"),
         "one line about its own broken state: {out}"
     );
-    node.go("go");
-    let v = victim.wait(LIMIT).unwrap();
+    let v = &a.victim;
     assert!(v.success(), "{v}");
     assert_eq!(
         after_id(&v.stdout),
@@ -617,12 +637,69 @@ fn a_tenant_attacking_the_coordinator_cannot_change_anyones_share() {
         ],
         "{v}"
     );
-    let ppm = grant_ppm(&victim_state);
     assert!(
-        ppm.abs_diff(400_000) <= 2,
-        "the victim's rate next to a broken state: {ppm} ppm, want 400000 (weights 4:6)"
+        a.ppm.abs_diff(400_000) <= 2,
+        "the victim's rate next to a broken state: {} ppm, want 400000 (weights 4:6)",
+        a.ppm
     );
-    assert_eq!(board(), before, "the board is the plugin's alone");
+}
+
+const TRUNCATE_OWN: &str = ": > {own}";
+
+/// Listing a tenant (one that would never go stale), changing a policy (its own or another's),
+/// taking the 64 entries, breaking the magic, renaming the board: the board reaches a container
+/// read-only, and after the attack it is what the plugin wrote.
+#[test]
+fn a_tenant_cannot_list_a_tenant_change_a_policy_or_take_the_entries() {
+    if !container::usable("a_tenant_cannot_list_a_tenant_change_a_policy_or_take_the_entries") {
+        return;
+    }
+    let a = coordinator_attack("coord-board", TRUNCATE_OWN);
+    assert!(a.out.stdout.starts_with("refused board\n"), "{}", a.out);
+    assert!(
+        a.out.stdout.contains("refused create\nrefused rename\n"),
+        "{}",
+        a.out
+    );
+    assert_eq!(a.after, a.before, "the board is the plugin's alone");
+}
+
+/// Poisoning another container's tokens or claims: its state reaches every other container
+/// read-only (only its own container has it read-write, at its own path).
+#[test]
+fn a_tenant_cannot_write_another_containers_coordinator_state() {
+    if !container::usable("a_tenant_cannot_write_another_containers_coordinator_state") {
+        return;
+    }
+    let a = coordinator_attack("coord-poison", TRUNCATE_OWN);
+    check_victim_and_attacker(&a);
+}
+
+/// Truncating its own state (once every tenant on the GPU died of SIGBUS): nobody else maps
+/// it, and the others read it as a claim.
+#[test]
+fn a_tenant_truncating_its_coordinator_state_crashes_and_steers_no_one() {
+    if !container::usable("a_tenant_truncating_its_coordinator_state_crashes_and_steers_no_one") {
+        return;
+    }
+    let a = coordinator_attack("coord-truncate", TRUNCATE_OWN);
+    check_victim_and_attacker(&a);
+}
+
+/// Rewriting its own state with garbage of the right size (magic, index, container, claims):
+/// the same, since a state that does not read back as its own counts as a tenant wanting all
+/// its policy allows.
+#[test]
+fn a_tenant_rewriting_its_coordinator_state_gains_nothing_over_the_others() {
+    if !container::usable("a_tenant_rewriting_its_coordinator_state_gains_nothing_over_the_others")
+    {
+        return;
+    }
+    let a = coordinator_attack(
+        "coord-garbage",
+        "dd if=/dev/urandom of={own} bs=144 count=1 conv=notrunc 2>/dev/null",
+    );
+    check_victim_and_attacker(&a);
 }
 
 // ---------------------------------------------------------------------------------------------
