@@ -1074,7 +1074,40 @@ fn allocation_paths() {
             "exported: charged until the process exits"
         );
     }
-    assert_eq!(ledger_used(&dir), vec![32 * MIB]);
+    // A retained handle keeps the memory alive after the first release and the unmap, and
+    // can map it again: charged until the process exits too.
+    // SAFETY: as above.
+    unsafe {
+        let mut prop: cu::CUmemAllocationProp = std::mem::zeroed();
+        prop.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        let (size, mut h, mut va, mut again) = (16usize << 20, 0, 0, 0);
+        ok(cu::cuMemCreate(&mut h, size, &prop, 0));
+        ok(cu::cuMemAddressReserve(&mut va, size, 0, 0, 0));
+        ok(cu::cuMemMap(va, size, 0, h, 0));
+        ok(cu::cuMemRetainAllocationHandle(
+            &mut again,
+            (va + 4096) as *mut c_void,
+        ));
+        assert_eq!(again, h, "the same handle value");
+        ok(cu::cuMemRelease(h));
+        ok(cu::cuMemUnmap(va, size));
+        assert_eq!(
+            base - free_mem(),
+            48 * MIB,
+            "alive through the retained handle"
+        );
+        ok(cu::cuMemMap(va, size, 0, again, 0));
+        ok(cu::cuMemUnmap(va, size));
+        ok(cu::cuMemRelease(again));
+        ok(cu::cuMemAddressFree(va, size));
+        assert_eq!(
+            base - free_mem(),
+            48 * MIB,
+            "retained: charged until the process exits"
+        );
+    }
+    assert_eq!(ledger_used(&dir), vec![48 * MIB]);
     println!("child checked every path");
 }
 

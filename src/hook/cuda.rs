@@ -49,6 +49,7 @@ hooks! {
     Cuda cuMemExportToShareableHandle(out: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int, flags: u64) => mem_export;
     Cuda cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) => mem_create;
     Cuda cuMemRelease(handle: CUmemGenericAllocationHandle) => mem_release;
+    Cuda cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) => mem_retain;
     Cuda cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) => mem_map;
     Cuda cuMemUnmap(ptr: CUdeviceptr, size: usize) => mem_unmap;
     Cuda cuArrayCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) => array_create;
@@ -724,6 +725,24 @@ fn mem_export(
     let r = real(out, h, kind, flags);
     if let (SUCCESS, Mode::Enforce(q)) = (r, crate::mode()) {
         q.pin_exported(h);
+    }
+    r
+}
+
+/// A retained handle (cuMemRetainAllocationHandle: one more reference to the memory mapped at an
+/// address, to be released as often as retained) keeps the memory alive after the first release
+/// and the last unmap, and the memory can be mapped again through it: like an exported handle,
+/// it stays charged until the process exits (never less than the driver holds).
+fn mem_retain(
+    real: impl Fn(*mut CUmemGenericAllocationHandle, *mut c_void) -> u32,
+    out: *mut CUmemGenericAllocationHandle,
+    addr: *mut c_void,
+) -> u32 {
+    let r = real(out, addr);
+    if let (SUCCESS, Mode::Enforce(q)) = (r, crate::mode()) {
+        if let Some(h) = read(out) {
+            q.pin_exported(h);
+        }
     }
     r
 }

@@ -534,7 +534,9 @@ struct Phys {
     charged_dev: Option<usize>,
     dev: Option<usize>,
     size: u64,
-    st: Mutex<(bool, u32)>, // (released, mappings)
+    /// (handles of this process still to be released, mappings): the handle cuMemCreate or an
+    /// import gave, and each cuMemRetainAllocationHandle of it.
+    st: Mutex<(u32, u32)>,
     /// Once the memory was exported (and for every import of it): the count of live handles to
     /// it in all processes, kept in the exported file itself.
     shared: Mutex<Option<SharedRefs>>,
@@ -555,8 +557,8 @@ fn phys() -> &'static Registry<Phys> {
 /// process goes when it is released and unmapped; the memory goes when the last handle to it,
 /// in any process, has gone.
 fn phys_drop_if_unused(h: usize, p: &Phys) {
-    let (released, maps) = *p.st.lock().unwrap_or_else(|e| e.into_inner());
-    if !(released && maps == 0 && phys().remove(h).is_ok()) {
+    let (refs, maps) = *p.st.lock().unwrap_or_else(|e| e.into_inner());
+    if !(refs == 0 && maps == 0 && phys().remove(h).is_ok()) {
         return;
     }
     let shared = p.shared.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -1134,7 +1136,7 @@ export! {
         if let Some(d) = dev {
             charge(d, size as u64)?;
         }
-        let (h, _) = phys().insert(Phys { charged_dev: dev, dev, size: size as u64, st: Mutex::new((false, 0)), shared: Mutex::new(None) });
+        let (h, _) = phys().insert(Phys { charged_dev: dev, dev, size: size as u64, st: Mutex::new((1, 0)), shared: Mutex::new(None) });
         write(handle, h as u64)
     }
     fn cuMemRelease(handle: CUmemGenericAllocationHandle) {
@@ -1142,13 +1144,38 @@ export! {
         let p = phys().get(handle as usize)?;
         {
             let mut st = p.st.lock().unwrap_or_else(|e| e.into_inner());
-            if st.0 {
+            if st.0 == 0 {
                 return Err(err::INVALID_VALUE);
             }
-            st.0 = true;
+            st.0 -= 1;
         }
         phys_drop_if_unused(handle as usize, &p);
         Ok(())
+    }
+    /// The handle of the memory mapped at `addr`, one more reference to release: "The handle is
+    /// guaranteed to be the same handle value used when mapping the memory. If the address
+    /// requested is not mapped, the function will fail. The returned handle must be released
+    /// with corresponding number of calls to cuMemRelease." (CUDA Driver API, Virtual Memory
+    /// Management, cuMemRetainAllocationHandle.) The memory then lives until that release too.
+    fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) {
+        drv()?;
+        if handle.is_null() {
+            return Err(err::INVALID_VALUE);
+        }
+        let a = addr as u64;
+        let h = {
+            let t = table().read().unwrap_or_else(|e| e.into_inner());
+            match t.range(..=a).next_back() {
+                Some((b, r)) if a < b + r.size => match r.kind {
+                    Kind::Mapped(h) => h,
+                    _ => return Err(err::INVALID_VALUE),
+                },
+                _ => return Err(err::INVALID_VALUE),
+            }
+        };
+        let p = phys().get(h).map_err(|_| err::INVALID_VALUE)?;
+        p.st.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
+        write(handle, h as u64)
     }
     fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, _align: usize, _addr: CUdeviceptr, flags: u64) {
         drv()?;
@@ -1278,7 +1305,7 @@ export! {
             charged_dev: None,
             dev: usize::try_from(dev).ok(),
             size,
-            st: Mutex::new((false, 0)),
+            st: Mutex::new((1, 0)),
             shared: Mutex::new(Some(refs)),
         });
         write(handle, h as u64)

@@ -479,6 +479,11 @@ pub static PROC_TABLE: &[ProcEntry] = &[
         per_thread: &[],
     },
     ProcEntry {
+        base: "cuMemRetainAllocationHandle",
+        versions: &[(11000, "cuMemRetainAllocationHandle")],
+        per_thread: &[],
+    },
+    ProcEntry {
         base: "cuMemImportFromShareableHandle",
         versions: &[(10020, "cuMemImportFromShareableHandle")],
         per_thread: &[],
