@@ -683,10 +683,17 @@ fn ground(g: &Gpu, model_end: u64, real_end: u64) {
 /// and when it should end.
 #[inline]
 fn queue(g: &Gpu, now: u64, cost: u64) -> (u64, u64) {
-    // The others' work since our last launch sits between it and this one.
-    let since = now.saturating_sub(g.last_queued.swap(now, Relaxed));
-    let arrived = (since.min(ARRIVALS_MAX_NS) as u128 * g.others_ppm.load(Relaxed) as u128
-        / 1_000_000) as u64;
+    // The others' work since our last launch sits between it and this one. (A plain load and
+    // store: threads of the process racing here only blur which launch was last. At most
+    // 2e7 ns x 1e6 ppm: no overflow in u64.)
+    let ppm = g.others_ppm.load(Relaxed);
+    let arrived = if ppm == 0 {
+        0
+    } else {
+        let since = now.saturating_sub(g.last_queued.load(Relaxed));
+        since.min(ARRIVALS_MAX_NS) * ppm / 1_000_000
+    };
+    g.last_queued.store(now, Relaxed);
     let own = g
         .slot()
         .queued_until
