@@ -400,7 +400,9 @@ impl Pool {
     /// Returns reserved memory above max(used, keep) to the device.
     fn trim(&self, keep: u64) {
         let mut s = self.st.lock().unwrap_or_else(|e| e.into_inner());
-        let floor = round_up(s.used.max(keep), GRANULARITY).min(s.reserved);
+        // Capped before rounding: a release threshold of UINT64_MAX ("never release", which
+        // PyTorch's cudaMallocAsync backend sets) would overflow the rounding.
+        let floor = round_up(s.used.max(keep).min(s.reserved), GRANULARITY).min(s.reserved);
         let excess = s.reserved - floor;
         if excess > 0 {
             s.reserved -= excess;
