@@ -1499,3 +1499,46 @@ fn entry_points_pytorch_resolves_are_found_and_not_supported() {
     assert_eq!(gpa(c.as_ptr(), &mut p, 12000, 0, &mut status), CUDA_ERROR_NOT_FOUND);
     assert!(p.is_null(), "cuMulticastCreate is CUDA 12.1");
 }
+
+/// cuMemSetAccess over mappings of several handles side by side, as PyTorch's expandable
+/// segments do (93 handles of 20 MiB, then one cuMemSetAccess over all 1.95 GB): accepted; a
+/// range with an unmapped gap, or past the last mapping, is not.
+#[test]
+fn set_access_spans_adjacent_mappings() {
+    in_child!("set_access_spans_adjacent_mappings");
+    setup();
+    // SAFETY: see the file-level note.
+    unsafe {
+        let mut prop: cu::CUmemAllocationProp = std::mem::zeroed();
+        prop.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        let access = cu::CUmemAccessDesc {
+            location: prop.location,
+            flags: cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        let mut va = 0;
+        ok(cu::cuMemAddressReserve(&mut va, 16 * MIB, 0, 0, 0));
+        let mut h = [0; 3];
+        for (i, h) in h.iter_mut().enumerate() {
+            ok(cu::cuMemCreate(h, 2 * MIB, &prop, 0));
+            // The third leaves a 2 MiB gap after the second.
+            let at = if i < 2 { i * 2 * MIB } else { 6 * MIB };
+            ok(cu::cuMemMap(va + at as u64, 2 * MIB, 0, *h, 0));
+        }
+        ok(cu::cuMemSetAccess(va, 4 * MIB, &access, 1));
+        ok(cu::cuMemSetAccess(va + MIB as u64, 2 * MIB, &access, 1));
+        assert_eq!(cu::cuMemSetAccess(va, 8 * MIB, &access, 1), CUDA_ERROR_INVALID_VALUE, "a gap");
+        assert_eq!(
+            cu::cuMemSetAccess(va + 6 * MIB as u64, 4 * MIB, &access, 1),
+            CUDA_ERROR_INVALID_VALUE,
+            "past the last mapping"
+        );
+        ok(cu::cuMemSetAccess(va + 6 * MIB as u64, 2 * MIB, &access, 1));
+        for (i, h) in h.iter().enumerate() {
+            let at = if i < 2 { i * 2 * MIB } else { 6 * MIB };
+            ok(cu::cuMemUnmap(va + at as u64, 2 * MIB));
+            ok(cu::cuMemRelease(*h));
+        }
+        ok(cu::cuMemAddressFree(va, 16 * MIB));
+    }
+}
