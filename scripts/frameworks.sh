@@ -12,11 +12,19 @@
 #   - scripts/frameworks/jax_probe.py: the default preallocation (0.75) is of the quota, not of
 #     the GPU; an allocation beyond it fails cleanly and JAX goes on.
 # The simulator runs no kernel code: launches are checked to run, never their results.
+# JAX is changed in one place: it looks for /dev/nvidia0 or /dev/nvidiactl before it tries its
+# CUDA plugin, and the simulator has no device files, so the probe answers that check (a NOTE row).
+# Known on the simulator (2026-12, torch 2.8.0, jax 0.7.1): every cuBLAS handle fails to be
+# created (torch CUBLAS_STATUS_ALLOC_FAILED, JAX "Failed to initialize BLAS support"): libcudart
+# asks cuModuleGetGlobal_v2 for `cublas::internal::deviceConstants` in a module loaded from a fat
+# binary whose cubins are compressed, which the simulator cannot look into (crates/sim/cuda/src/
+# image.rs, Image::Opaque), so it answers CUDA_ERROR_NOT_FOUND.
 # Prints one table (client, check, PASS/FAIL/NOTE, what was measured), then what the simulator
 # logged as unsupported (its 'cuvisor-sim' lines); exit 0 iff no row is FAIL.
 #
 # libcuvisor.so, the cuvisor CLI and the simulated libcuda/libnvidia-ml: from
-# `cargo build -p cuvisor -p cuvisor-sim-cuda -p cuvisor-sim-nvml` into this repo's target/debug,
+# `cargo build -p cuvisor -p cuvisor-cli -p cuvisor-sim-cuda -p cuvisor-sim-nvml` into this repo's
+# target/debug,
 # or, without building, from the cargo profile directory $CUVISOR_TARGET_DIR (e.g.
 # /path/to/checkout/target/debug, holding cuvisor, deps/libcuvisor.so and sim/).
 #
@@ -90,8 +98,8 @@ python=${PYTHON:-python3}
 if [[ -n ${CUVISOR_TARGET_DIR:-} ]]; then
     bin=$(cd "$CUVISOR_TARGET_DIR" && pwd)
 else
-    echo "frameworks: cargo build -p cuvisor -p cuvisor-sim-cuda -p cuvisor-sim-nvml" >&2
-    (cd "$repo" && cargo build -q -p cuvisor -p cuvisor-sim-cuda -p cuvisor-sim-nvml) ||
+    echo "frameworks: cargo build -p cuvisor -p cuvisor-cli -p cuvisor-sim-cuda -p cuvisor-sim-nvml" >&2
+    (cd "$repo" && cargo build -q -p cuvisor -p cuvisor-cli -p cuvisor-sim-cuda -p cuvisor-sim-nvml) ||
         die "the build failed"
     bin=$repo/target/debug
 fi

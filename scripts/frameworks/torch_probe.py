@@ -85,7 +85,7 @@ def alloc(frac):
     try:
         t = torch.empty(n, dtype=torch.uint8, device="cuda")
     except OOM as e:
-        msg = str(e).splitlines()[0][:200]
+        msg = str(e).splitlines()[0][:110]
         used = ledger_used(os.environ.get("CUVISOR_STATE_DIR", ""))
         torch.cuda.empty_cache()
         return name, False, n, f"OutOfMemoryError ({gib(n)} asked, {gib(free_before)} free before; ledger {used if isinstance(used, str) else gib(used)}): {msg}"
@@ -108,11 +108,20 @@ for frac in (0.3, 0.5, 0.8):
 
 @check("alloc 1.0 x quota")
 def _():
-    # Exactly the quota cannot fit: the context's reserve (what the simulated driver keeps per
-    # context, charged by libcuvisor) and the allocator's rounding are in the quota too. Either
-    # a clean OutOfMemoryError or a success is right; the table says which and how much was free.
-    name, ok, _n, text = alloc(1.0)
-    row(name, "NOTE", text)
+    # Whether exactly the quota fits depends on the allocator's rounding (and, on a real GPU,
+    # on what the context itself takes: the simulated context takes no device memory). The
+    # native allocator and cudaMallocAsync ask for the size itself (6 GiB is a multiple of their
+    # 2 MiB rounding); expandable segments map 20 MiB pages, so they need ceil(n / 20 MiB) of
+    # them. Either a clean OutOfMemoryError or a success is right; the row says which, and why.
+    name, ok, n, text = alloc(1.0)
+    if "expandable_segments:True" in CONF.replace(" ", ""):
+        page = 20 * MIB
+        pages = -(-n // page)
+        why = f"expandable segments: {pages} pages of 20 MiB = {gib(pages * page)} needed"
+    else:
+        why = ("a 2 MiB multiple" if n % (2 * MIB) == 0 else "rounded up to 2 MiB") + \
+            "; the simulated context takes no device memory"
+    row(name, "NOTE", f"[{why}] {text}")
 
 
 @check("alloc 1.2 x quota -> OutOfMemoryError")
