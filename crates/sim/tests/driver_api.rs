@@ -1430,3 +1430,115 @@ fn libraries_load_without_a_context_and_their_kernels_launch() {
         );
     }
 }
+
+/// PyTorch's cudaMallocAsync backend sets the default pool's release threshold to UINT64_MAX
+/// ("never release"): the pool then keeps what it reserved at every sync point, and trimming
+/// to that threshold must not overflow (it did: `round_up(u64::MAX, 2 MiB)` panicked inside
+/// cuStreamSynchronize, which libcudart saw as an unknown error).
+#[test]
+fn a_release_threshold_of_u64_max_keeps_the_pool() {
+    in_child!("a_release_threshold_of_u64_max_keeps_the_pool");
+    setup();
+    let base = free_mem();
+    use cu::CUmemPool_attribute::*;
+    // SAFETY: see the file-level note.
+    unsafe {
+        let mut pool = null_mut();
+        ok(cu::cuDeviceGetDefaultMemPool(&mut pool, 0));
+        let mut never = u64::MAX;
+        ok(cu::cuMemPoolSetAttribute(
+            pool,
+            CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &mut never as *mut u64 as *mut c_void,
+        ));
+        let mut p = 0;
+        ok(cu::cuMemAllocAsync(&mut p, 3 * MIB, null_mut()));
+        ok(cu::cuMemFreeAsync(p, null_mut()));
+        ok(cu::cuStreamSynchronize(null_mut()));
+        ok(cu::cuCtxSynchronize());
+        assert_eq!(base - free_mem(), 4 * MIB, "kept in the pool at the sync points");
+        let mut zero = 0u64;
+        ok(cu::cuMemPoolSetAttribute(
+            pool,
+            CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &mut zero as *mut u64 as *mut c_void,
+        ));
+        ok(cu::cuStreamSynchronize(null_mut()));
+        assert_eq!(free_mem(), base, "and released once the threshold is 0");
+    }
+}
+
+/// The driver entry points PyTorch 2.8's c10 DriverAPI resolves (through
+/// cudaGetDriverEntryPoint) at its first allocation, asserting each is found: resolvable by
+/// version to the exported functions, which answer CUDA_ERROR_NOT_SUPPORTED (not modelled).
+#[test]
+fn entry_points_pytorch_resolves_are_found_and_not_supported() {
+    in_child!("entry_points_pytorch_resolves_are_found_and_not_supported");
+    setup();
+    type Gpa = extern "C" fn(*const i8, *mut *mut c_void, i32, u64, *mut i32) -> R;
+    type NoArgs = extern "C" fn() -> R;
+    let gpa: Gpa = raw("cuGetProcAddress_v2");
+    for (name, version, symbol) in [
+        ("cuStreamWriteValue32", 8000, "cuStreamWriteValue32"),
+        ("cuStreamWriteValue32", 12080, "cuStreamWriteValue32_v2"),
+        ("cuMulticastCreate", 12080, "cuMulticastCreate"),
+        ("cuMulticastAddDevice", 12080, "cuMulticastAddDevice"),
+        ("cuMulticastBindMem", 12080, "cuMulticastBindMem"),
+    ] {
+        let c = CString::new(name).unwrap();
+        let (mut p, mut status) = (null_mut(), -1);
+        ok(gpa(c.as_ptr(), &mut p, version, 0, &mut status));
+        assert_eq!(status, 0, "{name} at {version}");
+        assert_eq!(p, raw::<*mut c_void>(symbol), "{name} at {version}");
+        // SAFETY: a C function of this library; without arguments it reads none.
+        let f: NoArgs = unsafe { std::mem::transmute::<*mut c_void, NoArgs>(p) };
+        assert_eq!(f(), CUDA_ERROR_NOT_SUPPORTED, "{symbol}");
+    }
+    let c = CString::new("cuMulticastCreate").unwrap();
+    let (mut p, mut status) = (null_mut(), -1);
+    assert_eq!(gpa(c.as_ptr(), &mut p, 12000, 0, &mut status), CUDA_ERROR_NOT_FOUND);
+    assert!(p.is_null(), "cuMulticastCreate is CUDA 12.1");
+}
+
+/// cuMemSetAccess over mappings of several handles side by side, as PyTorch's expandable
+/// segments do (93 handles of 20 MiB, then one cuMemSetAccess over all 1.95 GB): accepted; a
+/// range with an unmapped gap, or past the last mapping, is not.
+#[test]
+fn set_access_spans_adjacent_mappings() {
+    in_child!("set_access_spans_adjacent_mappings");
+    setup();
+    // SAFETY: see the file-level note.
+    unsafe {
+        let mut prop: cu::CUmemAllocationProp = std::mem::zeroed();
+        prop.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        let access = cu::CUmemAccessDesc {
+            location: prop.location,
+            flags: cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        let mut va = 0;
+        ok(cu::cuMemAddressReserve(&mut va, 16 * MIB, 0, 0, 0));
+        let mut h = [0; 3];
+        for (i, h) in h.iter_mut().enumerate() {
+            ok(cu::cuMemCreate(h, 2 * MIB, &prop, 0));
+            // The third leaves a 2 MiB gap after the second.
+            let at = if i < 2 { i * 2 * MIB } else { 6 * MIB };
+            ok(cu::cuMemMap(va + at as u64, 2 * MIB, 0, *h, 0));
+        }
+        ok(cu::cuMemSetAccess(va, 4 * MIB, &access, 1));
+        ok(cu::cuMemSetAccess(va + MIB as u64, 2 * MIB, &access, 1));
+        assert_eq!(cu::cuMemSetAccess(va, 8 * MIB, &access, 1), CUDA_ERROR_INVALID_VALUE, "a gap");
+        assert_eq!(
+            cu::cuMemSetAccess(va + 6 * MIB as u64, 4 * MIB, &access, 1),
+            CUDA_ERROR_INVALID_VALUE,
+            "past the last mapping"
+        );
+        ok(cu::cuMemSetAccess(va + 6 * MIB as u64, 2 * MIB, &access, 1));
+        for (i, h) in h.iter().enumerate() {
+            let at = if i < 2 { i * 2 * MIB } else { 6 * MIB };
+            ok(cu::cuMemUnmap(va + at as u64, 2 * MIB));
+            ok(cu::cuMemRelease(*h));
+        }
+        ok(cu::cuMemAddressFree(va, 16 * MIB));
+    }
+}

@@ -270,4 +270,6 @@ not_supported! {
     cuGraphicsUnmapResources cuProfilerStart cuProfilerStop cuMemPrefetchAsync cuMemAdvise
     cuMemRangeGetAttribute cuCtxGetExecAffinity cuDeviceGetNvSciSyncAttributes cuFlushGPUDirectRDMAWrites
     cuCoredumpGetAttribute cuCoredumpSetAttribute cuGreenCtxCreate cuDeviceGetDevResource
+    cuStreamWriteValue32 cuStreamWriteValue32_v2 cuStreamWriteValue32_ptsz cuStreamWriteValue32_v2_ptsz
+    cuMulticastCreate cuMulticastAddDevice cuMulticastBindMem
 }

@@ -278,6 +278,23 @@ fn device_range(addr: u64, n: u64, mark_dirty: bool) -> Result<usize, CUresult> 
     Ok(r.dev)
 }
 
+/// cuMemSetAccess's range: every byte of it in live allocations that follow each other without
+/// a gap, one or several. PyTorch's expandable segments map a segment's 20 MiB handles side by
+/// side and set access once over all of them, which the real driver accepts.
+fn contiguous_range(addr: u64, n: u64) -> Res {
+    let end = addr.checked_add(n).ok_or(err::INVALID_VALUE)?;
+    let t = table().read().unwrap_or_else(|e| e.into_inner());
+    let (base, r) = t.range(..=addr).next_back().ok_or(err::INVALID_VALUE)?;
+    let mut reach = base + r.size;
+    if addr > reach || (n > 0 && addr == reach) {
+        return Err(err::INVALID_VALUE);
+    }
+    while reach < end {
+        reach += t.get(&reach).ok_or(err::INVALID_VALUE)?.size;
+    }
+    Ok(())
+}
+
 /// For unified-addressing copies: is this address device memory (checked), or host memory?
 fn classify(addr: u64, n: u64, write: bool) -> Result<(), CUresult> {
     match device_range(addr, n, write) {
@@ -400,7 +417,9 @@ impl Pool {
     /// Returns reserved memory above max(used, keep) to the device.
     fn trim(&self, keep: u64) {
         let mut s = self.st.lock().unwrap_or_else(|e| e.into_inner());
-        let floor = round_up(s.used.max(keep), GRANULARITY).min(s.reserved);
+        // Capped before rounding: a release threshold of UINT64_MAX ("never release", which
+        // PyTorch's cudaMallocAsync backend sets) would overflow the rounding.
+        let floor = round_up(s.used.max(keep).min(s.reserved), GRANULARITY).min(s.reserved);
         let excess = s.reserved - floor;
         if excess > 0 {
             s.reserved -= excess;
@@ -1253,7 +1272,7 @@ export! {
             let d: CUmemAccessDesc = read(desc.wrapping_add(i))?;
             location_device(d.location)?;
         }
-        device_range(ptr, size as u64, false).map(|_| ())
+        contiguous_range(ptr, size as u64)
     }
     fn cuMemExportToShareableHandle(out: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int, _flags: u64) {
         drv()?;

@@ -734,6 +734,21 @@ pub static PROC_TABLE: &[ProcEntry] = &[
             (12030, "cuStreamGetCaptureInfo_v3_ptsz"),
         ],
     },
+    // ---- stream memory operations (cuda.h 11.7+: `#define cuStreamWriteValue32
+    // __CUDA_API_PTSZ(cuStreamWriteValue32_v2)`; the 8.0 symbol stays exported). PyTorch 2.8's
+    // c10 DriverAPI resolves it at its first allocation and asserts it is found. Not modelled:
+    // both answer CUDA_ERROR_NOT_SUPPORTED. ----
+    ProcEntry {
+        base: "cuStreamWriteValue32",
+        versions: &[(8000, "cuStreamWriteValue32"), (11070, "cuStreamWriteValue32_v2")],
+        per_thread: &[(8000, "cuStreamWriteValue32_ptsz"), (11070, "cuStreamWriteValue32_v2_ptsz")],
+    },
+    // ---- multicast objects (CUDA 12.1). PyTorch 2.8 resolves these three at the same place
+    // (and asserts they are found); the simulated GPU models no multicast, so they answer
+    // CUDA_ERROR_NOT_SUPPORTED, as the real driver does on a GPU without multicast. ----
+    ProcEntry { base: "cuMulticastCreate", versions: &[(12010, "cuMulticastCreate")], per_thread: &[] },
+    ProcEntry { base: "cuMulticastAddDevice", versions: &[(12010, "cuMulticastAddDevice")], per_thread: &[] },
+    ProcEntry { base: "cuMulticastBindMem", versions: &[(12010, "cuMulticastBindMem")], per_thread: &[] },
     ProcEntry {
         base: "cuThreadExchangeStreamCaptureMode",
         versions: &[(10010, "cuThreadExchangeStreamCaptureMode")],

@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# The heavy frameworks, PyTorch (the PyPI CUDA 12.8 build) and JAX (jax[cuda12]), unmodified,
+# under libcuvisor on the simulated GPU. Not part of CI: the wheels are about 3 GB per framework
+# (downloaded once into target/ci-tools/, git-ignored; later runs reuse them) and need network
+# the first time only. No GPU is needed: everything runs on the simulator (crates/sim).
+#
+# Each probe runs as `cuvisor run --memory 6Gi --sim single -- python <probe>`:
+#   - scripts/frameworks/torch_probe.py once per allocator (PYTORCH_CUDA_ALLOC_CONF unset,
+#     expandable_segments:True, backend:cudaMallocAsync): is_available, mem_get_info total ==
+#     quota, 0.3/0.5/0.8/1.0 x quota as one tensor each (freed between), 1.2 x quota raising
+#     torch.OutOfMemoryError, elementwise ops, a cuBLAS matmul;
+#   - scripts/frameworks/jax_probe.py: the default preallocation (0.75) is of the quota, not of
+#     the GPU; an allocation beyond it fails cleanly and JAX goes on.
+# The simulator runs no kernel code: launches are checked to run, never their results.
+# JAX is changed in one place: it looks for /dev/nvidia0 or /dev/nvidiactl before it tries its
+# CUDA plugin, and the simulator has no device files, so the probe answers that check (a NOTE row).
+# Known on the simulator (2026-12, torch 2.8.0, jax 0.7.1): no cuBLAS handle can be created
+# (torch CUBLAS_STATUS_INTERNAL_ERROR in cublasCreate, JAX "Failed to initialize BLAS support").
+# The globals cuBLAS needs (cublas::internal::deviceConstants, in LZ4-compressed cubins of its fat
+# binaries) are now found; what fails next is after cuCtxGetDevice and is not a driver call that
+# returns an error (not yet found).
+# Prints one table (client, check, PASS/FAIL/NOTE, what was measured), then what the simulator
+# logged as unsupported (its 'cuvisor-sim' lines); exit 0 iff no row is FAIL.
+#
+# libcuvisor.so, the cuvisor CLI and the simulated libcuda/libnvidia-ml: from
+# `cargo build -p cuvisor -p cuvisor-cli -p cuvisor-sim-cuda -p cuvisor-sim-nvml` into this repo's
+# target/debug,
+# or, without building, from the cargo profile directory $CUVISOR_TARGET_DIR (e.g.
+# /path/to/checkout/target/debug, holding cuvisor, deps/libcuvisor.so and sim/).
+#
+# Usage: scripts/frameworks.sh [--only torch|jax] [--memory SIZE] [--timeout S] [--keep]
+set -euo pipefail
+
+usage() {
+    sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
+    cat <<'EOT'
+Options:
+  --only torch|jax  run one framework only (default: both)
+  --memory SIZE     the quota, as `cuvisor run --memory` takes it (default 6Gi)
+  --timeout S       seconds each probe may take (default 900)
+  --keep            keep the logs directory (default: kept only when a row failed)
+Environment:
+  CUVISOR_TARGET_DIR  a cargo profile directory to take the binaries from instead of building
+  PYTHON              the python3 that creates the venvs (default python3, 3.11 to 3.13)
+EOT
+}
+
+# --- pinned wheels ----------------------------------------------------------------------------
+# The whole set as pip resolved it (torch and jax pin their NVIDIA wheels exactly themselves; the
+# rest is pinned here), so that an install is the same every time.
+TORCH_VENV=torch-2.8.0-cu128
+TORCH_WHEELS=(
+    filelock==4.3.1 fsspec==2026.9.0 Jinja2==3.1.6 MarkupSafe==3.0.4 mpmath==1.3.0 networkx==3.6.1
+    nvidia-cublas-cu12==12.8.4.1 nvidia-cuda-cupti-cu12==12.8.90 nvidia-cuda-nvrtc-cu12==12.8.93
+    nvidia-cuda-runtime-cu12==12.8.90 nvidia-cudnn-cu12==9.10.2.21 nvidia-cufft-cu12==11.3.3.83
+    nvidia-cufile-cu12==1.13.1.3 nvidia-curand-cu12==10.3.9.90 nvidia-cusolver-cu12==11.7.3.90
+    nvidia-cusparse-cu12==12.5.8.93 nvidia-cusparselt-cu12==0.7.1 nvidia-nccl-cu12==2.27.3
+    nvidia-nvjitlink-cu12==12.8.93 nvidia-nvtx-cu12==12.8.90 sympy==1.14.0 torch==2.8.0
+    triton==3.4.0 typing_extensions==4.16.0
+)
+JAX_VENV=jax-0.7.1-cuda12
+JAX_WHEELS=(
+    jax==0.7.1 jax-cuda12-pjrt==0.7.1 jax-cuda12-plugin==0.7.1 jaxlib==0.7.1 ml_dtypes==0.7.0
+    numpy==2.4.6 nvidia-cublas-cu12==12.9.3.13 nvidia-cuda-cccl-cu12==12.9.27
+    nvidia-cuda-cupti-cu12==12.9.79 nvidia-cuda-nvcc-cu12==12.9.86 nvidia-cuda-nvrtc-cu12==12.9.86
+    nvidia-cuda-runtime-cu12==12.9.79 nvidia-cudnn-cu12==9.28.0.42 nvidia-cufft-cu12==11.4.1.4
+    nvidia-cusolver-cu12==11.7.5.82 nvidia-cusparse-cu12==12.5.10.65 nvidia-nccl-cu12==2.32.3
+    nvidia-nvjitlink-cu12==12.9.86 nvidia-nvshmem-cu12==3.8.0 opt_einsum==3.4.0 scipy==1.17.1
+)
+
+die() {
+    echo "frameworks: $*" >&2
+    exit 2
+}
+
+only=
+memory=6Gi
+per_probe_timeout=900
+keep=0
+while (($#)); do
+    case $1 in
+        --only) only=${2:?--only needs torch or jax}; shift 2 ;;
+        --memory) memory=${2:?--memory needs a size}; shift 2 ;;
+        --timeout) per_probe_timeout=${2:?--timeout needs seconds}; shift 2 ;;
+        --keep) keep=1; shift ;;
+        -h | --help) usage; exit 0 ;;
+        *) usage >&2; exit 2 ;;
+    esac
+done
+case $only in "" | torch | jax) ;; *) die "--only takes torch or jax, not $only" ;; esac
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+probes=$repo/scripts/frameworks
+tools=$repo/target/ci-tools
+python=${PYTHON:-python3}
+
+# --- the binaries -----------------------------------------------------------------------------
+if [[ -n ${CUVISOR_TARGET_DIR:-} ]]; then
+    bin=$(cd "$CUVISOR_TARGET_DIR" && pwd)
+else
+    echo "frameworks: cargo build -p cuvisor -p cuvisor-cli -p cuvisor-sim-cuda -p cuvisor-sim-nvml" >&2
+    (cd "$repo" && cargo build -q -p cuvisor -p cuvisor-cli -p cuvisor-sim-cuda -p cuvisor-sim-nvml) ||
+        die "the build failed"
+    bin=$repo/target/debug
+fi
+cuvisor=$bin/cuvisor
+lib=$bin/deps/libcuvisor.so
+[[ -f $lib ]] || lib=$bin/libcuvisor.so
+for f in "$cuvisor" "$lib" "$bin/sim/libcuda.so.1" "$bin/sim/libnvidia-ml.so.1"; do
+    [[ -e $f ]] || die "$f is missing (build it, or point CUVISOR_TARGET_DIR at a profile directory that has it)"
+done
+
+# --- the venvs --------------------------------------------------------------------------------
+# target/ci-tools/<name>/, installed once: beside its place first and renamed into it, so that an
+# interrupted install is never taken for a finished one.
+venv() {
+    local name=$1
+    shift
+    local dir=$tools/$name
+    if [[ -e $dir/installed ]]; then
+        echo "$dir"
+        return
+    fi
+    local tmp=$tools/$name.tmp-$$
+    rm -rf "$tmp"
+    mkdir -p "$tools"
+    echo "frameworks: installing $name into $dir (about 3 GB the first time)" >&2
+    "$python" -m venv "$tmp" >&2 || die "$python -m venv failed"
+    "$tmp/bin/pip" install --quiet --disable-pip-version-check --no-deps "$@" >&2 ||
+        { rm -rf "$tmp"; die "pip could not install $name: $*"; }
+    touch "$tmp/installed"
+    rm -rf "$dir"
+    mv "$tmp" "$dir"
+    echo "$dir"
+}
+
+logs=$(mktemp -d "${TMPDIR:-/tmp}/cuvisor-frameworks.XXXXXX")
+rows=$logs/rows
+
+# probe TAG VENV SCRIPT [VAR=VALUE | -u VAR ...]: one probe under cuvisor run; its FWCHECK rows
+# go to $rows, and a probe that dies or prints no row adds a FAIL row saying where it stopped.
+probe() {
+    local tag=$1 venv=$2 script=$3
+    shift 3
+    local log=$logs/$tag
+    echo "frameworks: $tag ..." >&2
+    local rc=0
+    timeout --kill-after=10 "$per_probe_timeout" \
+        "$cuvisor" run --memory "$memory" --sim single --library "$lib" -- \
+        env "$@" "$venv/bin/python" "$probes/$script" >"$log.out" 2>"$log.err" || rc=$?
+    grep $'^FWCHECK\t' "$log.out" | cut -f2- >>"$rows" || true
+    if ((rc != 0)); then
+        local why
+        why=$(grep -v '^\s*$' "$log.err" | grep -v '^cuvisor-sim' | tail -n 1 | cut -c1-200 || true)
+        ((rc == 124)) && why="timed out after ${per_probe_timeout}s; $why"
+        printf '%s\tprocess exits 0\tFAIL\texit %s: %s (log %s.err)\n' "$tag" "$rc" "$why" "$log" >>"$rows"
+    fi
+}
+
+if [[ -z $only || $only == torch ]]; then
+    tv=$(venv "$TORCH_VENV" "${TORCH_WHEELS[@]}")
+    probe torch-native "$tv" torch_probe.py -u PYTORCH_CUDA_ALLOC_CONF
+    probe torch-expandable "$tv" torch_probe.py PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    probe torch-async "$tv" torch_probe.py PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+fi
+if [[ -z $only || $only == jax ]]; then
+    jv=$(venv "$JAX_VENV" "${JAX_WHEELS[@]}")
+    probe jax "$jv" jax_probe.py -u XLA_PYTHON_CLIENT_PREALLOCATE -u XLA_PYTHON_CLIENT_MEM_FRACTION \
+        -u XLA_PYTHON_CLIENT_ALLOCATOR
+fi
+
+# --- the table --------------------------------------------------------------------------------
+touch "$rows"
+echo
+echo "cuvisor run --memory $memory --sim single; library $lib"
+awk -F'\t' '
+    { c[NR] = $1; k[NR] = $2; v[NR] = $3; m[NR] = $4
+      if (length($1) > w1) w1 = length($1); if (length($2) > w2) w2 = length($2) }
+    END {
+        if (w1 < 6) w1 = 6; if (w2 < 5) w2 = 5
+        printf "%-" w1 "s  %-" w2 "s  %-6s  %s\n", "CLIENT", "CHECK", "RESULT", "MEASURED"
+        for (i = 1; i <= NR; i++) printf "%-" w1 "s  %-" w2 "s  %-6s  %s\n", c[i], k[i], v[i], m[i]
+    }' "$rows"
+sim=$(cat "$logs"/*.err 2>/dev/null | grep '^cuvisor-sim' | sort | uniq -c | sort -rn || true)
+if [[ -n $sim ]]; then
+    echo
+    echo "The simulator logged (count, line):"
+    echo "$sim" | head -n 40
+fi
+failed=$(awk -F'\t' '$3 == "FAIL"' "$rows" | wc -l)
+total=$(wc -l <"$rows")
+echo
+if ((failed == 0 && total > 0)); then
+    echo "frameworks: all $total rows PASS or NOTE"
+    ((keep)) && echo "frameworks: logs in $logs" || rm -rf "$logs"
+    exit 0
+fi
+echo "frameworks: $failed of $total rows FAIL; logs in $logs"
+exit 1
