@@ -301,6 +301,11 @@ fn sees_the_quota(test: &str, venv: &Path, lib: &Path, model: &str) {
         (GIB, GIB),
         "the quota, not the 16 GiB GPU"
     );
+    assert_eq!(
+        u(&at(&v, "cudaGetDeviceProperties")[3]),
+        GIB,
+        "totalGlobalMem is the quota too"
+    );
     let m = at(&v, "cudaMemGetInfo_after_malloc");
     assert_eq!((u(&m[1]), u(&m[2])), (GIB - (64 << 20), GIB));
     // 3 GiB: within the GPU, beyond the quota.
