@@ -1456,7 +1456,11 @@ fn a_release_threshold_of_u64_max_keeps_the_pool() {
         ok(cu::cuMemFreeAsync(p, null_mut()));
         ok(cu::cuStreamSynchronize(null_mut()));
         ok(cu::cuCtxSynchronize());
-        assert_eq!(base - free_mem(), 4 * MIB, "kept in the pool at the sync points");
+        assert_eq!(
+            base - free_mem(),
+            4 * MIB,
+            "kept in the pool at the sync points"
+        );
         let mut zero = 0u64;
         ok(cu::cuMemPoolSetAttribute(
             pool,
@@ -1496,7 +1500,10 @@ fn entry_points_pytorch_resolves_are_found_and_not_supported() {
     }
     let c = CString::new("cuMulticastCreate").unwrap();
     let (mut p, mut status) = (null_mut(), -1);
-    assert_eq!(gpa(c.as_ptr(), &mut p, 12000, 0, &mut status), CUDA_ERROR_NOT_FOUND);
+    assert_eq!(
+        gpa(c.as_ptr(), &mut p, 12000, 0, &mut status),
+        CUDA_ERROR_NOT_FOUND
+    );
     assert!(p.is_null(), "cuMulticastCreate is CUDA 12.1");
 }
 
@@ -1527,7 +1534,11 @@ fn set_access_spans_adjacent_mappings() {
         }
         ok(cu::cuMemSetAccess(va, 4 * MIB, &access, 1));
         ok(cu::cuMemSetAccess(va + MIB as u64, 2 * MIB, &access, 1));
-        assert_eq!(cu::cuMemSetAccess(va, 8 * MIB, &access, 1), CUDA_ERROR_INVALID_VALUE, "a gap");
+        assert_eq!(
+            cu::cuMemSetAccess(va, 8 * MIB, &access, 1),
+            CUDA_ERROR_INVALID_VALUE,
+            "a gap"
+        );
         assert_eq!(
             cu::cuMemSetAccess(va + 6 * MIB as u64, 4 * MIB, &access, 1),
             CUDA_ERROR_INVALID_VALUE,
@@ -1541,4 +1552,199 @@ fn set_access_spans_adjacent_mappings() {
         }
         ok(cu::cuMemAddressFree(va, 16 * MIB));
     }
+}
+
+/// cuBLASLt 12.8 resolves these driver entry points with dlsym on libcuda.so.1 when a handle is
+/// created (in this order; recorded on the simulator with a breakpoint on dlsym during
+/// cublasCreate_v2, PyTorch 2.8 with nvidia-cublas-cu12 12.8.4.1) and fails cublasLtCtxInit with
+/// "Driver API initialization failed" when any is missing (cublasCreate: INTERNAL_ERROR).
+#[test]
+fn every_entry_point_cublaslt_resolves_is_exported() {
+    in_child!("every_entry_point_cublaslt_resolves_is_exported");
+    setup();
+    for name in [
+        "cuInit",
+        "cuDriverGetVersion",
+        "cuKernelGetFunction",
+        "cuKernelGetAttribute",
+        "cuKernelSetAttribute",
+        "cuLibraryGetKernel",
+        "cuLibraryLoadData",
+        "cuModuleLoadData",
+        "cuModuleLoadDataEx",
+        "cuModuleUnload",
+        "cuModuleGetFunction",
+        "cuModuleGetGlobal_v2",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cuGetErrorName",
+        "cuLinkCreate_v2",
+        "cuLinkAddData_v2",
+        "cuLinkComplete",
+        "cuLinkDestroy",
+        "cuFuncSetAttribute",
+        "cuFuncGetAttribute",
+        "cuFuncSetCacheConfig",
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+        "cuCtxGetCurrent",
+        "cuCtxSetCurrent",
+        "cuCtxGetLimit",
+        "cuCtxSynchronize",
+        "cuDevicePrimaryCtxRetain",
+        "cuDevicePrimaryCtxRelease",
+        "cuEventCreate",
+        "cuEventDestroy_v2",
+        "cuEventElapsedTime",
+        "cuEventQuery",
+        "cuEventRecord",
+        "cuEventSynchronize",
+        "cuStreamWaitEvent",
+        "cuCtxPushCurrent_v2",
+        "cuCtxPopCurrent_v2",
+        "cuCtxGetDevice",
+        "cuDeviceGet",
+        "cuDeviceGetAttribute",
+        "cuStreamWaitValue32",
+        "cuStreamBatchMemOp",
+        "cuStreamGetCaptureInfo_v2",
+        "cuStreamGetCtx",
+        "cuDeviceTotalMem_v2",
+        "cuDeviceGetName",
+        "cuMemGetInfo_v2",
+        "cuGraphKernelNodeGetParams",
+        "cuGraphExecKernelNodeSetParams",
+        "cuGraphExecDestroy",
+        "cuGraphLaunch",
+        "cuGraphDestroy",
+        "cuGraphInstantiate",
+        "cuGraphGetNodes",
+        "cuGraphNodeGetType",
+        "cuMemAlloc_v2",
+        "cuMemFree_v2",
+        "cuMemcpyHtoD_v2",
+        "cuMemcpy",
+        "cuMemcpyAsync",
+        "cuMemcpy2DAsync_v2",
+        "cuMemcpyDtoDAsync_v2",
+        "cuMemsetD8_v2",
+        "cuMemPrefetchAsync",
+        "cuPointerGetAttribute",
+        "cuPointerGetAttributes",
+        "cuGetExportTable",
+        "cuStreamCreate",
+        "cuStreamDestroy_v2",
+        "cuStreamBeginCapture_v2",
+        "cuThreadExchangeStreamCaptureMode",
+        "cuStreamEndCapture",
+        "cuStreamIsCapturing",
+        "cuStreamSynchronize",
+        "cuGetErrorString",
+        "cuCtxDisablePeerAccess",
+        "cuCtxEnablePeerAccess",
+        "cuDeviceCanAccessPeer",
+    ] {
+        let _: *const c_void = raw(name);
+    }
+}
+
+/// An A100 (sm_80) reserves 1 KiB of shared memory per block, which is why its opt-in maximum
+/// per block is the per-SM 164 KiB less 1 KiB; cudaDeviceProp::reservedSharedMemPerBlock reads
+/// this attribute.
+#[test]
+fn reserved_shared_memory_per_block_is_what_sm_80_reserves() {
+    in_child!("reserved_shared_memory_per_block_is_what_sm_80_reserves");
+    let attr = |a: cu::CUdevice_attribute| {
+        let mut v = 0;
+        // SAFETY: see the file-level note.
+        unsafe { ok(cu::cuDeviceGetAttribute(&mut v, a, 0)) };
+        v
+    };
+    setup();
+    let reserved =
+        attr(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK);
+    assert_eq!(reserved, 1024);
+    assert_eq!(
+        attr(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            + reserved,
+        attr(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
+    );
+}
+
+/// The entry points added for cuBLASLt that the simulator models: occupancy with flags answers
+/// as without, a library kernel's attributes are its function's, and cuPointerGetAttributes
+/// answers each attribute as cuPointerGetAttribute does.
+#[test]
+fn occupancy_with_flags_kernel_attributes_and_pointer_attributes() {
+    in_child!("occupancy_with_flags_kernel_attributes_and_pointer_attributes");
+    setup();
+    let f = busy_function("sim_busy");
+    type Occ = extern "C" fn(*mut i32, cu::CUfunction, i32, usize) -> R;
+    type OccFlags = extern "C" fn(*mut i32, cu::CUfunction, i32, usize, u32) -> R;
+    type KernelAttr = extern "C" fn(*mut i32, i32, *mut c_void, i32) -> R;
+    type KernelSetAttr = extern "C" fn(i32, i32, *mut c_void, i32) -> R;
+    type PtrAttrs = extern "C" fn(u32, *const i32, *mut *mut c_void, u64) -> R;
+    let (occ, occ_flags): (Occ, OccFlags) = (
+        raw("cuOccupancyMaxActiveBlocksPerMultiprocessor"),
+        raw("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"),
+    );
+    let (mut a, mut b) = (0, 0);
+    assert_eq!(occ(&mut a, f, 256, 0), CUDA_SUCCESS);
+    assert_eq!(occ_flags(&mut b, f, 256, 0, 1), CUDA_SUCCESS);
+    assert_eq!(a, b);
+    assert_eq!(occ_flags(&mut b, f, 256, 0, 2), CUDA_ERROR_INVALID_VALUE);
+
+    let (get, set): (KernelAttr, KernelSetAttr) =
+        (raw("cuKernelGetAttribute"), raw("cuKernelSetAttribute"));
+    let (mut lib, mut k) = (null_mut(), null_mut());
+    // SAFETY: see the file-level note.
+    unsafe {
+        ok(cu::cuLibraryLoadData(
+            &mut lib,
+            c"image".as_ptr() as *const c_void,
+            null_mut(),
+            null_mut(),
+            0,
+            null_mut(),
+            null_mut(),
+            0,
+        ));
+        ok(cu::cuLibraryGetKernel(
+            &mut k,
+            lib,
+            c"sim_busy_lib".as_ptr(),
+        ));
+    }
+    let mut threads = 0;
+    // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
+    assert_eq!(get(&mut threads, 0, k as *mut c_void, 0), CUDA_SUCCESS);
+    assert_eq!(threads, 1024);
+    assert_eq!(
+        get(&mut threads, 0, null_mut(), 0),
+        CUDA_ERROR_INVALID_HANDLE
+    );
+    // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+    assert_eq!(set(8, 65536, k as *mut c_void, 0), CUDA_SUCCESS);
+
+    let attrs: PtrAttrs = raw("cuPointerGetAttributes");
+    let mut p = 0;
+    // SAFETY: see the file-level note.
+    unsafe { ok(cu::cuMemAlloc_v2(&mut p, MIB)) };
+    let (mut one, mut many) = (0u32, 0u32);
+    // CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
+    // SAFETY: see the file-level note.
+    unsafe {
+        ok(cu::cuPointerGetAttribute(
+            &mut one as *mut u32 as *mut c_void,
+            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            p,
+        ))
+    };
+    let mut data = [&mut many as *mut u32 as *mut c_void];
+    assert_eq!(attrs(1, [2].as_ptr(), data.as_mut_ptr(), p), CUDA_SUCCESS);
+    assert_eq!(one, many);
+    assert_eq!(
+        attrs(1, null_mut(), data.as_mut_ptr(), p),
+        CUDA_ERROR_INVALID_VALUE
+    );
 }

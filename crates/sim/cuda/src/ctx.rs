@@ -224,6 +224,10 @@ fn attribute(d: &Device, a: i32) -> Option<i32> {
         attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED => 1,
         attr::MAX_BLOCKS_PER_MULTIPROCESSOR => 32,
         attr::MEMORY_POOLS_SUPPORTED => 1,
+        // CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK (111): 1 KiB on sm_80, which is why
+        // the opt-in maximum above is the per-SM 164 KiB less 1 KiB (CUDA C++ Programming Guide,
+        // "Technical Specifications per Compute Capability": 163 KB opt-in per block on 8.0).
+        111 => 1024,
         a if (0..attr::MAX).contains(&a) => 0,
         _ => return None,
     })

@@ -902,6 +902,37 @@ export! {
         }
         write(blocks, (2048 / block_size).min(32))
     }
+    /// `flags` may be CU_OCCUPANCY_DEFAULT (0) or CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE (1); the
+    /// simulator has no cache configuration to override, so both answer as the call without flags.
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks: *mut i32, f: CUfunction, block_size: i32, smem: usize, flags: c_uint) {
+        if flags > 1 {
+            return Err(err::INVALID_VALUE);
+        }
+        match cuOccupancyMaxActiveBlocksPerMultiprocessor(blocks, f, block_size, smem) {
+            err::SUCCESS => Ok(()),
+            e => Err(e),
+        }
+    }
+    /// cuKernelGetAttribute (CUDA 12.0): a library kernel answers as the function it stands for
+    /// in the current context (`cuKernelGetFunction`) does.
+    fn cuKernelGetAttribute(value: *mut i32, attrib: i32, kernel: *mut c_void, dev: CUdevice) {
+        drv()?;
+        let k = kernels().get(kernel as usize)?;
+        ctx::device(dev)?;
+        match cuFuncGetAttribute(value, attrib, k.function as CUfunction) {
+            err::SUCCESS => Ok(()),
+            e => Err(e),
+        }
+    }
+    fn cuKernelSetAttribute(attrib: i32, value: i32, kernel: *mut c_void, dev: CUdevice) {
+        drv()?;
+        let k = kernels().get(kernel as usize)?;
+        ctx::device(dev)?;
+        match cuFuncSetAttribute(k.function as CUfunction, attrib, value) {
+            err::SUCCESS => Ok(()),
+            e => Err(e),
+        }
+    }
 
     fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _smem: c_uint, s: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) {
         launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz] }, params, extra, s, false, false)

@@ -135,7 +135,8 @@ fn from_fatbin_ptr(p: *const c_void) -> Image {
     // SAFETY: the fat binary's 16-byte header is readable by the API contract, and then the
     // `size` bytes of entries it announces after its `header_size`.
     let head = unsafe { std::slice::from_raw_parts(p as *const u8, 16) };
-    let (Some(magic), Some(hs), Some(size)) = (u32_at(head, 0), u16_at(head, 6), u64_at(head, 8)) else {
+    let (Some(magic), Some(hs), Some(size)) = (u32_at(head, 0), u16_at(head, 6), u64_at(head, 8))
+    else {
         return Image::Opaque;
     };
     let total = hs as u64 + size;
@@ -154,11 +155,16 @@ fn from_fatbin(b: &[u8]) -> Image {
     };
     let mut at = hs as usize;
     while at + 16 <= b.len() {
-        let (Some(kind), Some(ehs), Some(psz)) = (u16_at(b, at), u32_at(b, at + 4), u64_at(b, at + 8)) else {
+        let (Some(kind), Some(ehs), Some(psz)) =
+            (u16_at(b, at), u32_at(b, at + 4), u64_at(b, at + 8))
+        else {
             break;
         };
         let start = at + ehs as usize;
-        let Some(end) = start.checked_add(psz as usize).filter(|&e| e <= b.len() && ehs >= 16) else {
+        let Some(end) = start
+            .checked_add(psz as usize)
+            .filter(|&e| e <= b.len() && ehs >= 16)
+        else {
             break;
         };
         let payload = &b[start..end];
@@ -505,7 +511,11 @@ mod tests {
         let block = [0x15, b'a', 0x01, 0x00, 0x10, b'b'];
         assert_eq!(lz4_block(&block, 11).as_deref(), Some(&b"aaaaaaaaaab"[..]));
         assert_eq!(lz4_block(&block, 12), None, "not the size the header says");
-        assert_eq!(lz4_block(&[0x15, b'a', 0x02, 0x00], 10), None, "an offset before the start");
+        assert_eq!(
+            lz4_block(&[0x15, b'a', 0x02, 0x00], 10),
+            None,
+            "an offset before the start"
+        );
     }
 
     /// A fat binary's header and entries: an ELF entry whose cubin does not parse, a PTX entry
@@ -531,10 +541,16 @@ mod tests {
         fat.extend_from_slice(&(body.len() as u64).to_le_bytes());
         fat.extend(body);
         assert_eq!(from_fatbin(&fat), Image::Fat(BTreeMap::new()));
-        assert_eq!(from_fatbin_ptr(fat.as_ptr() as *const c_void), Image::Fat(BTreeMap::new()));
+        assert_eq!(
+            from_fatbin_ptr(fat.as_ptr() as *const c_void),
+            Image::Fat(BTreeMap::new())
+        );
         assert!(Image::Fat(BTreeMap::new()).has_kernel("any"));
         fat[0] ^= 1;
-        assert_eq!(from_fatbin_ptr(fat.as_ptr() as *const c_void), Image::Opaque);
+        assert_eq!(
+            from_fatbin_ptr(fat.as_ptr() as *const c_void),
+            Image::Opaque
+        );
     }
 
     #[test]

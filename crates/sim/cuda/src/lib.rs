@@ -272,4 +272,11 @@ not_supported! {
     cuCoredumpGetAttribute cuCoredumpSetAttribute cuGreenCtxCreate cuDeviceGetDevResource
     cuStreamWriteValue32 cuStreamWriteValue32_v2 cuStreamWriteValue32_ptsz cuStreamWriteValue32_v2_ptsz
     cuMulticastCreate cuMulticastAddDevice cuMulticastBindMem
+    // cuBLASLt 12.8 resolves these (among ~80 entry points) with dlsym on libcuda.so.1 when a
+    // handle is created, and fails cublasLtCtxInit ("Driver API initialization failed", so
+    // cublasCreate answers CUBLAS_STATUS_INTERNAL_ERROR) when one is absent; creating a handle
+    // calls none of them. Seen on the simulator with a breakpoint on dlsym during cublasCreate_v2
+    // (PyTorch 2.8, nvidia-cublas-cu12 12.8.4.1).
+    cuStreamWaitValue32 cuStreamBatchMemOp cuGraphKernelNodeGetParams
+    cuGraphExecKernelNodeSetParams cuGraphNodeGetType
 }

@@ -947,6 +947,21 @@ export! {
         Ok(())
     }
 
+    /// cuPointerGetAttributes: each attribute as cuPointerGetAttribute answers it. The driver
+    /// documents that this call does not fail for a pointer it does not know; then the outputs the
+    /// single-attribute call would refuse are left as they were.
+    fn cuPointerGetAttributes(n: c_uint, attributes: *const c_int, data: *mut *mut c_void, ptr: CUdeviceptr) {
+        drv()?;
+        if n > 0 && (attributes.is_null() || data.is_null()) {
+            return Err(err::INVALID_VALUE);
+        }
+        for i in 0..n as usize {
+            // SAFETY: by the API contract both arrays hold `n` elements.
+            let (a, d) = unsafe { (*attributes.add(i), *data.add(i)) };
+            let _ = cuPointerGetAttribute(d, a, ptr);
+        }
+        Ok(())
+    }
     fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) {
         drv()?;
         let t = table().read().unwrap_or_else(|e| e.into_inner());
