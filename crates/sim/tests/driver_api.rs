@@ -964,6 +964,49 @@ fn an_opened_ipc_handle_charges_nothing() {
 }
 
 #[test]
+fn context_ids_are_unique_and_follow_the_current_context() {
+    in_child!("context_ids_are_unique_and_follow_the_current_context");
+    let primary = setup();
+    // SAFETY: see the file-level note.
+    unsafe {
+        let id = |c: cu::CUcontext| {
+            let mut v = 0;
+            ok(cu::cuCtxGetId(c, &mut v));
+            v
+        };
+        let p = id(primary);
+        assert_ne!(p, 0);
+        assert_eq!(id(null_mut()), p, "NULL is the current context");
+        let mut seen = vec![p];
+        for _ in 0..4 {
+            let mut c = null_mut();
+            ok(cu::cuCtxCreate_v2(&mut c, 0, 0));
+            let v = id(null_mut());
+            assert_eq!(v, id(c));
+            assert!(!seen.contains(&v), "a new context has a new id");
+            seen.push(v);
+            ok(cu::cuCtxPushCurrent_v2(primary));
+            assert_eq!(id(null_mut()), p);
+            let mut popped = null_mut();
+            ok(cu::cuCtxPopCurrent_v2(&mut popped));
+            assert_eq!(id(null_mut()), v);
+            ok(cu::cuCtxDestroy_v2(c));
+            ok(cu::cuCtxSetCurrent(primary));
+        }
+        assert_eq!(id(primary), p, "the primary context keeps its id");
+        assert_eq!(
+            cu::cuCtxGetId(primary, null_mut()),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        // Not a CIG (CUDA-in-graphics) context: CU_LIMIT_CIG_ENABLED answers 0, as cuBLASLt
+        // 12.8's handle creation asks.
+        let mut v = 1;
+        ok(cu::cuCtxGetLimit(&mut v, cu::CUlimit::CU_LIMIT_CIG_ENABLED));
+        assert_eq!(v, 0);
+    }
+}
+
+#[test]
 fn a_primary_context_keeps_its_handle_when_released() {
     in_child!("a_primary_context_keeps_its_handle_when_released");
     // SAFETY: see the file-level note.
