@@ -436,8 +436,8 @@ pub(crate) fn context_gone(h: usize) {
 // ---- TOOLS_TLS ---------------------------------------------------------------------------------
 
 /// Slot 2: the calling thread's current context, as `cuCtxGetCurrent` answers it. cuBLASLt 12.8
-/// (nvidia-cublas-cu12 12.8.4.1) calls it, and only it, on every heuristics query
-/// (`cublasLtSSSMatmulAlgoGetHeuristic`, so every `cublasSgemm`), and fails the query ("Failed to
+/// (nvidia-cublas-cu12 12.8.4.1) calls it, the only driver entry it calls there, in a heuristics
+/// query (`cublasLtSSSMatmulAlgoGetHeuristic`, under `cublasSgemm`), and fails the query ("Failed to
 /// query heuristics", CUBLAS_STATUS_NOT_SUPPORTED) when it does not answer CUDA_SUCCESS: seen on
 /// the simulator with a breakpoint on every driver entry point during that call (PyTorch 2.8,
 /// `a @ a`). The signature and meaning: a public probe of a real driver, found with this
@@ -449,7 +449,7 @@ extern "C" fn tools_tls_current_context(pctx: *mut CUcontext) -> CUresult {
 
 // ---- TOOLS_CONTEXT -----------------------------------------------------------------------------
 
-/// Slot 4: `cuCtxGetId(ctx, id)`. cuBLASLt 12.8 calls it right after TOOLS_TLS slot 2 on every
+/// Slot 4: `cuCtxGetId(ctx, id)`. cuBLASLt 12.8 calls it after TOOLS_TLS slot 2 in the same
 /// heuristics query and fails the query the same way when it is refused (seen on the
 /// simulator). The same public probe checks that it answers what `cuCtxGetId` does, a non-zero
 /// id that differs between contexts.
