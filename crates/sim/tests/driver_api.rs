@@ -1006,6 +1006,43 @@ fn context_ids_are_unique_and_follow_the_current_context() {
     }
 }
 
+/// CU_LIBRARY_BINARY_IS_PRESERVED takes no value: cuBLASLt 12.8 passes it with a NULL value
+/// array, and asks the library for kernels after. An option that does take one still needs the
+/// array.
+#[test]
+fn the_binary_is_preserved_library_option_needs_no_value() {
+    in_child!("the_binary_is_preserved_library_option_needs_no_value");
+    // SAFETY: see the file-level note.
+    unsafe {
+        ok(cu::cuInit(0));
+        let load = |key: cu::CUlibraryOption| {
+            let mut keys = [key];
+            let mut lib = null_mut();
+            let r = cu::cuLibraryLoadData(
+                &mut lib,
+                c"image".as_ptr() as *const c_void,
+                null_mut(),
+                null_mut(),
+                0,
+                keys.as_mut_ptr(),
+                null_mut(),
+                1,
+            );
+            (r, lib)
+        };
+        let (r, lib) = load(cu::CUlibraryOption::CU_LIBRARY_BINARY_IS_PRESERVED);
+        ok(r);
+        let mut k = null_mut();
+        ok(cu::cuLibraryGetKernel(&mut k, lib, c"busy".as_ptr()));
+        ok(cu::cuLibraryUnload(lib));
+        let (r, _) = load(cu::CUlibraryOption::CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE);
+        assert_eq!(
+            r, CUDA_ERROR_INVALID_VALUE,
+            "this option's value is its table"
+        );
+    }
+}
+
 #[test]
 fn a_primary_context_keeps_its_handle_when_released() {
     in_child!("a_primary_context_keeps_its_handle_when_released");
