@@ -964,6 +964,86 @@ fn an_opened_ipc_handle_charges_nothing() {
 }
 
 #[test]
+fn context_ids_are_unique_and_follow_the_current_context() {
+    in_child!("context_ids_are_unique_and_follow_the_current_context");
+    let primary = setup();
+    // SAFETY: see the file-level note.
+    unsafe {
+        let id = |c: cu::CUcontext| {
+            let mut v = 0;
+            ok(cu::cuCtxGetId(c, &mut v));
+            v
+        };
+        let p = id(primary);
+        assert_ne!(p, 0);
+        assert_eq!(id(null_mut()), p, "NULL is the current context");
+        let mut seen = vec![p];
+        for _ in 0..4 {
+            let mut c = null_mut();
+            ok(cu::cuCtxCreate_v2(&mut c, 0, 0));
+            let v = id(null_mut());
+            assert_eq!(v, id(c));
+            assert!(!seen.contains(&v), "a new context has a new id");
+            seen.push(v);
+            ok(cu::cuCtxPushCurrent_v2(primary));
+            assert_eq!(id(null_mut()), p);
+            let mut popped = null_mut();
+            ok(cu::cuCtxPopCurrent_v2(&mut popped));
+            assert_eq!(id(null_mut()), v);
+            ok(cu::cuCtxDestroy_v2(c));
+            ok(cu::cuCtxSetCurrent(primary));
+        }
+        assert_eq!(id(primary), p, "the primary context keeps its id");
+        assert_eq!(
+            cu::cuCtxGetId(primary, null_mut()),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        // Not a CIG (CUDA-in-graphics) context: CU_LIMIT_CIG_ENABLED answers 0, as cuBLASLt
+        // 12.8's handle creation asks.
+        let mut v = 1;
+        ok(cu::cuCtxGetLimit(&mut v, cu::CUlimit::CU_LIMIT_CIG_ENABLED));
+        assert_eq!(v, 0);
+    }
+}
+
+/// CU_LIBRARY_BINARY_IS_PRESERVED takes no value: cuBLASLt 12.8 passes it with a NULL value
+/// array, and asks the library for kernels after. An option that does take one still needs the
+/// array.
+#[test]
+fn the_binary_is_preserved_library_option_needs_no_value() {
+    in_child!("the_binary_is_preserved_library_option_needs_no_value");
+    // SAFETY: see the file-level note.
+    unsafe {
+        ok(cu::cuInit(0));
+        let load = |key: cu::CUlibraryOption| {
+            let mut keys = [key];
+            let mut lib = null_mut();
+            let r = cu::cuLibraryLoadData(
+                &mut lib,
+                c"image".as_ptr() as *const c_void,
+                null_mut(),
+                null_mut(),
+                0,
+                keys.as_mut_ptr(),
+                null_mut(),
+                1,
+            );
+            (r, lib)
+        };
+        let (r, lib) = load(cu::CUlibraryOption::CU_LIBRARY_BINARY_IS_PRESERVED);
+        ok(r);
+        let mut k = null_mut();
+        ok(cu::cuLibraryGetKernel(&mut k, lib, c"busy".as_ptr()));
+        ok(cu::cuLibraryUnload(lib));
+        let (r, _) = load(cu::CUlibraryOption::CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE);
+        assert_eq!(
+            r, CUDA_ERROR_INVALID_VALUE,
+            "this option's value is its table"
+        );
+    }
+}
+
+#[test]
 fn a_primary_context_keeps_its_handle_when_released() {
     in_child!("a_primary_context_keeps_its_handle_when_released");
     // SAFETY: see the file-level note.

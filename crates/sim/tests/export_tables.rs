@@ -37,6 +37,7 @@ const TOOLS_TLS: &str = "42d85a81-23f6-cb47-8298-f6e78a3aecdc";
 const CONTEXT_STORAGE: &str = "c693336e-1121-df11-a8c3-68f355d89593";
 const CONTEXT_CHECKS: &str = "263e8860-7cd2-6143-92f6-bbd5006dfa7e";
 const INTEGRITY: &str = "d4082055-bde6-704b-8d34-ba123c66e1f2";
+const TOOLS_CONTEXT: &str = "21318c60-9714-3248-8ca6-41ff7324c8f2";
 
 // SAFETY (for every `unsafe` block in this file): calls into the simulated driver, and into its
 // table slots, with arguments of the types the slots are documented to take (export_table.rs),
@@ -71,7 +72,7 @@ fn tables_libcudart_asks_for_are_answered_without_null_slots() {
         (TOOLS_TLS, 4),
         (CONTEXT_CHECKS, 4),
         (INTEGRITY, 3),
-        ("21318c60-9714-3248-8ca6-41ff7324c8f2", 95), // asked for by 13.x runtimes
+        (TOOLS_CONTEXT, 95), // asked for by 13.x runtimes
     ] {
         let t = table(uuid).unwrap();
         // SAFETY: see the file-level note (slot 0 is the size; reading `slots` slots stays in it).
@@ -105,6 +106,45 @@ fn tables_libcudart_asks_for_are_answered_without_null_slots() {
     let t = table(CUDART_INTERFACE).unwrap();
     let unmodeled: extern "C" fn() -> R = slot(t, 3);
     assert_eq!(unmodeled(), CUDA_ERROR_NOT_SUPPORTED);
+}
+
+type CurrentContext = extern "C" fn(*mut cu::CUcontext) -> R;
+type ContextId = extern "C" fn(cu::CUcontext, *mut u64) -> R;
+
+/// What cuBLASLt 12.8 calls on every heuristics query (every cuBLAS GEMM).
+#[test]
+fn tools_slots_answer_the_current_context_and_its_id() {
+    in_child!("tools_slots_answer_the_current_context_and_its_id");
+    let current: CurrentContext = slot(table(TOOLS_TLS).unwrap(), 2);
+    let ctx_id: ContextId = slot(table(TOOLS_CONTEXT).unwrap(), 4);
+    // SAFETY: see the file-level note.
+    unsafe {
+        ok(cu::cuInit(0));
+        let mut h = cu::CUcontext::from(null_mut());
+        ok(current(&mut h));
+        assert!(h.is_null(), "no context is current yet");
+        let mut primary = null_mut();
+        ok(cu::cuDevicePrimaryCtxRetain(&mut primary, 0));
+        let mut created = null_mut();
+        ok(cu::cuCtxCreate_v2(&mut created, 0, 0));
+        for c in [created, primary] {
+            ok(cu::cuCtxSetCurrent(c));
+            ok(current(&mut h));
+            assert_eq!(h, c);
+            let (mut a, mut b) = (0, 0);
+            ok(cu::cuCtxGetId(c, &mut a));
+            ok(ctx_id(c, &mut b));
+            assert_eq!(a, b);
+            ok(ctx_id(null_mut(), &mut b));
+            assert_eq!(a, b, "NULL is the current context");
+        }
+        let (mut a, mut b) = (0, 0);
+        ok(ctx_id(created, &mut a));
+        ok(ctx_id(primary, &mut b));
+        assert_ne!(a, b);
+        assert_eq!(current(null_mut()), CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(ctx_id(primary, null_mut()), CUDA_ERROR_INVALID_VALUE);
+    }
 }
 
 type GetPrimary = extern "C" fn(*mut cu::CUcontext, cu::CUdevice) -> R;

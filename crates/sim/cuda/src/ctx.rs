@@ -22,6 +22,9 @@ pub(crate) struct Context {
     pub work_tail: Arc<AtomicU64>,
     /// Device memory the context itself takes while alive (the model's `context_memory`).
     overhead: AtomicU64,
+    /// What `cuCtxGetId` answers: unique to this context object over the life of the process
+    /// (never 0, never reused, even where a handle is).
+    pub id: u64,
 }
 
 pub(crate) static CONTEXTS: OnceLock<Registry<Context>> = OnceLock::new();
@@ -112,6 +115,10 @@ fn register(dev: usize, flags: u32) -> usize {
         legacy: Arc::new(Stream::new(dev, 0, 0, work_tail.clone())),
         work_tail,
         overhead: AtomicU64::new(0),
+        id: {
+            static NEXT: AtomicU64 = AtomicU64::new(1);
+            NEXT.fetch_add(1, Relaxed)
+        },
     };
     let (h, c) = contexts().insert(ctx);
     c.legacy.set_ctx(h);
@@ -411,6 +418,13 @@ export! {
         write(pctx, h as CUcontext)
     }
 
+    /// CUDA 12.0. The driver API reference (cuCtxGetId, as cuda-python's `ctx_get_id` carries
+    /// it): an id unique for the life of the program; a NULL context means the current one.
+    fn cuCtxGetId(ctx: CUcontext, id: *mut u64) {
+        let (_, c) = given_or_current(ctx)?;
+        write(id, c.id)
+    }
+
     fn cuCtxGetDevice(dev: *mut CUdevice) {
         let (_, c) = current()?;
         write(dev, c.dev as CUdevice)
@@ -466,6 +480,9 @@ export! {
             4 => 2048,       // CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT
             5 => 32,         // CU_LIMIT_MAX_L2_FETCH_GRANULARITY
             6 => 0,          // CU_LIMIT_PERSISTING_L2_CACHE_SIZE
+            // CU_LIMIT_CIG_ENABLED: non-zero only on a CUDA-in-graphics context (cuda-python's
+            // `Limit` docs), which the simulator never makes. cuBLASLt 12.8 asks at handle creation.
+            8 => 0,
             _ => return Err(err::INVALID_VALUE),
         };
         write(value, v)

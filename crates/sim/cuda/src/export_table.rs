@@ -59,7 +59,8 @@ enum Table {
     CudartInterface = 0,
     /// `a094798c-2e74-2e74-93f2-0800200c0a66`, {ZL} TOOLS_RUNTIME_CALLBACK_HOOKS (7 slots).
     ToolsRuntimeCallbackHooks = 1,
-    /// `42d85a81-23f6-cb47-8298-f6e78a3aecdc`, {ZL} TOOLS_TLS (4 slots; libcudart calls none).
+    /// `42d85a81-23f6-cb47-8298-f6e78a3aecdc`, {ZL} TOOLS_TLS (4 slots; libcudart calls none,
+    /// cuBLASLt 12.8 calls slot 2: [`tools_tls_current_context`]).
     ToolsTls = 2,
     /// `c693336e-1121-df11-a8c3-68f355d89593`, {ZL} CONTEXT_LOCAL_STORAGE_INTERFACE_V0301
     /// (no size slot; put, delete, get, and a fourth slot).
@@ -173,6 +174,7 @@ fn tables() -> &'static Tables {
         t.hooks[2] = callback_hooks_buffer1 as *const () as usize;
         t.hooks[6] = callback_hooks_buffer2 as *const () as usize;
         t.tls[0] = size_of_val(&t.tls);
+        t.tls[2] = tools_tls_current_context as *const () as usize;
         t.cls[0] = cls_put as *const () as usize;
         t.cls[1] = cls_delete as *const () as usize;
         t.cls[2] = cls_get as *const () as usize;
@@ -182,6 +184,7 @@ fn tables() -> &'static Tables {
         t.integrity[0] = size_of_val(&t.integrity);
         t.integrity[1] = integrity_check as *const () as usize;
         t.tools_context[0] = size_of_val(&t.tools_context);
+        t.tools_context[4] = tools_context_id as *const () as usize;
         t
     })
 }
@@ -428,6 +431,30 @@ pub(crate) fn context_gone(h: usize) {
             );
         }
     }
+}
+
+// ---- TOOLS_TLS ---------------------------------------------------------------------------------
+
+/// Slot 2: the calling thread's current context, as `cuCtxGetCurrent` answers it. cuBLASLt 12.8
+/// (nvidia-cublas-cu12 12.8.4.1) calls it, the only driver entry it calls there, in a heuristics
+/// query (`cublasLtSSSMatmulAlgoGetHeuristic`, under `cublasSgemm`), and fails the query ("Failed to
+/// query heuristics", CUBLAS_STATUS_NOT_SUPPORTED) when it does not answer CUDA_SUCCESS: seen on
+/// the simulator with a breakpoint on every driver entry point during that call (PyTorch 2.8,
+/// `a @ a`). The signature and meaning: a public probe of a real driver, found with this
+/// project's code search (repository not named there), which checks on primary, created, pushed
+/// and popped contexts that slot 2 writes the same handle as `cuCtxGetCurrent` and answers 0.
+extern "C" fn tools_tls_current_context(pctx: *mut CUcontext) -> CUresult {
+    ctx::cuCtxGetCurrent(pctx)
+}
+
+// ---- TOOLS_CONTEXT -----------------------------------------------------------------------------
+
+/// Slot 4: `cuCtxGetId(ctx, id)`. cuBLASLt 12.8 calls it after TOOLS_TLS slot 2 in the same
+/// heuristics query and fails the query the same way when it is refused (seen on the
+/// simulator). The same public probe checks that it answers what `cuCtxGetId` does, a non-zero
+/// id that differs between contexts.
+extern "C" fn tools_context_id(c: CUcontext, id: *mut u64) -> CUresult {
+    ctx::cuCtxGetId(c, id)
 }
 
 // ---- CONTEXT_CHECKS -----------------------------------------------------------------------------

@@ -380,6 +380,7 @@ pub static PROC_TABLE: &[ProcEntry] = &[
     },
     ProcEntry { base: "cuCtxGetApiVersion", versions: &[(3020, "cuCtxGetApiVersion")], per_thread: &[] },
     ProcEntry { base: "cuCtxGetFlags", versions: &[(7000, "cuCtxGetFlags")], per_thread: &[] },
+    ProcEntry { base: "cuCtxGetId", versions: &[(12000, "cuCtxGetId")], per_thread: &[] },
     ProcEntry { base: "cuCtxSetLimit", versions: &[(3010, "cuCtxSetLimit")], per_thread: &[] },
     ProcEntry { base: "cuCtxGetLimit", versions: &[(3010, "cuCtxGetLimit")], per_thread: &[] },
     ProcEntry {
