@@ -23,8 +23,8 @@
 # logged as unsupported (its 'cuvisor-sim' lines); exit 0 iff no row is FAIL.
 #
 # libcuvisor.so, the cuvisor CLI and the simulated libcuda/libnvidia-ml: from
-# `cargo build -p cuvisor -p cuvisor-cli -p cuvisor-sim-cuda -p cuvisor-sim-nvml` into this repo's
-# target/debug,
+# `cargo build --release -p cuvisor -p cuvisor-cli -p cuvisor-sim-cuda -p cuvisor-sim-nvml` into
+# this repo's target/release,
 # or, without building, from the cargo profile directory $CUVISOR_TARGET_DIR (e.g.
 # /path/to/checkout/target/debug, holding cuvisor, deps/libcuvisor.so and sim/).
 #
@@ -106,10 +106,11 @@ python=${PYTHON:-python3}
 if [[ -n ${CUVISOR_TARGET_DIR:-} ]]; then
     bin=$(cd "$CUVISOR_TARGET_DIR" && pwd)
 else
-    echo "frameworks: cargo build -p cuvisor -p cuvisor-cli -p cuvisor-sim-cuda -p cuvisor-sim-nvml" >&2
-    (cd "$repo" && cargo build -q -p cuvisor -p cuvisor-cli -p cuvisor-sim-cuda -p cuvisor-sim-nvml) ||
+    # Release builds: a debug libcuvisor and simulator cost a framework several % by themselves.
+    echo "frameworks: cargo build --release -p cuvisor -p cuvisor-cli -p cuvisor-sim-cuda -p cuvisor-sim-nvml" >&2
+    (cd "$repo" && cargo build -q --release -p cuvisor -p cuvisor-cli -p cuvisor-sim-cuda -p cuvisor-sim-nvml) ||
         die "the build failed"
-    bin=$repo/target/debug
+    bin=$repo/target/release
 fi
 cuvisor=$bin/cuvisor
 lib=$bin/deps/libcuvisor.so
