@@ -14,11 +14,7 @@
 # The simulator runs no kernel code: launches are checked to run, never their results.
 # JAX is changed in one place: it looks for /dev/nvidia0 or /dev/nvidiactl before it tries its
 # CUDA plugin, and the simulator has no device files, so the probe answers that check (a NOTE row).
-# Known on the simulator (2026-12, torch 2.8.0, jax 0.7.1): no cuBLAS handle can be created
-# (torch CUBLAS_STATUS_INTERNAL_ERROR in cublasCreate, JAX "Failed to initialize BLAS support").
-# The globals cuBLAS needs (cublas::internal::deviceConstants, in LZ4-compressed cubins of its fat
-# binaries) are now found; what fails next is after cuCtxGetDevice and is not a driver call that
-# returns an error (not yet found).
+# On 2026-12-01 every row passed (or is a NOTE), cuBLAS matmuls included; see the README.
 # Prints one table (client, check, PASS/FAIL/NOTE, what was measured), then what the simulator
 # logged as unsupported (its 'cuvisor-sim' lines); exit 0 iff no row is FAIL.
 #
