@@ -607,16 +607,27 @@ fn observe(
         u.ids[i] = 0;
         return unknown;
     };
-    if u.ids[i] != e.container {
+    let first = u.ids[i] != e.container;
+    if first {
         u.ids[i] = e.container;
         u.consumed[i] = st.consumed_ns;
-        u.rate[i] = 0.0;
+        u.rate[i] = f64::NAN; // no use measured yet
         u.queued[i] = 0.0;
     }
     let inst = st.consumed_ns.saturating_sub(u.consumed[i]) as f64 / dt;
     u.consumed[i] = st.consumed_ns;
-    // A smoothed use (time constant ~ 5 periods); a claim of more than the GPU is capped.
-    u.rate[i] += 0.2 * (inst.min(1.5) - u.rate[i]);
+    // A smoothed use (time constant ~ 5 periods); a claim of more than the GPU is capped. The
+    // first measured period counts whole: tenants that start together must not see each other
+    // as idle for the first 50 ms, when every launch is measured and estimates are learned.
+    let inst = inst.min(1.5);
+    u.rate[i] = if first {
+        f64::NAN
+    } else if u.rate[i].is_nan() {
+        inst
+    } else {
+        u.rate[i] + 0.2 * (inst - u.rate[i])
+    };
+    let usage = if u.rate[i].is_nan() { 0.0 } else { u.rate[i] };
     let queued = st.queued_until > now;
     u.queued[i] += 0.2 * (f64::from(u8::from(queued)) - u.queued[i]);
     share::View {
@@ -627,7 +638,7 @@ fn observe(
         // its part because the others' work is ahead of its own, not because it has nothing to
         // run: it must not lend its part).
         wanting: now.saturating_sub(st.throttled_at) < THROTTLED_NS || u.queued[i] > QUEUED_WANTING,
-        usage: u.rate[i],
+        usage,
     }
 }
 
