@@ -250,6 +250,30 @@ impl Drop for Flock<'_> {
     }
 }
 
+/// Maps `file` (of `path`, exactly `size_of::<T>()` bytes long: the caller checked) as a `T`.
+fn map<T: Layout>(file: File, path: &Path) -> Result<Mapped<T>, String> {
+    // SAFETY: mapping `size_of::<T>()` bytes of a file exactly that long, shared between
+    // processes.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            std::mem::size_of::<T>(),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(err(T::WHAT, path, "mmap", std::io::Error::last_os_error()));
+    }
+    Ok(Mapped {
+        ptr: p.cast::<T>(),
+        file,
+        path: path.to_path_buf(),
+    })
+}
+
 /// Opens, creates if asked, checks and maps `path` as a `T`.
 ///
 /// `init` fills a new file's fields (magic still 0, the flock held, nobody else reading);
@@ -283,25 +307,10 @@ pub fn open<T: Layout>(
         use std::os::unix::fs::PermissionsExt;
         let _ = file.set_permissions(std::fs::Permissions::from_mode(how.mode));
     }
-    // SAFETY: mapping `size` bytes of a file exactly that long, shared between processes.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            size,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(err(what, path, "mmap", std::io::Error::last_os_error()));
-    }
-    let mapped = Mapped {
-        ptr: p.cast::<T>(),
-        file: file.try_clone().map_err(|e| err(what, path, "dup", e))?,
-        path: path.to_path_buf(),
-    };
+    let mapped = map::<T>(
+        file.try_clone().map_err(|e| err(what, path, "dup", e))?,
+        path,
+    )?;
     // From here on an error drops `mapped` (unmapping) after the message is made.
     match mapped.magic().load(Acquire) {
         0 => {
@@ -339,25 +348,7 @@ pub fn open_existing<T: Layout>(
             path.display()
         ));
     }
-    // SAFETY: mapping `size` bytes of a file exactly that long, shared between processes.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            size,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(err(what, path, "mmap", std::io::Error::last_os_error()));
-    }
-    let mapped = Mapped {
-        ptr: p.cast::<T>(),
-        file,
-        path: path.to_path_buf(),
-    };
+    let mapped = map::<T>(file, path)?;
     if mapped.magic().load(Acquire) != T::MAGIC {
         return Err(format!("{what} {}: not a cuvisor {what}", path.display()));
     }
