@@ -8,10 +8,11 @@
 //! without having run.
 mod common;
 
+use common::{at, u};
+
 use cuvisor_sim::model::Model;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The runtimes tested: the newest 12.x and 13.x wheels when this test was written.
 const CUDART12: (&str, &str) = ("nvidia-cuda-runtime-cu12", "12.9.79");
@@ -57,38 +58,14 @@ fn probe(venv: &Path, lib: &Path, tag: &str, env: &[(&str, &str)]) -> Value {
 /// As [`probe`], on the machine `model` (a preset or a model file's path).
 fn probe_on(venv: &Path, lib: &Path, tag: &str, model: &str, env: &[(&str, &str)]) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cudart/probe.py");
-    let state = common::state_file(tag);
-    let mut cmd = Command::new(venv.join("bin/python"));
-    cmd.arg(&script).arg(lib);
-    common::sim_env(&mut cmd, model, &state);
-    cmd.env_remove("LD_PRELOAD")
-        .env_remove("CUVISOR_CONFIG")
-        .env_remove("CUVISOR_MEMORY_LIMIT");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run python");
-    let _ = std::fs::remove_file(&state);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "probe.py failed: {}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
-        out.status
-    );
-    serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("probe.py printed no JSON ({e}):\n{stdout}\n{stderr}"))
-}
-
-fn at(v: &Value, key: &str) -> Vec<Value> {
-    v[key]
-        .as_array()
-        .unwrap_or_else(|| panic!("{key} missing in {v}"))
-        .clone()
-}
-
-fn u(v: &Value) -> u64 {
-    v.as_u64().unwrap_or_else(|| panic!("not an integer: {v}"))
+    common::python_probe(
+        venv,
+        &[script.as_os_str(), lib.as_os_str()],
+        model,
+        tag,
+        &[],
+        env,
+    )
 }
 
 /// cudaSuccess, and what every call listed answered first.
@@ -262,29 +239,9 @@ fn cudart13_refuses_a_12_8_driver() {
 /// probe.py under libcuvisor (LD_PRELOAD) with a 1 GiB quota, on `model`: memory info shows
 /// the quota and a 3 GiB malloc (within the 16 GiB GPU) is refused.
 fn sees_the_quota(test: &str, venv: &Path, lib: &Path, model: &str) {
-    let libcuvisor =
-        cuvisor_testkit::built(&cuvisor_testkit::profile_dir_of_test()).join("deps/libcuvisor.so");
-    let ledger = std::env::temp_dir().join(format!("cuvisor-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&ledger);
-    std::fs::create_dir_all(&ledger).unwrap();
-    let (preload, dir, coord) = (
-        libcuvisor.to_str().unwrap().to_string(),
-        ledger.to_str().unwrap().to_string(),
-        ledger.join("coord").to_str().unwrap().to_string(),
-    );
-    let v = probe_on(
-        venv,
-        lib,
-        test,
-        model,
-        &[
-            ("LD_PRELOAD", &preload),
-            ("CUVISOR_STATE_DIR", &dir),
-            ("CUVISOR_COORD_DIR", &coord),
-            ("CUVISOR_MEMORY_LIMIT", "1Gi"),
-        ],
-    );
-    let _ = std::fs::remove_dir_all(&ledger);
+    let quota = common::UnderQuota::new(test, "1Gi");
+    let v = probe_on(venv, lib, test, model, &quota.env());
+    drop(quota);
     const GIB: u64 = 1 << 30;
     all_succeeded(
         &v,

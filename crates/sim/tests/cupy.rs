@@ -8,10 +8,11 @@
 //! set.
 mod common;
 
+use common::u;
+
 use cuvisor_sim::model::Model;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The newest releases when this test was written. CuPy's own dependencies are pinned too
 /// (numpy < 2.6, cuda-pathfinder 1.x), so the install is the same every time.
@@ -34,37 +35,22 @@ fn venv(test: &str) -> Option<PathBuf> {
 /// Runs probe.py on the `single` preset with `env` added; its answers.
 fn probe(venv: &Path, tag: &str, env: &[(&str, &str)]) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cupy/probe.py");
-    let state = common::state_file(tag);
     // A kernel cache of its own, so that NVRTC compiles every kernel in this run.
     let cache = std::env::temp_dir().join(format!("cuvisor-{tag}-{}.cupy", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);
-    let mut cmd = Command::new(venv.join("bin/python"));
-    cmd.arg(&script);
-    common::sim_env(&mut cmd, "single", &state);
-    cmd.env_remove("LD_PRELOAD")
-        .env_remove("CUVISOR_CONFIG")
-        .env_remove("CUVISOR_MEMORY_LIMIT")
-        .env_remove("CUDA_PATH")
-        .env("CUPY_CACHE_DIR", &cache);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run python");
-    let _ = std::fs::remove_file(&state);
-    let _ = std::fs::remove_dir_all(&cache);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "probe.py failed: {}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
-        out.status
+    let cache_dir = cache.to_str().unwrap().to_string();
+    let mut all = vec![("CUPY_CACHE_DIR", cache_dir.as_str())];
+    all.extend_from_slice(env);
+    let v = common::python_probe(
+        venv,
+        &[script.as_os_str()],
+        "single",
+        tag,
+        &["CUDA_PATH"],
+        &all,
     );
-    serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("probe.py printed no JSON ({e}):\n{stdout}\n{stderr}"))
-}
-
-fn u(v: &Value) -> u64 {
-    v.as_u64().unwrap_or_else(|| panic!("not an integer: {v}"))
+    let _ = std::fs::remove_dir_all(&cache);
+    v
 }
 
 fn pair(v: &Value, key: &str) -> (u64, u64) {
@@ -145,27 +131,9 @@ fn cupy_under_libcuvisor_sees_the_quota() {
     let Some(venv) = venv(test) else {
         return;
     };
-    let libcuvisor =
-        cuvisor_testkit::built(&cuvisor_testkit::profile_dir_of_test()).join("deps/libcuvisor.so");
-    let ledger = std::env::temp_dir().join(format!("cuvisor-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&ledger);
-    std::fs::create_dir_all(&ledger).unwrap();
-    let (preload, dir, coord) = (
-        libcuvisor.to_str().unwrap().to_string(),
-        ledger.to_str().unwrap().to_string(),
-        ledger.join("coord").to_str().unwrap().to_string(),
-    );
-    let v = probe(
-        &venv,
-        test,
-        &[
-            ("LD_PRELOAD", &preload),
-            ("CUVISOR_STATE_DIR", &dir),
-            ("CUVISOR_COORD_DIR", &coord),
-            ("CUVISOR_MEMORY_LIMIT", "1Gi"),
-        ],
-    );
-    let _ = std::fs::remove_dir_all(&ledger);
+    let quota = common::UnderQuota::new(test, "1Gi");
+    let v = probe(&venv, test, &quota.env());
+    drop(quota);
     assert!(Model::load("single").unwrap().devices[0].memory > 3 * GIB);
     runs_with_total(&v, GIB);
 }

@@ -11,10 +11,11 @@
 //! fails when `CI` is set: it never passes without having run.
 mod common;
 
+use common::{at, u};
+
 use cuvisor_sim::model::{Model, GIB, MIB};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The newest wheels on PyPI when this test was written. cuda-bindings declares one dependency,
 /// cuda-pathfinder (which finds libcuda), pinned here too so that `--no-deps` installs exactly
@@ -41,66 +42,22 @@ fn venv(test: &str, bindings: (&str, &str)) -> Option<PathBuf> {
 /// Runs probe.py on the `single` preset with `env` added; its answers.
 fn probe(venv: &Path, tag: &str, beyond: u64, env: &[(&str, &str)]) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python_nvml/probe.py");
-    let state = common::state_file(tag);
-    let mut cmd = Command::new(venv.join("bin/python"));
-    cmd.arg(&script).arg(beyond.to_string());
-    common::sim_env(&mut cmd, "single", &state);
-    cmd.env_remove("LD_PRELOAD")
-        .env_remove("CUVISOR_CONFIG")
-        .env_remove("CUVISOR_MEMORY_LIMIT");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run python");
-    let _ = std::fs::remove_file(&state);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "probe.py failed: {}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
-        out.status
-    );
-    serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("probe.py printed no JSON ({e}):\n{stdout}\n{stderr}"))
+    let beyond = beyond.to_string();
+    common::python_probe(
+        venv,
+        &[script.as_os_str(), beyond.as_ref()],
+        "single",
+        tag,
+        &[],
+        env,
+    )
 }
 
 /// probe.py under libcuvisor with a [`QUOTA`] quota, as `cuvisor run --memory 1Gi` sets it up:
 /// the library preloaded, its ledger in a directory of the test's own.
 fn probe_with_quota(venv: &Path, test: &str) -> Value {
-    let libcuvisor =
-        cuvisor_testkit::built(&cuvisor_testkit::profile_dir_of_test()).join("deps/libcuvisor.so");
-    let ledger = std::env::temp_dir().join(format!("cuvisor-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&ledger);
-    std::fs::create_dir_all(&ledger).unwrap();
-    let (preload, dir, coord) = (
-        libcuvisor.to_str().unwrap().to_string(),
-        ledger.to_str().unwrap().to_string(),
-        ledger.join("coord").to_str().unwrap().to_string(),
-    );
-    let v = probe(
-        venv,
-        test,
-        BEYOND_QUOTA,
-        &[
-            ("LD_PRELOAD", &preload),
-            ("CUVISOR_STATE_DIR", &dir),
-            ("CUVISOR_COORD_DIR", &coord),
-            ("CUVISOR_MEMORY_LIMIT", "1Gi"),
-        ],
-    );
-    let _ = std::fs::remove_dir_all(&ledger);
-    v
-}
-
-fn at(v: &Value, key: &str) -> Vec<Value> {
-    v[key]
-        .as_array()
-        .unwrap_or_else(|| panic!("{key} missing in {v}"))
-        .clone()
-}
-
-fn u(v: &Value) -> u64 {
-    v.as_u64().unwrap_or_else(|| panic!("not an integer: {v}"))
+    let quota = common::UnderQuota::new(test, "1Gi");
+    probe(venv, test, BEYOND_QUOTA, &quota.env())
 }
 
 /// The code a call answered (CUresult or nvmlReturn_t), and its values.
