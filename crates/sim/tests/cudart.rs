@@ -7,8 +7,10 @@
 //! python3), a test prints a loud SKIPPED line, or fails when `CI` is set: it never passes
 //! without having run.
 mod common;
+#[path = "common/python.rs"]
+mod python;
 
-use common::{at, u};
+use python::{at, u};
 
 use cuvisor_sim::model::Model;
 use serde_json::Value;
@@ -58,7 +60,7 @@ fn probe(venv: &Path, lib: &Path, tag: &str, env: &[(&str, &str)]) -> Value {
 /// As [`probe`], on the machine `model` (a preset or a model file's path).
 fn probe_on(venv: &Path, lib: &Path, tag: &str, model: &str, env: &[(&str, &str)]) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cudart/probe.py");
-    common::python_probe(
+    python::python_probe(
         venv,
         &[script.as_os_str(), lib.as_os_str()],
         model,
@@ -239,7 +241,7 @@ fn cudart13_refuses_a_12_8_driver() {
 /// probe.py under libcuvisor (LD_PRELOAD) with a 1 GiB quota, on `model`: memory info shows
 /// the quota and a 3 GiB malloc (within the 16 GiB GPU) is refused.
 fn sees_the_quota(test: &str, venv: &Path, lib: &Path, model: &str) {
-    let quota = common::UnderQuota::new(test, "1Gi");
+    let quota = python::UnderQuota::new(test, "1Gi");
     let v = probe_on(venv, lib, test, model, &quota.env());
     drop(quota);
     const GIB: u64 = 1 << 30;

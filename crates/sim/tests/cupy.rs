@@ -7,8 +7,10 @@
 //! cannot be (no network, no python3), a test prints a loud SKIPPED line, or fails when `CI` is
 //! set.
 mod common;
+#[path = "common/python.rs"]
+mod python;
 
-use common::u;
+use python::u;
 
 use cuvisor_sim::model::Model;
 use serde_json::Value;
@@ -41,7 +43,7 @@ fn probe(venv: &Path, tag: &str, env: &[(&str, &str)]) -> Value {
     let cache_dir = cache.to_str().unwrap().to_string();
     let mut all = vec![("CUPY_CACHE_DIR", cache_dir.as_str())];
     all.extend_from_slice(env);
-    let v = common::python_probe(
+    let v = python::python_probe(
         venv,
         &[script.as_os_str()],
         "single",
@@ -131,7 +133,7 @@ fn cupy_under_libcuvisor_sees_the_quota() {
     let Some(venv) = venv(test) else {
         return;
     };
-    let quota = common::UnderQuota::new(test, "1Gi");
+    let quota = python::UnderQuota::new(test, "1Gi");
     let v = probe(&venv, test, &quota.env());
     drop(quota);
     assert!(Model::load("single").unwrap().devices[0].memory > 3 * GIB);

@@ -10,8 +10,10 @@
 //! python3 >= 3.11, which cuda-bindings 13.5 needs), a test prints a loud SKIPPED line, or
 //! fails when `CI` is set: it never passes without having run.
 mod common;
+#[path = "common/python.rs"]
+mod python;
 
-use common::{at, u};
+use python::{at, u};
 
 use cuvisor_sim::model::{Model, GIB, MIB};
 use serde_json::Value;
@@ -43,7 +45,7 @@ fn venv(test: &str, bindings: (&str, &str)) -> Option<PathBuf> {
 fn probe(venv: &Path, tag: &str, beyond: u64, env: &[(&str, &str)]) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python_nvml/probe.py");
     let beyond = beyond.to_string();
-    common::python_probe(
+    python::python_probe(
         venv,
         &[script.as_os_str(), beyond.as_ref()],
         "single",
@@ -56,7 +58,7 @@ fn probe(venv: &Path, tag: &str, beyond: u64, env: &[(&str, &str)]) -> Value {
 /// probe.py under libcuvisor with a [`QUOTA`] quota, as `cuvisor run --memory 1Gi` sets it up:
 /// the library preloaded, its ledger in a directory of the test's own.
 fn probe_with_quota(venv: &Path, test: &str) -> Value {
-    let quota = common::UnderQuota::new(test, "1Gi");
+    let quota = python::UnderQuota::new(test, "1Gi");
     probe(venv, test, BEYOND_QUOTA, &quota.env())
 }
 
