@@ -51,14 +51,14 @@ fn find_lib(venv: &Path, name: &str) -> PathBuf {
     panic!("{name} is not in {}", lib.display());
 }
 
-/// Runs probe.py against the runtime on the simulator's `single` preset, with `env` added; its
-/// answers.
-fn probe(venv: &Path, lib: &Path, tag: &str, env: &[(&str, &str)]) -> Value {
-    probe_on(venv, lib, tag, "single", env)
+/// Runs probe.py against the runtime on the simulator's `single` preset; its answers.
+fn probe(venv: &Path, lib: &Path, tag: &str) -> Value {
+    probe_on(venv, lib, tag, "single", &[])
 }
 
-/// As [`probe`], on the machine `model` (a preset or a model file's path).
-fn probe_on(venv: &Path, lib: &Path, tag: &str, model: &str, env: &[(&str, &str)]) -> Value {
+/// As [`probe`], on the machine `model` (a preset or a model file's path), under
+/// `cuvisor run RUN` unless `run` is empty.
+fn probe_on(venv: &Path, lib: &Path, tag: &str, model: &str, run: &[&str]) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cudart/probe.py");
     python::python_probe(
         venv,
@@ -66,7 +66,8 @@ fn probe_on(venv: &Path, lib: &Path, tag: &str, model: &str, env: &[(&str, &str)
         model,
         tag,
         &[],
-        env,
+        &[],
+        run,
     )
 }
 
@@ -195,6 +196,7 @@ fn runs_on(v: &Value, model: &Model, runtime_version: u64) {
         inner - 1.0 <= ms && ms <= outer + 1.0,
         "elapsed {ms} ms, records {inner}..{outer} ms apart"
     );
+    python::allocators_counted(v, dev.memory, &ALLOCATORS, false);
 }
 
 #[test]
@@ -204,7 +206,7 @@ fn cudart12_runs_on_the_simulator() {
         return;
     };
     let lib = find_lib(&venv, "libcudart.so.12");
-    let v = probe(&venv, &lib, test, &[]);
+    let v = probe(&venv, &lib, test);
     runs_on(&v, &Model::load("single").unwrap(), 12090);
 }
 
@@ -238,13 +240,12 @@ fn cudart13_refuses_a_12_8_driver() {
     assert_eq!(u(&at(&v, "cudaDriverGetVersion")[1]), 12080);
 }
 
-/// probe.py under libcuvisor (LD_PRELOAD) with a 1 GiB quota, on `model`: memory info shows
-/// the quota and a 3 GiB malloc (within the 16 GiB GPU) is refused.
+/// probe.py under `cuvisor run --memory 6Gi` on `model`: memory info and totalGlobalMem show
+/// the quota, every allocator is counted against it, and 13 GiB (within the 16 GiB GPU) is
+/// refused by each.
 fn sees_the_quota(test: &str, venv: &Path, lib: &Path, model: &str) {
-    let quota = python::UnderQuota::new(test, "1Gi");
-    let v = probe_on(venv, lib, test, model, &quota.env());
-    drop(quota);
-    const GIB: u64 = 1 << 30;
+    let v = probe_on(venv, lib, test, model, python::QUOTA);
+    let quota = python::QUOTA_BYTES;
     all_succeeded(
         &v,
         &[
@@ -257,23 +258,27 @@ fn sees_the_quota(test: &str, venv: &Path, lib: &Path, model: &str) {
     let m = at(&v, "cudaMemGetInfo");
     assert_eq!(
         (u(&m[1]), u(&m[2])),
-        (GIB, GIB),
+        (quota, quota),
         "the quota, not the 16 GiB GPU"
     );
     assert_eq!(
         u(&at(&v, "cudaGetDeviceProperties")[3]),
-        GIB,
+        quota,
         "totalGlobalMem is the quota too"
     );
     let m = at(&v, "cudaMemGetInfo_after_malloc");
-    assert_eq!((u(&m[1]), u(&m[2])), (GIB - (64 << 20), GIB));
-    // 3 GiB: within the GPU, beyond the quota.
+    assert_eq!((u(&m[1]), u(&m[2])), (quota - (64 << 20), quota));
+    // 13 GiB: within the GPU, beyond the quota.
     assert_eq!(u(&at(&v, "cudaMalloc_too_large")[0]), 2);
+    python::allocators_counted(&v, quota, &ALLOCATORS, true);
 }
 
+/// What probe.py's allocators beyond cudaMalloc answered.
+const ALLOCATORS: [&str; 3] = ["cudaMallocManaged", "cudaMallocPitch", "cudaMalloc3DArray"];
+
 #[test]
-fn cudart12_under_libcuvisor_sees_the_quota() {
-    let test = "cudart12_under_libcuvisor_sees_the_quota";
+fn cudart12_under_cuvisor_run_sees_and_keeps_to_the_quota() {
+    let test = "cudart12_under_cuvisor_run_sees_and_keeps_to_the_quota";
     let Some(venv) = cudart_venv(test, CUDART12) else {
         return;
     };
@@ -283,8 +288,8 @@ fn cudart12_under_libcuvisor_sees_the_quota() {
 
 /// On the default model (whose driver reports 13.0, which both runtimes accept).
 #[test]
-fn cudart13_under_libcuvisor_sees_the_quota() {
-    let test = "cudart13_under_libcuvisor_sees_the_quota";
+fn cudart13_under_cuvisor_run_sees_and_keeps_to_the_quota() {
+    let test = "cudart13_under_cuvisor_run_sees_and_keeps_to_the_quota";
     let Some(venv) = cudart_venv(test, CUDART13) else {
         return;
     };

@@ -34,22 +34,22 @@ fn venv(test: &str) -> Option<PathBuf> {
     venv(test, "cupy-cuda12x-14.2.0", WHEELS, Deps::None)
 }
 
-/// Runs probe.py on the `single` preset with `env` added; its answers.
-fn probe(venv: &Path, tag: &str, env: &[(&str, &str)]) -> Value {
+/// Runs probe.py on the `single` preset, under `cuvisor run RUN` unless `run` is empty; its
+/// answers.
+fn probe(venv: &Path, tag: &str, run: &[&str]) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cupy/probe.py");
     // A kernel cache of its own, so that NVRTC compiles every kernel in this run.
     let cache = std::env::temp_dir().join(format!("cuvisor-{tag}-{}.cupy", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);
     let cache_dir = cache.to_str().unwrap().to_string();
-    let mut all = vec![("CUPY_CACHE_DIR", cache_dir.as_str())];
-    all.extend_from_slice(env);
     let v = python::python_probe(
         venv,
         &[script.as_os_str()],
         "single",
         tag,
         &["CUDA_PATH"],
-        &all,
+        &[("CUPY_CACHE_DIR", &cache_dir)],
+        run,
     );
     let _ = std::fs::remove_dir_all(&cache);
     v
@@ -125,17 +125,15 @@ fn cupy_runs_on_the_simulator() {
     runs_with_total(&v, Model::load("single").unwrap().devices[0].memory);
 }
 
-/// Under libcuvisor (LD_PRELOAD) with a 1 GiB quota on the 16 GiB GPU: CuPy sees 1 GiB, and
-/// a 3 GiB allocation (within the GPU, beyond the quota) is its OutOfMemoryError.
+/// Under `cuvisor run --memory 6Gi` on the 16 GiB GPU: CuPy sees 6 GiB, and a 13 GiB
+/// allocation (within the GPU, beyond the quota) is its OutOfMemoryError.
 #[test]
-fn cupy_under_libcuvisor_sees_the_quota() {
-    let test = "cupy_under_libcuvisor_sees_the_quota";
+fn cupy_under_cuvisor_run_sees_the_quota() {
+    let test = "cupy_under_cuvisor_run_sees_the_quota";
     let Some(venv) = venv(test) else {
         return;
     };
-    let quota = python::UnderQuota::new(test, "1Gi");
-    let v = probe(&venv, test, &quota.env());
-    drop(quota);
-    assert!(Model::load("single").unwrap().devices[0].memory > 3 * GIB);
-    runs_with_total(&v, GIB);
+    let v = probe(&venv, test, python::QUOTA);
+    assert!(Model::load("single").unwrap().devices[0].memory > 2 * python::QUOTA_BYTES + GIB);
+    runs_with_total(&v, python::QUOTA_BYTES);
 }

@@ -1,8 +1,8 @@
 //! NVIDIA's own Python bindings, unmodified, on the simulator: `nvidia-ml-py` (pynvml) for NVML
 //! and `cuda-bindings` (13.x and 12.x) for the driver API, pinned, driven by
 //! `python_nvml/probe.py`: the driver allocates memory and runs a kernel, then NVML reports the
-//! memory, the process, its utilization and the board's sensors. Plain, and under libcuvisor
-//! (LD_PRELOAD) with a 1 GiB quota, where both sides must see the quota as the GPU's memory and
+//! memory, the process, its utilization and the board's sensors. Plain, and under
+//! `cuvisor run --memory 6Gi`, where both sides must see the quota as the GPU's memory and
 //! an allocation beyond it fails with CUDA_ERROR_OUT_OF_MEMORY while the program goes on.
 //!
 //! The wheels (about 30 MB each) are installed once into virtual environments under
@@ -27,9 +27,9 @@ const CUDA_BINDINGS13: (&str, &str) = ("cuda-bindings", "13.5.0");
 const CUDA_BINDINGS12: (&str, &str) = ("cuda-bindings", "12.9.10");
 const PATHFINDER: (&str, &str) = ("cuda-pathfinder", "1.9.1");
 
-/// The quota the libcuvisor runs get, and an allocation within the 16 GiB GPU beyond it.
-const QUOTA: u64 = GIB;
-const BEYOND_QUOTA: u64 = 3 * GIB;
+/// The quota the `cuvisor run` runs get, and an allocation within the 16 GiB GPU beyond it.
+const QUOTA: u64 = python::QUOTA_BYTES;
+const BEYOND_QUOTA: u64 = QUOTA + 2 * GIB;
 /// What probe.py holds while NVML looks.
 const HELD: u64 = 64 * MIB;
 
@@ -41,8 +41,9 @@ fn venv(test: &str, bindings: (&str, &str)) -> Option<PathBuf> {
     venv(test, &name.join("+"), &packages, Deps::None)
 }
 
-/// Runs probe.py on the `single` preset with `env` added; its answers.
-fn probe(venv: &Path, tag: &str, beyond: u64, env: &[(&str, &str)]) -> Value {
+/// Runs probe.py on the `single` preset, under `cuvisor run RUN` unless `run` is empty; its
+/// answers.
+fn probe(venv: &Path, tag: &str, beyond: u64, run: &[&str]) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python_nvml/probe.py");
     let beyond = beyond.to_string();
     python::python_probe(
@@ -51,15 +52,14 @@ fn probe(venv: &Path, tag: &str, beyond: u64, env: &[(&str, &str)]) -> Value {
         "single",
         tag,
         &[],
-        env,
+        &[],
+        run,
     )
 }
 
-/// probe.py under libcuvisor with a [`QUOTA`] quota, as `cuvisor run --memory 1Gi` sets it up:
-/// the library preloaded, its ledger in a directory of the test's own.
+/// probe.py under `cuvisor run --memory 6Gi` (a [`QUOTA`] quota).
 fn probe_with_quota(venv: &Path, test: &str) -> Value {
-    let quota = python::UnderQuota::new(test, "1Gi");
-    probe(venv, test, BEYOND_QUOTA, &quota.env())
+    probe(venv, test, BEYOND_QUOTA, python::QUOTA)
 }
 
 /// The code a call answered (CUresult or nvmlReturn_t), and its values.
@@ -202,8 +202,8 @@ fn pynvml_and_cuda_bindings_on_the_simulator() {
 }
 
 #[test]
-fn pynvml_and_cuda_bindings_under_libcuvisor_see_the_quota() {
-    let test = "pynvml_and_cuda_bindings_under_libcuvisor_see_the_quota";
+fn pynvml_and_cuda_bindings_under_cuvisor_run_see_the_quota() {
+    let test = "pynvml_and_cuda_bindings_under_cuvisor_run_see_the_quota";
     let Some(venv) = venv(test, CUDA_BINDINGS13) else {
         return;
     };
@@ -213,8 +213,8 @@ fn pynvml_and_cuda_bindings_under_libcuvisor_see_the_quota() {
 /// cuda-bindings 12.x resolves the driver's entry points at CUDA 12 versions; the simulator's
 /// 13.0 driver and libcuvisor answer them as they do 13.x's.
 #[test]
-fn cuda_bindings12_plain_and_under_libcuvisor() {
-    let test = "cuda_bindings12_plain_and_under_libcuvisor";
+fn cuda_bindings12_plain_and_under_cuvisor_run() {
+    let test = "cuda_bindings12_plain_and_under_cuvisor_run";
     let Some(venv) = venv(test, CUDA_BINDINGS12) else {
         return;
     };

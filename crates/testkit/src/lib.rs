@@ -19,10 +19,10 @@ pub fn profile_dir_of_test() -> PathBuf {
         .to_path_buf()
 }
 
-/// Builds libcuvisor.so and the simulated libraries into `profile_dir` (a no-op when they are
-/// current; Cargo's build lock is free while tests run) and returns `profile_dir`. Once per
-/// process. Afterwards `deps/libcuvisor.so` and `sim/libcuda.so.1`, `sim/libnvidia-ml.so.1`
-/// exist there.
+/// Builds libcuvisor.so, the cuvisor CLI and the simulated libraries into `profile_dir` (a
+/// no-op when they are current; Cargo's build lock is free while tests run) and returns
+/// `profile_dir`. Once per process. Afterwards `deps/libcuvisor.so`, `cuvisor` and
+/// `sim/libcuda.so.1`, `sim/libnvidia-ml.so.1` exist there.
 pub fn built(profile_dir: &Path) -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -38,6 +38,8 @@ pub fn built(profile_dir: &Path) -> &'static Path {
                 "-p",
                 "cuvisor",
                 "-p",
+                "cuvisor-cli",
+                "-p",
                 "cuvisor-sim-cuda",
                 "-p",
                 "cuvisor-sim-nvml",
@@ -48,13 +50,14 @@ pub fn built(profile_dir: &Path) -> &'static Path {
                 profile_dir.parent().expect("target/<profile>"),
             )
             .status()
-            .expect("run cargo build for libcuvisor.so and the simulator");
+            .expect("run cargo build for libcuvisor.so, cuvisor and the simulator");
         assert!(
             status.success(),
-            "building libcuvisor.so and the simulated libraries failed"
+            "building libcuvisor.so, cuvisor and the simulated libraries failed"
         );
         for lib in [
             "deps/libcuvisor.so",
+            "cuvisor",
             "sim/libcuda.so.1",
             "sim/libnvidia-ml.so.1",
         ] {

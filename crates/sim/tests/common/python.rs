@@ -4,12 +4,62 @@
 #![allow(dead_code)]
 
 use crate::common::{sim_env, state_file};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
+/// `cuvisor run`'s options for the quota tests: the quota the issue names, on the 16 GiB
+/// `single` GPU.
+pub const QUOTA: &[&str] = &["--memory", "6Gi"];
+pub const QUOTA_BYTES: u64 = 6 << 30;
+
+/// `program`, on the simulator `model` with its state in `state`: plain (`LD_LIBRARY_PATH` on
+/// the simulated driver) when `run` is empty, else as `cuvisor run RUN --sim MODEL --state STATE
+/// -- PROGRAM` starts it (libcuvisor preloaded, a fresh ledger, the coordinator beside the state
+/// file). cuvisor's own settings are cleared from the environment either way.
+pub fn on_sim(program: &Path, run: &[&str], model: &str, state: &Path) -> Command {
+    let mut cmd = if run.is_empty() {
+        Command::new(program)
+    } else {
+        let exe = cuvisor_testkit::built(&cuvisor_testkit::profile_dir_of_test()).join("cuvisor");
+        let mut c = Command::new(exe);
+        c.arg("run")
+            .args(run)
+            .args(["--sim", model, "--state"])
+            .arg(state)
+            .arg("--")
+            .arg(program);
+        c
+    };
+    for k in [
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "CUVISOR_CONFIG",
+        "CUVISOR_MEMORY_LIMIT",
+        "CUVISOR_COMPUTE",
+        "CUVISOR_STATE_DIR",
+        "CUVISOR_COORD_DIR",
+        "CUVISOR_SIM",
+        "CUVISOR_SIM_STATE",
+    ] {
+        cmd.env_remove(k);
+    }
+    if run.is_empty() {
+        sim_env(&mut cmd, model, state);
+    }
+    cmd
+}
+
+/// Removes a simulator state file and the coordinator directory `cuvisor run` made beside it.
+pub fn remove_state(state: &Path) {
+    let _ = std::fs::remove_file(state);
+    let mut coord = state.as_os_str().to_owned();
+    coord.push(".coord");
+    let _ = std::fs::remove_dir_all(coord);
+}
+
 /// Runs `venv`'s python on `args` (a probe script and its arguments) on the simulator `model`,
-/// with cuvisor's own settings cleared and `unset` removed, then `env` added; the JSON it
-/// prints (the process must succeed).
+/// under `cuvisor run RUN` unless `run` is empty (see [`on_sim`]), with `unset` removed from the
+/// environment and `env` added; the JSON it prints (the process must succeed).
 pub fn python_probe(
     venv: &Path,
     args: &[&std::ffi::OsStr],
@@ -17,65 +67,76 @@ pub fn python_probe(
     tag: &str,
     unset: &[&str],
     env: &[(&str, &str)],
+    run: &[&str],
 ) -> serde_json::Value {
     let state = state_file(tag);
-    let mut cmd = Command::new(venv.join("bin/python"));
+    let mut cmd = on_sim(&venv.join("bin/python"), run, model, &state);
     cmd.args(args);
-    sim_env(&mut cmd, model, &state);
-    for k in ["LD_PRELOAD", "CUVISOR_CONFIG", "CUVISOR_MEMORY_LIMIT"]
-        .iter()
-        .chain(unset)
-    {
+    for k in unset {
         cmd.env_remove(k);
     }
     for (k, v) in env {
         cmd.env(k, v);
     }
     let out = cmd.output().expect("run python");
-    let _ = std::fs::remove_file(&state);
+    remove_state(&state);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "{args:?} failed: {}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        "{cmd:?} failed: {}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
         out.status
     );
     serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("{args:?} printed no JSON ({e}):\n{stdout}\n{stderr}"))
+        .unwrap_or_else(|e| panic!("{cmd:?} printed no JSON ({e}):\n{stdout}\n{stderr}"))
 }
 
-/// A ledger directory of a test's own and the environment that runs a process under
-/// libcuvisor with memory limit `limit`, as `cuvisor run --memory` sets it up (the library
-/// preloaded, its ledger and coordinator in that directory). The directory goes on drop.
-pub struct UnderQuota {
-    pub ledger: PathBuf,
-    vars: Vec<(&'static str, String)>,
-}
-
-impl UnderQuota {
-    pub fn new(test: &str, limit: &str) -> UnderQuota {
-        let libcuvisor = cuvisor_testkit::built(&cuvisor_testkit::profile_dir_of_test())
-            .join("deps/libcuvisor.so");
-        let ledger = std::env::temp_dir().join(format!("cuvisor-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&ledger);
-        std::fs::create_dir_all(&ledger).unwrap();
-        let s = |p: &Path| p.to_str().unwrap().to_string();
-        let vars = vec![
-            ("LD_PRELOAD", s(&libcuvisor)),
-            ("CUVISOR_STATE_DIR", s(&ledger)),
-            ("CUVISOR_COORD_DIR", s(&ledger.join("coord"))),
-            ("CUVISOR_MEMORY_LIMIT", limit.to_string()),
-        ];
-        UnderQuota { ledger, vars }
-    }
-    pub fn env(&self) -> Vec<(&str, &str)> {
-        self.vars.iter().map(|(k, v)| (*k, v.as_str())).collect()
-    }
-}
-
-impl Drop for UnderQuota {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.ledger);
+/// What a runtime probe (cudart/probe.py, cudart/runtime.cu) saw of its allocators `names`, on
+/// a GPU whose memory info says `total`: each allocator in `names` took its 64 MiB out of `total` and gave it back; more than is free
+/// was cudaErrorMemoryAllocation (2), reported once by cudaGetLastError, and the allocator
+/// worked again after it. `refuses_managed`: whether managed memory beyond the free memory is
+/// refused: under libcuvisor it is (it counts against the quota); the real driver lets managed
+/// memory oversubscribe the GPU on Linux (pages migrate on demand), so the plain run leaves it
+/// unchecked.
+pub fn allocators_counted(
+    v: &serde_json::Value,
+    total: u64,
+    names: &[&str],
+    refuses_managed: bool,
+) {
+    const MIB: u64 = 1 << 20;
+    for name in names {
+        let key = |k: &str| format!("{name}{k}");
+        let free = |k: &str| {
+            let m = at(v, &key(k));
+            assert_eq!(
+                (u(&m[0]), u(&m[2])),
+                (0, total),
+                "{} answered {m:?}",
+                key(k)
+            );
+            u(&m[1])
+        };
+        assert_eq!(u(&at(v, name)[0]), 0, "{name}: {:?}", at(v, name));
+        let taken = total - free("_taken");
+        assert!(
+            (64 * MIB..=66 * MIB).contains(&taken),
+            "{name} of 64 MiB took {taken} bytes of the free memory"
+        );
+        assert_eq!(u(&at(v, &key("_freed"))[0]), 0);
+        assert_eq!(free("_after_free"), total, "{name}: given back");
+        if *name == "cudaMallocManaged" && !refuses_managed {
+            continue;
+        }
+        assert_eq!(
+            u(&at(v, &key("_too_large"))[0]),
+            2,
+            "{name} beyond the free memory"
+        );
+        assert_eq!(u(&at(v, &key("_last_error"))[0]), 2, "{name}'s error, once");
+        for (i, r) in at(v, &key("_after_refusal")).iter().enumerate() {
+            assert_eq!(u(r), 0, "{name} after a refusal, call {i}");
+        }
     }
 }
 

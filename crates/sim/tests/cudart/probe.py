@@ -47,6 +47,48 @@ q = c_void_p()
 out["cudaMalloc_too_large"] = [rt.cudaMalloc(byref(q), c_size_t(2 * total + (1 << 30)))]
 out["cudaGetLastError"] = [rt.cudaGetLastError()]
 
+
+
+class ChannelDesc(ctypes.Structure):
+    _fields_ = [("x", c_int), ("y", c_int), ("z", c_int), ("w", c_int), ("f", c_int)]
+
+
+class Extent(ctypes.Structure):
+    _fields_ = [("width", c_size_t), ("height", c_size_t), ("depth", c_size_t)]
+
+
+# Managed, pitched and 3D-array memory: 64 MiB each, counted while held; more than is free
+# refused with cudaErrorMemoryAllocation, and the same allocator works again afterwards.
+big = 2 * total + (1 << 30)
+d, pitch, arr = c_void_p(), c_size_t(), c_void_p()
+float4 = ChannelDesc(32, 32, 32, 32, 2)  # cudaChannelFormatKindFloat
+allocators = {
+    "cudaMallocManaged": (
+        lambda n: rt.cudaMallocManaged(byref(d), c_size_t(n), 1),  # cudaMemAttachGlobal
+        lambda: rt.cudaFree(d),
+    ),
+    # 4 KiB rows (a pitch of at least that): n / 4096 of them.
+    "cudaMallocPitch": (
+        lambda n: rt.cudaMallocPitch(byref(d), byref(pitch), c_size_t(4096), c_size_t(n >> 12)),
+        lambda: rt.cudaFree(d),
+    ),
+    # float4 (16 bytes) elements, 1024 x 1024 x n / 16 MiB.
+    "cudaMalloc3DArray": (
+        lambda n: rt.cudaMalloc3DArray(
+            byref(arr), byref(float4), Extent(1024, 1024, max(1, n >> 24)), 0
+        ),
+        lambda: rt.cudaFreeArray(arr),
+    ),
+}
+for name, (take, release) in allocators.items():
+    out[name] = [take(64 << 20)]
+    mem_info(name + "_taken")
+    out[name + "_freed"] = [release()]
+    mem_info(name + "_after_free")
+    out[name + "_too_large"] = [take(big)]
+    out[name + "_last_error"] = [rt.cudaGetLastError()]
+    out[name + "_after_refusal"] = [take(1 << 20), release()]
+
 s = c_void_p()
 out["cudaStreamCreate"] = [rt.cudaStreamCreate(byref(s))]
 a = c_void_p()
