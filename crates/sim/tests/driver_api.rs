@@ -1587,6 +1587,78 @@ fn entry_points_pytorch_resolves_are_found_and_not_supported() {
     assert!(p.is_null(), "cuMulticastCreate is CUDA 12.1");
 }
 
+/// Every entry point the simulated libcuda exports is also reachable the way libcudart and the
+/// frameworks find them, by cuGetProcAddress: its base name (the symbol less `_vN`, `_ptds`,
+/// `_ptsz`) resolves at CUDA 13.0, and each exported symbol is what some version of its base
+/// name answers (flags 0 and per-thread). The real driver resolves everything it exports (see
+/// proc_table.rs, {ZT}); a name left out of the table answered CUDA_ERROR_NOT_FOUND here, so a
+/// runtime's cudaDeviceCanAccessPeer or cudaFuncSetCacheConfig failed on the simulator.
+/// The exported names come from the library's dynamic symbol table (`nm -D`, binutils).
+#[test]
+fn every_exported_entry_point_is_resolvable() {
+    in_child!("every_exported_entry_point_is_resolvable");
+    setup();
+    type Gpa = extern "C" fn(*const i8, *mut *mut c_void, i32, u64, *mut i32) -> R;
+    let gpa: Gpa = raw("cuGetProcAddress_v2");
+    let lib = common::sim_dir().join("libcuda.so.1");
+    let nm = std::process::Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&lib)
+        .output()
+        .expect("run nm (binutils)");
+    assert!(nm.status.success(), "nm -D {}", lib.display());
+    let exported: Vec<String> = String::from_utf8_lossy(&nm.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .filter(|s| s.starts_with("cu"))
+        .map(String::from)
+        .collect();
+    assert!(exported.len() > 250, "{} exports", exported.len());
+    let base_of = |s: &str| -> String {
+        let s = s.trim_end_matches("_ptds").trim_end_matches("_ptsz");
+        match s.rfind("_v") {
+            Some(i) if s[i + 2..].chars().all(|c| c.is_ascii_digit()) && i + 2 < s.len() => {
+                s[..i].to_string()
+            }
+            _ => s.to_string(),
+        }
+    };
+    // Versions at which an ABI changed, from the table's sources; the answers at these reach every
+    // versioned symbol.
+    let versions = [
+        2000, 3000, 3020, 4000, 6050, 7000, 8000, 9020, 10000, 11000, 11020, 11030, 11040, 11070,
+        12000, 12020, 12050, 12080, 13000,
+    ];
+    let mut unresolved = Vec::new();
+    let mut unreachable = Vec::new();
+    for sym in &exported {
+        let base = CString::new(base_of(sym)).unwrap();
+        let want: *mut c_void = raw(sym);
+        let (mut p, mut status) = (null_mut(), -1);
+        if gpa(base.as_ptr(), &mut p, 13000, 0, &mut status) != CUDA_SUCCESS {
+            unresolved.push(sym.clone());
+            continue;
+        }
+        let reached = versions.iter().any(|&v| {
+            [0, 2].iter().any(|&flags| {
+                let (mut p, mut status) = (null_mut(), -1);
+                gpa(base.as_ptr(), &mut p, v, flags, &mut status) == CUDA_SUCCESS && p == want
+            })
+        });
+        if !reached {
+            unreachable.push(sym.clone());
+        }
+    }
+    assert!(
+        unresolved.is_empty(),
+        "exported, but cuGetProcAddress does not know their base name: {unresolved:?}"
+    );
+    assert!(
+        unreachable.is_empty(),
+        "exported, but no version of their base name answers them: {unreachable:?}"
+    );
+}
+
 /// cuMemSetAccess over mappings of several handles side by side, as PyTorch's expandable
 /// segments do (93 handles of 20 MiB, then one cuMemSetAccess over all 1.95 GB): accepted; a
 /// range with an unmapped gap, or past the last mapping, is not.

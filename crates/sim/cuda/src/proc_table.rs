@@ -823,6 +823,176 @@ pub static PROC_TABLE: &[ProcEntry] = &[
         per_thread: &[],
     },
     ProcEntry { base: "cuIpcCloseMemHandle", versions: &[(4010, "cuIpcCloseMemHandle")], per_thread: &[] },
+    // ---- the rest of what the simulated driver exports: peer access, caches, linking, texture
+    // and surface objects, external memory and semaphores, array copies, 2D memsets, advice,
+    // green contexts, coredumps, profiler. Versions and symbols as {ZT} recorded the real driver
+    // answering; an entry whose symbol the simulator does not export resolves to its
+    // NOT_SUPPORTED stub (see procaddr.rs). `every_exported_entry_point_is_resolvable` checks
+    // that none is left out. ----
+    ProcEntry { base: "cuCoredumpGetAttribute", versions: &[(12010, "cuCoredumpGetAttribute")], per_thread: &[] },
+    ProcEntry { base: "cuCoredumpSetAttribute", versions: &[(12010, "cuCoredumpSetAttribute")], per_thread: &[] },
+    ProcEntry { base: "cuCtxDisablePeerAccess", versions: &[(4000, "cuCtxDisablePeerAccess")], per_thread: &[] },
+    ProcEntry { base: "cuCtxEnablePeerAccess", versions: &[(4000, "cuCtxEnablePeerAccess")], per_thread: &[] },
+    ProcEntry { base: "cuCtxGetExecAffinity", versions: &[(11040, "cuCtxGetExecAffinity")], per_thread: &[] },
+    ProcEntry { base: "cuCtxSetFlags", versions: &[(12010, "cuCtxSetFlags")], per_thread: &[] },
+    ProcEntry { base: "cuDestroyExternalMemory", versions: &[(10000, "cuDestroyExternalMemory")], per_thread: &[] },
+    ProcEntry {
+        base: "cuDestroyExternalSemaphore",
+        versions: &[(10000, "cuDestroyExternalSemaphore")],
+        per_thread: &[],
+    },
+    ProcEntry { base: "cuDeviceCanAccessPeer", versions: &[(4000, "cuDeviceCanAccessPeer")], per_thread: &[] },
+    ProcEntry { base: "cuDeviceGetDevResource", versions: &[(12040, "cuDeviceGetDevResource")], per_thread: &[] },
+    ProcEntry {
+        base: "cuDeviceGetNvSciSyncAttributes",
+        versions: &[(10020, "cuDeviceGetNvSciSyncAttributes")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuExternalMemoryGetMappedBuffer",
+        versions: &[(10000, "cuExternalMemoryGetMappedBuffer")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuFlushGPUDirectRDMAWrites",
+        versions: &[(11030, "cuFlushGPUDirectRDMAWrites")],
+        per_thread: &[],
+    },
+    ProcEntry { base: "cuFuncGetModule", versions: &[(11000, "cuFuncGetModule")], per_thread: &[] },
+    ProcEntry { base: "cuFuncSetCacheConfig", versions: &[(3000, "cuFuncSetCacheConfig")], per_thread: &[] },
+    ProcEntry {
+        base: "cuGraphExecKernelNodeSetParams",
+        versions: &[(10010, "cuGraphExecKernelNodeSetParams"), (12000, "cuGraphExecKernelNodeSetParams_v2")],
+        per_thread: &[],
+    },
+    ProcEntry { base: "cuGraphGetNodes", versions: &[(10000, "cuGraphGetNodes")], per_thread: &[] },
+    ProcEntry {
+        base: "cuGraphKernelNodeGetParams",
+        versions: &[(10000, "cuGraphKernelNodeGetParams"), (12000, "cuGraphKernelNodeGetParams_v2")],
+        per_thread: &[],
+    },
+    ProcEntry { base: "cuGraphNodeGetType", versions: &[(10000, "cuGraphNodeGetType")], per_thread: &[] },
+    ProcEntry {
+        base: "cuGraphicsMapResources",
+        versions: &[(3000, "cuGraphicsMapResources")],
+        per_thread: &[(7000, "cuGraphicsMapResources_ptsz")],
+    },
+    ProcEntry {
+        base: "cuGraphicsUnmapResources",
+        versions: &[(3000, "cuGraphicsUnmapResources")],
+        per_thread: &[(7000, "cuGraphicsUnmapResources_ptsz")],
+    },
+    ProcEntry {
+        base: "cuGraphicsUnregisterResource",
+        versions: &[(3000, "cuGraphicsUnregisterResource")],
+        per_thread: &[],
+    },
+    ProcEntry { base: "cuGreenCtxCreate", versions: &[(12040, "cuGreenCtxCreate")], per_thread: &[] },
+    ProcEntry { base: "cuImportExternalMemory", versions: &[(10000, "cuImportExternalMemory")], per_thread: &[] },
+    ProcEntry { base: "cuImportExternalSemaphore", versions: &[(10000, "cuImportExternalSemaphore")], per_thread: &[] },
+    ProcEntry { base: "cuKernelGetAttribute", versions: &[(12000, "cuKernelGetAttribute")], per_thread: &[] },
+    ProcEntry { base: "cuKernelSetAttribute", versions: &[(12000, "cuKernelSetAttribute")], per_thread: &[] },
+    ProcEntry {
+        base: "cuLinkAddData",
+        versions: &[(5050, "cuLinkAddData"), (6050, "cuLinkAddData_v2")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuLinkAddFile",
+        versions: &[(5050, "cuLinkAddFile"), (6050, "cuLinkAddFile_v2")],
+        per_thread: &[],
+    },
+    ProcEntry { base: "cuLinkComplete", versions: &[(5050, "cuLinkComplete")], per_thread: &[] },
+    ProcEntry { base: "cuLinkCreate", versions: &[(5050, "cuLinkCreate"), (6050, "cuLinkCreate_v2")], per_thread: &[] },
+    ProcEntry { base: "cuLinkDestroy", versions: &[(5050, "cuLinkDestroy")], per_thread: &[] },
+    ProcEntry { base: "cuMemAdvise", versions: &[(8000, "cuMemAdvise"), (12020, "cuMemAdvise_v2")], per_thread: &[] },
+    ProcEntry { base: "cuMemRangeGetAttribute", versions: &[(8000, "cuMemRangeGetAttribute")], per_thread: &[] },
+    ProcEntry {
+        base: "cuMemcpy2DUnaligned",
+        versions: &[(2000, "cuMemcpy2DUnaligned"), (3020, "cuMemcpy2DUnaligned_v2")],
+        per_thread: &[(7000, "cuMemcpy2DUnaligned_v2_ptds")],
+    },
+    ProcEntry {
+        base: "cuMemcpy3DPeer",
+        versions: &[(4000, "cuMemcpy3DPeer")],
+        per_thread: &[(7000, "cuMemcpy3DPeer_ptds")],
+    },
+    ProcEntry {
+        base: "cuMemcpy3DPeerAsync",
+        versions: &[(4000, "cuMemcpy3DPeerAsync")],
+        per_thread: &[(7000, "cuMemcpy3DPeerAsync_ptsz")],
+    },
+    ProcEntry {
+        base: "cuMemcpyAtoA",
+        versions: &[(2000, "cuMemcpyAtoA"), (3020, "cuMemcpyAtoA_v2")],
+        per_thread: &[(7000, "cuMemcpyAtoA_v2_ptds")],
+    },
+    ProcEntry {
+        base: "cuMemcpyAtoD",
+        versions: &[(2000, "cuMemcpyAtoD"), (3020, "cuMemcpyAtoD_v2")],
+        per_thread: &[(7000, "cuMemcpyAtoD_v2_ptds")],
+    },
+    ProcEntry {
+        base: "cuMemcpyAtoH",
+        versions: &[(2000, "cuMemcpyAtoH"), (3020, "cuMemcpyAtoH_v2")],
+        per_thread: &[(7000, "cuMemcpyAtoH_v2_ptds")],
+    },
+    ProcEntry {
+        base: "cuMemcpyDtoA",
+        versions: &[(2000, "cuMemcpyDtoA"), (3020, "cuMemcpyDtoA_v2")],
+        per_thread: &[(7000, "cuMemcpyDtoA_v2_ptds")],
+    },
+    ProcEntry {
+        base: "cuMemcpyHtoA",
+        versions: &[(2000, "cuMemcpyHtoA"), (3020, "cuMemcpyHtoA_v2")],
+        per_thread: &[(7000, "cuMemcpyHtoA_v2_ptds")],
+    },
+    ProcEntry {
+        base: "cuMemsetD2D16",
+        versions: &[(2000, "cuMemsetD2D16"), (3020, "cuMemsetD2D16_v2")],
+        per_thread: &[(7000, "cuMemsetD2D16_v2_ptds")],
+    },
+    ProcEntry {
+        base: "cuMemsetD2D32",
+        versions: &[(2000, "cuMemsetD2D32"), (3020, "cuMemsetD2D32_v2")],
+        per_thread: &[(7000, "cuMemsetD2D32_v2_ptds")],
+    },
+    ProcEntry {
+        base: "cuMemsetD2D8",
+        versions: &[(2000, "cuMemsetD2D8"), (3020, "cuMemsetD2D8_v2")],
+        per_thread: &[(7000, "cuMemsetD2D8_v2_ptds")],
+    },
+    ProcEntry {
+        base: "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+        versions: &[(7000, "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags")],
+        per_thread: &[],
+    },
+    ProcEntry { base: "cuProfilerStart", versions: &[(4000, "cuProfilerStart")], per_thread: &[] },
+    ProcEntry { base: "cuProfilerStop", versions: &[(4000, "cuProfilerStop")], per_thread: &[] },
+    ProcEntry {
+        base: "cuSignalExternalSemaphoresAsync",
+        versions: &[(10000, "cuSignalExternalSemaphoresAsync")],
+        per_thread: &[(10000, "cuSignalExternalSemaphoresAsync_ptsz")],
+    },
+    ProcEntry {
+        base: "cuStreamBatchMemOp",
+        versions: &[(8000, "cuStreamBatchMemOp"), (11070, "cuStreamBatchMemOp_v2")],
+        per_thread: &[(8000, "cuStreamBatchMemOp_ptsz"), (11070, "cuStreamBatchMemOp_v2_ptsz")],
+    },
+    ProcEntry {
+        base: "cuStreamWaitValue32",
+        versions: &[(8000, "cuStreamWaitValue32"), (11070, "cuStreamWaitValue32_v2")],
+        per_thread: &[(8000, "cuStreamWaitValue32_ptsz"), (11070, "cuStreamWaitValue32_v2_ptsz")],
+    },
+    ProcEntry { base: "cuSurfObjectCreate", versions: &[(5000, "cuSurfObjectCreate")], per_thread: &[] },
+    ProcEntry { base: "cuSurfObjectDestroy", versions: &[(5000, "cuSurfObjectDestroy")], per_thread: &[] },
+    ProcEntry { base: "cuTexObjectCreate", versions: &[(5000, "cuTexObjectCreate")], per_thread: &[] },
+    ProcEntry { base: "cuTexObjectDestroy", versions: &[(5000, "cuTexObjectDestroy")], per_thread: &[] },
+    ProcEntry {
+        base: "cuWaitExternalSemaphoresAsync",
+        versions: &[(10000, "cuWaitExternalSemaphoresAsync")],
+        per_thread: &[(10000, "cuWaitExternalSemaphoresAsync_ptsz")],
+    },
 ];
 
 #[cfg(test)]
