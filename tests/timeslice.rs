@@ -98,19 +98,7 @@ fn finish(t: Tenant) {
 const WARMUP: Duration = Duration::from_millis(700);
 const WINDOW: Duration = Duration::from_secs(2);
 
-fn within(got: f64, want: f64, what: &str) {
-    println!(
-        "{what}: {:.2} % (want {:.0} +/- 2)",
-        got * 100.0,
-        want * 100.0
-    );
-    assert!(
-        (got - want).abs() <= 0.02,
-        "{what}: got {:.2} %, want {:.0} +/- 2 pp",
-        got * 100.0,
-        want * 100.0
-    );
-}
+use cuvisor_testkit::assert_share_within_2pp as within;
 
 fn limits_30_70(test: &str, kernel_ns: &str) {
     let _l = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -252,19 +252,7 @@ const WINDOW: Duration = Duration::from_secs(2);
 /// How long each loop runs: past the warm-up and the window.
 const SECONDS: f64 = 3.5;
 
-fn within(got: f64, want: f64, what: &str) {
-    println!(
-        "{what}: {:.2} % (want {:.0} +/- 2)",
-        got * 100.0,
-        want * 100.0
-    );
-    assert!(
-        (got - want).abs() <= 0.02,
-        "{what}: got {:.2} %, want {:.0} +/- 2 pp",
-        got * 100.0,
-        want * 100.0
-    );
-}
+use cuvisor_testkit::assert_share_within_2pp as within;
 
 /// `cuvisor run --memory 6Gi --compute limit=30`: alone on an idle GPU, the loop gets 30 % of
 /// it, not more.

@@ -92,3 +92,19 @@ pub fn fresh_dir(name: &str) -> PathBuf {
     std::fs::create_dir_all(&d).expect("create a scratch directory");
     d
 }
+
+/// Asserts that a tenant's fraction of the GPU `got` is `want` +/- 2 percentage points (the
+/// compute issues' bar), printing it either way so that a run shows the figures.
+pub fn assert_share_within_2pp(got: f64, want: f64, what: &str) {
+    println!(
+        "{what}: {:.2} % (want {:.0} +/- 2)",
+        got * 100.0,
+        want * 100.0
+    );
+    assert!(
+        (got - want).abs() <= 0.02,
+        "{what}: got {:.2} %, want {:.0} +/- 2 pp",
+        got * 100.0,
+        want * 100.0
+    );
+}
