@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The heavy frameworks, PyTorch (the PyPI CUDA 12.8 build) and JAX (jax[cuda12]), unmodified,
+# The heavy frameworks, PyTorch (the PyPI CUDA 12.8 build), TensorFlow (tensorflow[and-cuda]) and
+# JAX (jax[cuda12]), unmodified,
 # under libcuvisor on the simulated GPU. Not part of CI: the wheels are about 3 GB per framework
 # (downloaded once into target/ci-tools/, git-ignored; later runs reuse them) and need network
 # the first time only. No GPU is needed: everything runs on the simulator (crates/sim).
@@ -9,6 +10,10 @@
 #     expandable_segments:True, backend:cudaMallocAsync): is_available, mem_get_info total ==
 #     quota, 0.3/0.5/0.8/1.0 x quota as one tensor each (freed between), 1.2 x quota raising
 #     torch.OutOfMemoryError, elementwise ops, a cuBLAS matmul;
+#   - scripts/frameworks/tf_probe.py: examples/tf_stress/tf_stress.py as it is, with TensorFlow's
+#     BFC allocator (memory growth on) and with cuda_malloc_async: the total is the quota,
+#     0.3/0.5/0.8/1.0 of what is free as one tensor each (a fresh process each), 1.2 refused with
+#     a clean ResourceExhaustedError;
 #   - scripts/frameworks/jax_probe.py: the default preallocation (0.75) is of the quota, not of
 #     the GPU; an allocation beyond it fails cleanly and JAX goes on.
 # The simulator runs no kernel code: launches are checked to run, never their results.
@@ -29,14 +34,14 @@
 # the loop is bound by the CPU, where interception costs): run on the simulator directly and
 # under `cuvisor run` in turns, best of each; the bar is 2 %.
 #
-# Usage: scripts/frameworks.sh [--only torch|jax] [--memory SIZE] [--timeout S] [--keep] [--bench]
+# Usage: scripts/frameworks.sh [--only torch|tf|jax] [--memory SIZE] [--timeout S] [--keep] [--bench]
 set -euo pipefail
 
 usage() {
     sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
     cat <<'EOT'
 Options:
-  --only torch|jax  run one framework only (default: both)
+  --only torch|tf|jax  run one framework only (default: all three)
   --memory SIZE     the quota, as `cuvisor run --memory` takes it (default 6Gi)
   --timeout S       seconds each probe may take (default 900)
   --keep            keep the logs directory (default: kept only when a row failed)
@@ -60,6 +65,20 @@ TORCH_WHEELS=(
     nvidia-nvjitlink-cu12==12.8.93 nvidia-nvtx-cu12==12.8.90 sympy==1.14.0 torch==2.8.0
     triton==3.4.0 typing_extensions==4.16.0
 )
+TF_VENV=tensorflow-2.20.0-cuda12
+TF_WHEELS=(
+    absl-py==2.5.1 astunparse==1.6.3 certifi==2026.10.19.post1 charset-normalizer==3.5.3
+    flatbuffers==25.12.19 gast==0.7.0 google-pasta==0.2.0 grpcio==1.85.3 h5py==3.16.0 idna==3.20
+    keras==3.15.1 libclang==18.1.1 Markdown==3.11.3 markdown-it-py==4.3.0 MarkupSafe==3.0.4
+    mdurl==0.1.2 ml_dtypes==0.7.0 namex==0.1.0 numpy==2.4.6 nvidia-cublas-cu12==12.9.3.13
+    nvidia-cuda-cupti-cu12==12.9.79 nvidia-cuda-nvcc-cu12==12.9.86 nvidia-cuda-nvrtc-cu12==12.9.86
+    nvidia-cuda-runtime-cu12==12.9.79 nvidia-cudnn-cu12==9.28.0.42 nvidia-cufft-cu12==11.4.1.4
+    nvidia-curand-cu12==10.3.10.19 nvidia-cusolver-cu12==11.7.5.82 nvidia-cusparse-cu12==12.5.10.65
+    nvidia-nccl-cu12==2.32.3 nvidia-nvjitlink-cu12==12.9.86 opt_einsum==3.4.0 optree==0.20.0
+    packaging==26.4 pillow==13.0.0 protobuf==7.36.2 Pygments==2.21.0 requests==2.34.2 rich==15.0.0
+    six==1.17.0 tensorboard==2.20.0 tensorboard-data-server==0.7.2 tensorflow==2.20.0
+    termcolor==3.3.0 typing_extensions==4.16.0 urllib3==2.8.0 Werkzeug==3.1.9 wrapt==2.5.2
+)
 JAX_VENV=jax-0.7.1-cuda12
 JAX_WHEELS=(
     jax==0.7.1 jax-cuda12-pjrt==0.7.1 jax-cuda12-plugin==0.7.1 jaxlib==0.7.1 ml_dtypes==0.7.0
@@ -82,7 +101,7 @@ keep=0
 bench=0
 while (($#)); do
     case $1 in
-        --only) only=${2:?--only needs torch or jax}; shift 2 ;;
+        --only) only=${2:?--only needs torch, tf or jax}; shift 2 ;;
         --memory) memory=${2:?--memory needs a size}; shift 2 ;;
         --timeout) per_probe_timeout=${2:?--timeout needs seconds}; shift 2 ;;
         --keep) keep=1; shift ;;
@@ -91,7 +110,7 @@ while (($#)); do
         *) usage >&2; exit 2 ;;
     esac
 done
-case $only in "" | torch | jax) ;; *) die "--only takes torch or jax, not $only" ;; esac
+case $only in "" | torch | tf | jax) ;; *) die "--only takes torch, tf or jax, not $only" ;; esac
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 probes=$repo/scripts/frameworks
@@ -204,6 +223,10 @@ if [[ -z $only || $only == torch ]]; then
     probe torch-native "$tv" torch_probe.py -u PYTORCH_CUDA_ALLOC_CONF
     probe torch-expandable "$tv" torch_probe.py PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     probe torch-async "$tv" torch_probe.py PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+fi
+if [[ -z $only || $only == tf ]]; then
+    fv=$(venv "$TF_VENV" "${TF_WHEELS[@]}")
+    probe tensorflow "$fv" tf_probe.py -u TF_GPU_ALLOCATOR
 fi
 if [[ -z $only || $only == jax ]]; then
     jv=$(venv "$JAX_VENV" "${JAX_WHEELS[@]}")

@@ -5,8 +5,8 @@ For each fraction 0.3, 0.5, 0.8, 1.0, 1.2 of the GPU memory that is free inside 
 try to allocate that much as ONE tensor, each in a fresh Python process (so that one failure
 cannot poison the next), and print one line:
 
-    GPU 0: total 6144 MiB, free 6144 MiB (cuMemGetInfo inside the container, TensorFlow ...)
-    fraction 0.30: allocated 1843 MiB ok
+    GPU 0: total 6144 MiB, free 6142 MiB (cuMemGetInfo inside the container, TensorFlow ...)
+    fraction 0.30: allocated 1842 MiB ok
     ...
     fraction 1.20: failed cleanly: ResourceExhaustedError: OOM when allocating tensor ...
 
@@ -86,16 +86,24 @@ def child(fraction):
     # Creates the GPU devices: the CUDA context, and TensorFlow's allocator sized from
     # cuMemGetInfo.
     tf.config.list_logical_devices("GPU")
+    # Measured once before TensorFlow's first tensor (what is reported if even that fails), and
+    # again after it, inside the attempt: that first tensor makes TensorFlow's allocator take its
+    # first region of device memory (2 MiB under BFC with memory growth), where the small tensors
+    # every op needs live (Fill's scalar value, say). "Free" after it is what a tensor can get;
+    # before it, a fraction of 1.0 would ask for those 2 MiB twice, and TensorFlow refuses that by
+    # itself (seen with TensorFlow 2.20 on the simulator, a 6 GiB request under a 6 GiB quota:
+    # "Total bytes in pool: 2097152 memory_limit_: 6442450944" in the BFC dump). A real GPU is
+    # no different.
     free, total = cu_mem_get_info(0)
-    # Whole MiB, never more than the fraction of free: TensorFlow's allocator rounds requests up
-    # (to 256 bytes) and limits itself to whole 256-byte units, so an exact 1.0 * free that is
-    # not so aligned could be refused by TensorFlow for a few bytes.
-    nbytes = int(fraction * free) // MIB * MIB
-    elements = nbytes // 4
-    out = {"fraction": fraction, "free": free, "total": total, "bytes": nbytes}
+    out = {"fraction": fraction, "free": free, "total": total, "bytes": whole_mib(fraction, free)}
     try:
         with tf.device("/GPU:0"):
-            tensor = tf.zeros([elements], dtype=tf.float32)
+            warm = tf.zeros([1], dtype=tf.float32)
+            _ = warm.numpy()
+        free, total = cu_mem_get_info(0)
+        out.update(free=free, total=total, bytes=whole_mib(fraction, free))
+        with tf.device("/GPU:0"):
+            tensor = tf.zeros([out["bytes"] // 4], dtype=tf.float32)
         # Eager ops run (and allocate) when called; this just confirms where it landed.
         out["device"] = tensor.device
         out["ok"] = "GPU:0" in tensor.device
@@ -111,6 +119,13 @@ def child(fraction):
         out["clean"] = False
         out["error"] = f"{type(e).__name__}: {first_line(str(e))}"
     print(RESULT + json.dumps(out), flush=True)
+
+
+def whole_mib(fraction, free):
+    """Whole MiB, never more than the fraction of free: TensorFlow's allocator rounds requests up
+    (to 256 bytes) and limits itself to whole 256-byte units, so an exact 1.0 * free that is not
+    so aligned could be refused by TensorFlow for a few bytes."""
+    return int(fraction * free) // MIB * MIB
 
 
 def first_line(text, limit=160):

@@ -1,8 +1,10 @@
 """A stand-in for TensorFlow (see ../README.md): just enough of its API for
 examples/tf_stress/tf_stress.py. Like TensorFlow it uses the primary context of device 0; a tensor
-is one cuMemAlloc_v2 whose out-of-memory failure becomes ResourceExhaustedError. Unlike
-TensorFlow's BFC allocator (whose own limit comes from cuMemGetInfo) every request goes to the
-driver, where cuvisor's quota decides."""
+is one cuMemAlloc_v2 whose out-of-memory failure becomes ResourceExhaustedError, except that small
+tensors (up to 1 MiB) share one 2 MiB region taken at the first of them and kept, as TensorFlow's
+BFC allocator does with memory growth on (TensorFlow 2.20: "Next region of size 2097152" in its
+allocator dump). Unlike that allocator (whose own limit comes from cuMemGetInfo) every other
+request goes to the driver, where cuvisor's quota decides."""
 
 import contextlib
 import ctypes
@@ -55,14 +57,20 @@ class _Tensor:  # pylint: disable=too-few-public-methods
     def __init__(self, ptr):
         self._ptr = ptr
 
+    def numpy(self):
+        return None  # the simulator computes nothing
+
     def __del__(self):
-        _cuda.cuMemFree_v2(self._ptr)
+        if self._ptr is not None:
+            _cuda.cuMemFree_v2(self._ptr)
 
 
-def zeros(shape, dtype):
-    assert dtype == float32
+_MIB = 1 << 20
+_region = []  # the small tensors' region, once taken
+
+
+def _alloc(nbytes, shape):
     ptr = ctypes.c_uint64()
-    nbytes = shape[0] * 4
     result = _cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(nbytes))
     if result == 2:
         raise errors.ResourceExhaustedError(
@@ -70,4 +78,14 @@ def zeros(shape, dtype):
             "on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc"
         )
     _check(result, "cuMemAlloc_v2")
-    return _Tensor(ptr)
+    return ptr
+
+
+def zeros(shape, dtype):
+    assert dtype == float32
+    nbytes = shape[0] * 4
+    if nbytes > _MIB:
+        return _Tensor(_alloc(nbytes, shape))
+    if not _region:
+        _region.append(_alloc(2 * _MIB, shape))
+    return _Tensor(None)
