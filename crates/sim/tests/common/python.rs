@@ -92,9 +92,9 @@ pub fn python_probe(
 }
 
 /// What a runtime probe (cudart/probe.py, cudart/runtime.cu) saw of its allocators `names`, on
-/// a GPU whose memory info says `total`: each allocator in `names` took its 64 MiB out of `total` and gave it back; more than is free
-/// was cudaErrorMemoryAllocation (2), reported once by cudaGetLastError, and the allocator
-/// worked again after it. `refuses_managed`: whether managed memory beyond the free memory is
+/// a GPU whose memory info says `total`: each took its 64 MiB out of `total` and gave it back;
+/// more than is free was cudaErrorMemoryAllocation (2), reported once by cudaGetLastError, and
+/// the allocator worked again after it. `refuses_managed`: whether managed memory beyond the free memory is
 /// refused: under libcuvisor it is (it counts against the quota); the real driver lets managed
 /// memory oversubscribe the GPU on Linux (pages migrate on demand), so the plain run leaves it
 /// unchecked.
