@@ -1,11 +1,11 @@
 //! CuPy, unmodified, on the simulator: the PyPI wheel `cupy-cuda12x` (which carries the CUDA
 //! runtime statically linked) with NVRTC from `nvidia-cuda-nvrtc-cu12`, found by CuPy through
 //! `cuda-pathfinder` in the venv's site-packages. `cupy/probe.py` runs it as a program would;
-//! this checks what it saw, on the plain simulator and under libcuvisor with a quota.
+//! this checks what it saw, on the plain simulator and under `cuvisor run --memory 6Gi`.
 //!
-//! The wheels (about 245 MB to download: CuPy 137 MB, NVRTC 90 MB; 616 MB installed) are installed once into `target/ci-tools/`; where they
-//! cannot be (no network, no python3), a test prints a loud SKIPPED line, or fails when `CI` is
-//! set.
+//! The wheels (about 245 MB to download: CuPy 137 MB, NVRTC 90 MB; 616 MB installed) are
+//! installed once into `target/ci-tools/`; where they cannot be (no network, no python3), a test
+//! prints a loud SKIPPED line, or fails when `CI` is set.
 mod common;
 #[path = "common/python.rs"]
 mod python;
