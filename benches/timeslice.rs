@@ -95,10 +95,7 @@ impl Gpu {
 
     /// Busy ns of process `pid` on the simulated GPU in [since, now).
     fn busy(&self, pid: u32, since: u64) -> u64 {
-        self.sim
-            .live_procs()
-            .find(|(p, _)| *p == pid)
-            .map_or(0, |(_, s)| self.sim.proc_busy_since(s, 0, since))
+        self.sim.pid_busy_since(pid, 0, since)
     }
 
     /// What each tenant got (% of the window) over `window` starting now.

@@ -169,11 +169,7 @@ fn share_over_time(step_ms: u64) -> Vec<(f64, f64, f64)> {
         let since = cuvisor_sim::state::now_ns() - step.as_nanos() as u64;
         let busy: Vec<u64> = pids
             .iter()
-            .map(|pid| {
-                s.live_procs()
-                    .find(|(p, _)| p == pid)
-                    .map_or(0, |(_, slot)| s.proc_busy_since(slot, 0, since))
-            })
+            .map(|&pid| s.pid_busy_since(pid, 0, since))
             .collect();
         let total = step.as_nanos() as f64;
         points.push((

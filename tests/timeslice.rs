@@ -10,6 +10,7 @@ mod common;
 mod workload;
 
 use cuvisor_sim::state::{now_ns, Shared};
+use cuvisor_testkit::assert_share_within_2pp as within;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -64,10 +65,7 @@ impl Gpu {
 
     /// Busy ns of process `pid` on the simulated GPU in [since, now).
     fn busy(&self, pid: u32, since: u64) -> u64 {
-        self.sim
-            .live_procs()
-            .find(|(p, _)| *p == pid)
-            .map_or(0, |(_, s)| self.sim.proc_busy_since(s, 0, since))
+        self.sim.pid_busy_since(pid, 0, since)
     }
 
     /// Shares (fractions of the window) of each tenant over `window` starting now.
@@ -97,8 +95,6 @@ fn finish(t: Tenant) {
 
 const WARMUP: Duration = Duration::from_millis(700);
 const WINDOW: Duration = Duration::from_secs(2);
-
-use cuvisor_testkit::assert_share_within_2pp as within;
 
 fn limits_30_70(test: &str, kernel_ns: &str) {
     let _l = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -361,6 +361,14 @@ impl Shared {
         busy_between(&s.util[d], since, now_ns())
     }
 
+    /// Busy ns of the live process `pid` on device `d` during [since, now); 0 if it is not
+    /// listed (not started yet, or gone).
+    pub fn pid_busy_since(&self, pid: u32, d: usize, since: u64) -> u64 {
+        self.live_procs()
+            .find(|(p, _)| *p == pid)
+            .map_or(0, |(_, s)| self.proc_busy_since(s, d, since))
+    }
+
     /// Records an XID event on device `d` (fault injection).
     pub fn raise_xid(&self, d: usize, xid: u64) -> u64 {
         let dev = &self.layout.devices[d];
@@ -515,7 +523,16 @@ mod tests {
         s.run_kernel(slot, 1, 0, 50_000_000); // 50 ms, most of it queued ahead of now
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert!(s.proc_busy_since(&s.procs()[slot], 1, 0) > 0);
+        let pid = s.procs()[slot].pid.load(Relaxed);
+        // By pid as by slot (the kernel still runs, so the later reading is no smaller).
+        let by_pid = s.pid_busy_since(pid, 1, 0);
+        let by_slot = s.proc_busy_since(&s.procs()[slot], 1, 0);
+        assert!(
+            0 < by_pid && by_pid <= by_slot,
+            "{by_pid} by pid, {by_slot} by slot"
+        );
         s.release_slot(slot);
+        assert_eq!(s.pid_busy_since(pid, 1, 0), 0, "a pid no longer listed");
         let again = s.claim_slot().unwrap();
         assert_eq!(again, slot, "the first free slot again");
         assert_eq!(s.proc_busy_since(&s.procs()[again], 1, 0), 0);

@@ -22,6 +22,7 @@ use python::{at, u};
 
 use cuvisor_sim::model::Model;
 use cuvisor_sim::state::{now_ns, Shared};
+use cuvisor_testkit::assert_share_within_2pp as within;
 use serde_json::Value;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -83,19 +84,8 @@ fn program(test: &str) -> Option<PathBuf> {
 /// `runtime memory` on the `single` GPU, under `cuvisor run RUN` unless `run` is empty; its JSON.
 fn memory(program: &Path, tag: &str, run: &[&str]) -> Value {
     let state = common::state_file(tag);
-    let out = python::on_sim(program, run, "single", &state)
-        .arg("memory")
-        .output()
-        .expect("run the program");
-    python::remove_state(&state);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}\n--- stdout\n{stdout}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("no JSON ({e}): {stdout}"))
+    let mut cmd = python::on_sim(program, run, "single", &state);
+    python::json_of(cmd.arg("memory"), &state)
 }
 
 /// What `runtime memory` saw on a GPU of `total` bytes: all of it free and totalGlobalMem, each
@@ -216,14 +206,7 @@ impl Gpu {
         let t1 = now_ns();
         loops
             .iter()
-            .map(|l| {
-                let busy = self
-                    .sim
-                    .live_procs()
-                    .find(|(p, _)| *p == l.pid)
-                    .map_or(0, |(_, s)| self.sim.proc_busy_since(s, 0, t0));
-                busy as f64 / (t1 - t0) as f64
-            })
+            .map(|l| self.sim.pid_busy_since(l.pid, 0, t0) as f64 / (t1 - t0) as f64)
             .collect()
     }
 }
@@ -251,8 +234,6 @@ const WARMUP: Duration = Duration::from_millis(700);
 const WINDOW: Duration = Duration::from_secs(2);
 /// How long each loop runs: past the warm-up and the window.
 const SECONDS: f64 = 3.5;
-
-use cuvisor_testkit::assert_share_within_2pp as within;
 
 /// `cuvisor run --memory 6Gi --compute limit=30`: alone on an idle GPU, the loop gets 30 % of
 /// it, not more.

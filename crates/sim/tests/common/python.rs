@@ -78,8 +78,14 @@ pub fn python_probe(
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = cmd.output().expect("run python");
-    remove_state(&state);
+    json_of(&mut cmd, &state)
+}
+
+/// Runs `cmd` (made by [`on_sim`] on `state`), then removes the state; the JSON it printed (it
+/// must succeed).
+pub fn json_of(cmd: &mut Command, state: &Path) -> serde_json::Value {
+    let out = cmd.output().expect("run the probe");
+    remove_state(state);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
