@@ -29,6 +29,7 @@
 //! A malformed value is an error: the caller fails closed (refuses allocations), it never means
 //! "unlimited".
 
+pub use cuvisor_shm::mapped::Access;
 use std::path::{Path, PathBuf};
 
 /// Sizes: "6Gi", "512Mi", "1.5Gi", "4G" (10^9), "6442450944" (one parser for every part of
@@ -84,6 +85,10 @@ pub struct Config {
     /// Rules that can only lower a granted limit (the environment's, when a file is given).
     pub caps: Vec<(Target, u64)>,
     pub state_dir: PathBuf,
+    /// Who may use the ledger: every uid where a limits file configures cuvisor (the device
+    /// plugin made the directory for a container that may run several uids), the caller alone
+    /// where the environment does (see `cuvisor_shm::mapped::Access`).
+    pub state_access: Access,
     pub context_reserve: u64,
 }
 
@@ -93,6 +98,10 @@ pub struct ComputeConfig {
     pub compute: Compute,
     /// Where the GPU coordinators live (`CUVISOR_COORD_DIR`, `coord_dir` in the file).
     pub coord_dir: PathBuf,
+    /// Who may use a coordinator this container lists itself on (self-service): every uid
+    /// under a limits file (as before: a container of several uids), else the caller alone, or
+    /// the group `CUVISOR_COORD_GROUP` names.
+    pub coord_access: Access,
     /// The entries the device plugin listed the container in, by GPU (the file's `coord_slot.*`),
     /// and where their states are mounted (`coord_own_dir`): on those GPUs the board's policy
     /// holds, `compute` only caps it (see `src/timeslice`).
@@ -108,12 +117,15 @@ pub type Env<'a> = &'a dyn Fn(&str) -> Option<std::ffi::OsString>;
 /// The largest limits file read.
 pub const MAX_FILE: u64 = 64 << 10;
 
-/// A variable's text; empty (or blank) counts as unset; not UTF-8 is an error naming it.
+/// A variable's text, None when it is unset. Set but empty or blank (as `=$QUOTA` with QUOTA
+/// unset gives) is an error naming it, as is a value that is not UTF-8: whoever set it meant
+/// something, and nothing here reads "I could not read it" as "not configured".
 fn var(env: Env, key: &str) -> Result<Option<String>, String> {
     match env(key) {
         None => Ok(None),
         Some(v) => match v.into_string() {
-            Ok(t) if t.trim().is_empty() => Ok(None),
+            Ok(t) if t.is_empty() => Err(format!("{key} is set but empty")),
+            Ok(t) if t.trim().is_empty() => Err(format!("{key} is set but blank ({t:?})")),
             Ok(t) => Ok(Some(t)),
             Err(_) => Err(format!("{key} is not valid UTF-8")),
         },
@@ -156,6 +168,7 @@ pub fn load_compute(env: Env, fixed: &Path) -> ComputeConfig {
     let mut cc = ComputeConfig {
         compute: Compute::FromMemory,
         coord_dir: default_coord_dir(),
+        coord_access: Access::Private,
         managed: Vec::new(),
         own_dir: None,
         errors: Vec::new(),
@@ -175,12 +188,19 @@ pub fn load_compute(env: Env, fixed: &Path) -> ComputeConfig {
         cc.managed = f.coord_slots;
         cc.own_dir = f.coord_own_dir;
     }
-    let env_compute = var(env, "CUVISOR_COMPUTE").unwrap_or_else(|e| {
-        cc.errors.push(e);
-        Some(String::from("invalid"))
-    });
-    if let Some(c) = env_compute {
-        let v = compute_or_min(&c, "CUVISOR_COMPUTE", &mut cc.errors);
+    if file.is_some() {
+        cc.coord_access = Access::Shared;
+    }
+    let env_compute = match var(env, "CUVISOR_COMPUTE") {
+        Ok(v) => v.map(|c| compute_or_min(&c, "CUVISOR_COMPUTE", &mut cc.errors)),
+        Err(e) => {
+            cc.errors.push(format!(
+                "{e}: using the smallest compute share ({MIN_SHARE})"
+            ));
+            Some(Compute::Share(MIN_SHARE))
+        }
+    };
+    if let Some(v) = env_compute {
         cc.compute = match (file.is_some(), cc.compute, v) {
             (false, _, v) => v,
             // With a file the environment can only tighten a limit.
@@ -191,11 +211,55 @@ pub fn load_compute(env: Env, fixed: &Path) -> ComputeConfig {
         };
     }
     if file.is_none() {
-        if let Ok(Some(d)) = var(env, "CUVISOR_COORD_DIR") {
-            cc.coord_dir = PathBuf::from(d);
+        // A coordinator directory or group that is set but cannot be read is not "the
+        // default": the container is held to the smallest share, with the reason.
+        let unreadable = |e: String, cc: &mut ComputeConfig| {
+            cc.errors.push(format!(
+                "{e}: using the smallest compute share ({MIN_SHARE})"
+            ));
+            cc.compute = Compute::Share(MIN_SHARE);
+        };
+        match var(env, "CUVISOR_COORD_DIR") {
+            Ok(Some(d)) => cc.coord_dir = PathBuf::from(d),
+            Ok(None) => {}
+            Err(e) => unreadable(e, &mut cc),
+        }
+        match var(env, "CUVISOR_COORD_GROUP").and_then(|g| g.map(|g| group_id(&g)).transpose()) {
+            Ok(Some(gid)) => cc.coord_access = Access::Group(gid),
+            Ok(None) => {}
+            Err(e) => unreadable(e, &mut cc),
         }
     }
     cc
+}
+
+/// `CUVISOR_COORD_GROUP`: a group's name or number.
+fn group_id(text: &str) -> Result<u32, String> {
+    let text = text.trim();
+    if let Ok(gid) = text.parse::<u32>() {
+        return Ok(gid);
+    }
+    let unknown = || format!("CUVISOR_COORD_GROUP: {text:?} is not a group on this machine");
+    let name = std::ffi::CString::new(text).map_err(|_| unknown())?;
+    // SAFETY: zeroed `group` is a valid out-parameter; getgrnam_r writes into it and into `buf`
+    // (of the length given), and sets `found` to it or to null.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16 << 10];
+    let mut found: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: as above.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            name.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if rc != 0 || found.is_null() {
+        return Err(unknown());
+    }
+    Ok(grp.gr_gid)
 }
 
 impl Config {
@@ -226,12 +290,19 @@ impl Config {
 /// `fixed`: the in-container limits path ([`cuvisor_shm::CONTAINER_LIMITS`] in production).
 pub fn load(env: Env, fixed: &Path) -> Result<Option<Config>, String> {
     let file = limits_file(env, fixed)?;
+    // Set but empty or blank: an error, as any unreadable limit (with a file too: the
+    // environment may lower the file's limit, and one it cannot read lowers it to nothing).
     let env_limit = var(env, "CUVISOR_MEMORY_LIMIT")?;
     let env_reserve = var(env, "CUVISOR_CONTEXT_RESERVE")?;
-    let env_dir = var(env, "CUVISOR_STATE_DIR")?.map(PathBuf::from);
-    // A malformed compute value (not UTF-8 included) is `load_compute`'s to read as the smallest
+    // A malformed compute value (not UTF-8, empty) is `load_compute`'s to read as the smallest
     // share; here it only says that something is configured.
     let env_compute = var(env, "CUVISOR_COMPUTE").unwrap_or_else(|_| Some(String::new()));
+    // Read only where it is used (a file names its own ledger directory). Set but empty it is
+    // an error, not the per-user default, which is another quota's ledger.
+    let env_dir = match &file {
+        None => var(env, "CUVISOR_STATE_DIR")?.map(PathBuf::from),
+        Some(_) => None,
+    };
     let mut cfg = match &file {
         Some((name, text)) => parse_file(text).map_err(|e| format!("{name}: {e}"))?,
         None if env_limit.is_none() && env_compute.is_none() => return Ok(None),
@@ -243,7 +314,8 @@ pub fn load(env: Env, fixed: &Path) -> Result<Option<Config>, String> {
                 Vec::new()
             },
             caps: Vec::new(),
-            state_dir: default_state_dir(),
+            state_dir: env_dir.unwrap_or_else(default_state_dir),
+            state_access: Access::Private,
             context_reserve: 0,
         },
     };
@@ -263,9 +335,6 @@ pub fn load(env: Env, fixed: &Path) -> Result<Option<Config>, String> {
         } else {
             v
         };
-    }
-    if let (None, Some(d)) = (&file, env_dir) {
-        cfg.state_dir = d;
     }
     Ok(Some(cfg))
 }
@@ -308,6 +377,7 @@ fn parse_file(text: &str) -> Result<Config, String> {
         limits: f.memory,
         caps: Vec::new(),
         state_dir: f.state_dir,
+        state_access: Access::Shared,
         context_reserve: f.context_reserve.unwrap_or(0),
     })
 }
@@ -591,6 +661,112 @@ mod tests {
         // Compute alone, malformed: configured (memory unlimited, compute at the smallest share).
         let e = |k: &str| (k == "CUVISOR_COMPUTE").then(bad);
         assert!(load(e).unwrap().is_some());
+    }
+
+    /// `CUVISOR_MEMORY_LIMIT=$QUOTA` with QUOTA unset ran with no quota at all: set but empty
+    /// or blank, every variable that grants, lowers or places a limit is an error naming it
+    /// (the caller fails closed), with a file as without.
+    #[test]
+    fn an_empty_or_blank_limit_variable_fails_closed() {
+        let d = scratch("empty");
+        let fixed = d.join("limits.conf");
+        std::fs::write(&fixed, "version = 1\nstate_dir = /run/c1\nmemory = 1Gi\n").unwrap();
+        for blank in ["", " ", "\t", " \n "] {
+            for (key, with_file) in [
+                ("CUVISOR_MEMORY_LIMIT", false),
+                ("CUVISOR_MEMORY_LIMIT", true),
+                ("CUVISOR_CONTEXT_RESERVE", false),
+                ("CUVISOR_CONTEXT_RESERVE", true),
+                ("CUVISOR_STATE_DIR", false),
+                ("CUVISOR_CONFIG", false),
+            ] {
+                let mut vars = vec![(key, blank)];
+                if key != "CUVISOR_MEMORY_LIMIT" && key != "CUVISOR_CONFIG" {
+                    vars.push(("CUVISOR_MEMORY_LIMIT", "1Gi"));
+                }
+                let e = env(&vars);
+                let at = if with_file {
+                    fixed.as_path()
+                } else {
+                    Path::new(NO_FIXED)
+                };
+                let err = super::load(&e, at).unwrap_err();
+                assert!(
+                    err.contains(key) && err.contains("is set but"),
+                    "{key}={blank:?} (file: {with_file}): {err}"
+                );
+            }
+        }
+        // Where the file rules, CUVISOR_CONFIG and CUVISOR_STATE_DIR are not read at all.
+        for key in ["CUVISOR_CONFIG", "CUVISOR_STATE_DIR"] {
+            let e = env(&[(key, "")]);
+            let c = super::load(&e, &fixed).unwrap().unwrap();
+            assert_eq!(c.limit_for(0, &[0; 16]), 1 << 30);
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// The compute settings read an empty or blank value as any malformed one: the smallest
+    /// share, with the reason (never the default, nor another coordinator).
+    #[test]
+    fn an_empty_or_blank_compute_setting_is_the_smallest_share() {
+        for key in [
+            "CUVISOR_COMPUTE",
+            "CUVISOR_COORD_DIR",
+            "CUVISOR_COORD_GROUP",
+        ] {
+            for blank in ["", "  "] {
+                let e = env(&[("CUVISOR_MEMORY_LIMIT", "1Gi"), (key, blank)]);
+                assert!(load(&e).unwrap().is_some());
+                let cc = load_compute(&e);
+                assert_eq!(cc.compute, Compute::Share(MIN_SHARE), "{key}={blank:?}");
+                assert!(
+                    cc.errors
+                        .iter()
+                        .any(|m| m.contains(key) && m.contains("is set but")),
+                    "{key}: {:?}",
+                    cc.errors
+                );
+                assert_eq!(cc.coord_dir, default_coord_dir());
+                assert_eq!(cc.coord_access, Access::Private);
+            }
+        }
+        let e = env(&[
+            ("CUVISOR_MEMORY_LIMIT", "1Gi"),
+            ("CUVISOR_COORD_GROUP", "no-such-group-x"),
+        ]);
+        let cc = load_compute(&e);
+        assert_eq!(cc.compute, Compute::Share(MIN_SHARE));
+        assert!(cc.errors[0].contains("not a group"), "{:?}", cc.errors);
+    }
+
+    /// Where the state lives decides who may use it: the caller alone with the environment,
+    /// every uid of the container with a limits file; a group only where a setting names it.
+    #[test]
+    fn state_is_private_unless_a_file_or_a_group_setting_says_otherwise() {
+        let e = env(&[("CUVISOR_MEMORY_LIMIT", "1Gi")]);
+        assert_eq!(load(&e).unwrap().unwrap().state_access, Access::Private);
+        assert_eq!(load_compute(&e).coord_access, Access::Private);
+        let e = env(&[
+            ("CUVISOR_MEMORY_LIMIT", "1Gi"),
+            ("CUVISOR_COORD_GROUP", "4242"),
+        ]);
+        assert_eq!(load_compute(&e).coord_access, Access::Group(4242));
+        let e = env(&[
+            ("CUVISOR_MEMORY_LIMIT", "1Gi"),
+            ("CUVISOR_COORD_GROUP", "root"),
+        ]);
+        assert_eq!(load_compute(&e).coord_access, Access::Group(0));
+        let d = scratch("access");
+        let fixed = d.join("limits.conf");
+        std::fs::write(&fixed, "version = 1\nstate_dir = /run/c1\nmemory = 1Gi\n").unwrap();
+        let e = env(&[("CUVISOR_COORD_GROUP", "4242")]);
+        assert_eq!(
+            super::load(&e, &fixed).unwrap().unwrap().state_access,
+            Access::Shared
+        );
+        assert_eq!(super::load_compute(&e, &fixed).coord_access, Access::Shared);
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]

@@ -65,7 +65,7 @@ pub enum Refusal {
 
 impl Quota {
     pub fn new(config: Config) -> Result<Quota, String> {
-        let ledger = Ledger::open_dir(&config.state_dir)?;
+        let ledger = Ledger::open_dir_as(&config.state_dir, config.state_access)?;
         let (pid, start) = cuvisor_shm::process::me();
         let proc_slot = ledger.claim_proc(pid, start).ok_or_else(|| {
             format!(
@@ -376,6 +376,7 @@ pub(crate) mod tests {
             limits: vec![(Target::All, limit)],
             caps: Vec::new(),
             state_dir: dir,
+            state_access: crate::config::Access::Private,
             context_reserve: 0,
         })
         .unwrap()

@@ -31,7 +31,7 @@ pub mod share;
 
 pub use clock::{fast_ns, now_ns};
 
-use crate::config::{Compute as Spec, ComputeConfig, Config};
+use crate::config::{Access, Compute as Spec, ComputeConfig, Config};
 use cuvisor_shm::coordinator::{self, Coordinator, Peer, State, POLICY_LIMIT, POLICY_SHARE};
 use cuvisor_shm::ledger::Ledger;
 use estimate::{Entry, Estimates};
@@ -233,6 +233,7 @@ impl Compute {
                 self.container,
                 policy,
                 param,
+                self.cfg.coord_access,
                 now,
             ),
         };
@@ -253,10 +254,16 @@ impl Compute {
                     (Some(_), _) => (POLICY_LIMIT, (fraction() * 1e6).round().max(1.0) as u64),
                 };
                 // One per container (its processes share its bucket), in its own temporary
-                // directory.
+                // directory: every uid's under a limits file (a container of several uids, as
+                // its ledger), else this user's alone (as its ledger).
                 let dir = std::env::temp_dir()
                     .join(format!("cuvisor-coord-private-{:016x}", self.container));
-                Coordinator::join_self(&dir, uuid, self.container, policy, param, now).ok()?
+                let access = match self.cfg.coord_access {
+                    Access::Shared => Access::Shared,
+                    Access::Private | Access::Group(_) => Access::Private,
+                };
+                Coordinator::join_self(&dir, uuid, self.container, policy, param, access, now)
+                    .ok()?
             }
         };
         // The board's policy; the container's own configuration may only cap it.
@@ -738,11 +745,13 @@ mod tests {
             limits: vec![(Target::All, 1 << 30)],
             caps: Vec::new(),
             state_dir: state,
+            state_access: crate::config::Access::Private,
             context_reserve: 0,
         };
         let cfg = ComputeConfig {
             compute: spec,
             coord_dir: coord.to_path_buf(),
+            coord_access: crate::config::Access::Private,
             managed: Vec::new(),
             own_dir: None,
             errors: Vec::new(),
@@ -810,6 +819,7 @@ mod tests {
         let cfg = ComputeConfig {
             compute: Spec::None,
             coord_dir: PathBuf::from("/nonexistent"),
+            coord_access: crate::config::Access::Private,
             managed: Vec::new(),
             own_dir: None,
             errors: Vec::new(),
@@ -820,6 +830,7 @@ mod tests {
             limits: vec![],
             caps: vec![],
             state_dir: state,
+            state_access: crate::config::Access::Private,
             context_reserve: 0,
         };
         assert!(Compute::new(cfg, memory, ledger).is_none());

@@ -19,6 +19,7 @@ mod run;
 mod scratch;
 mod sim;
 mod smi;
+mod state_dir;
 mod topo;
 
 use args::{Cli, Command, SimCommand, SmiCommand};

@@ -56,6 +56,7 @@ use crate::child;
 use crate::library;
 use crate::machine::{self, Source};
 use crate::scratch::{self, Scratch};
+use crate::state_dir;
 use crate::{Failure, Result};
 use cuvisor_shm::compute::{self, ComputePolicy};
 use cuvisor_shm::ledger::{self, Ledger};
@@ -132,11 +133,20 @@ pub fn run(target: &Target, args: &RunArgs) -> Result<u8> {
         scratch::sweep(&std::env::temp_dir());
         None
     };
+    // A directory given is kept across runs: the run's limits apply there, or it is refused
+    // with the reason (see `state_dir`). Held until cuvisor ends.
+    let mut _held = None;
     let state_dir = match (state_dir, &scratch) {
         (Some(d), _) => {
-            std::fs::create_dir_all(&d).map_err(|e| {
-                Failure::Runtime(format!("--state-dir {}: cannot create: {e}", d.display()))
-            })?;
+            let compute = match &compute {
+                Some(p) => p.to_string(),
+                None => std::env::var("CUVISOR_COMPUTE").unwrap_or_else(|_| "default".into()),
+            };
+            let want = state_dir::Limits {
+                memory: limit.as_ref(),
+                compute,
+            };
+            _held = Some(state_dir::claim(&d, &want)?);
             d
         }
         (None, Some(s)) => s.path.clone(),
@@ -320,8 +330,11 @@ fn make_coord_dir(dir: &Path) -> Result<()> {
             "is {}, not a directory",
             file_kind(m.file_type())
         ))),
+        // This user's alone (0700), as the library makes its coordinators by default.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(dir).map_err(|e| fail(format!("cannot create: {e}")))
+            cuvisor_shm::mapped::open_dir(dir, cuvisor_shm::mapped::Access::Private, true)
+                .map(drop)
+                .map_err(|e| fail(format!("cannot create: {e}")))
         }
         Err(e) => Err(fail(e.to_string())),
     }

@@ -29,7 +29,7 @@
 //! The layouts are mirrored in `include/cuvisor.h`; bump [`COORD_VERSION`] on any change.
 
 use crate::lease;
-use crate::mapped::{self, Flock, Mapped};
+use crate::mapped::{self, Access, Flock, Mapped};
 use std::fs::File;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -432,33 +432,31 @@ impl Coordinator {
     /// Joins GPU `uuid`'s coordinator in `coord_dir` without a device plugin: finds container
     /// `container`'s entry or claims one (`policy`, `param`) under the board's flock, giving
     /// back a stale one if none is free. A container that has an entry keeps its policy; a lower
-    /// cap tightens it. The directory and files are created for every uid to share.
+    /// cap tightens it.
+    ///
+    /// What is made here, and what is accepted as found, is `access`'s (see [`Access`]): the
+    /// caller's alone (0700, 0600: the environment alone configures cuvisor), a group's where a
+    /// setting names one (2770, 0660: the users of that group share the GPU's time), or every
+    /// uid's (1777, 0666: under a limits file, a container of several uids). A symbolic link in
+    /// place of either directory is refused.
     pub fn join_self(
         coord_dir: &Path,
         uuid: [u8; 16],
         container: u64,
         policy: u32,
         param: u64,
+        access: Access,
         now: u64,
     ) -> Result<Coordinator, String> {
         let dir = coord_dir.join(dir_name(uuid));
         let what = |e: &dyn std::fmt::Display| format!("coordinator {}: {e}", dir.display());
         move_v1_aside(&dir);
-        for d in [coord_dir, dir.as_path()] {
-            if std::fs::symlink_metadata(d).is_err() {
-                std::fs::create_dir_all(d).map_err(|e| what(&e))?;
-                let _ = std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o1777));
-            }
-            if !std::fs::symlink_metadata(d).is_ok_and(|m| m.is_dir()) {
-                return Err(what(&format!("{} is not a directory", d.display())));
-            }
-        }
-        let path = dir.join(BOARD);
-        let board = mapped::open_regular(&path, true, Some(0o666)).map_err(|e| what(&e))?;
+        mapped::open_dir(coord_dir, access, true).map_err(|e| format!("coordinator {e}"))?;
+        let dirf = mapped::open_dir(&dir, access, true).map_err(|e| format!("coordinator {e}"))?;
+        let board = mapped::open_in(&dirf, BOARD, access, true).map_err(|e| what(&e))?;
         let lock = Flock::exclusive(&board, mapped::LOCK_WAIT).map_err(|e| what(&e))?;
         if board.metadata().map_err(|e| what(&e))?.len() == 0 {
             board.set_len(BOARD_LEN as u64).map_err(|e| what(&e))?;
-            let _ = board.set_permissions(std::fs::Permissions::from_mode(0o666));
             board
                 .write_all_at(&BoardHeader::new(uuid, false).encode(), 0)
                 .map_err(|e| what(&e))?;
@@ -494,7 +492,7 @@ impl Coordinator {
                     .or_else(|| (0..MAX_SLOTS).find(|&i| Self::stale(&dir, i, &entries[i], now)))
                     .ok_or_else(|| what(&format!("all {MAX_SLOTS} entries are in use")))?;
                 // The state first, the entry last: a failure leaves the board as it was.
-                let own = Self::new_state(&dir, i, container, now)?;
+                let own = Self::new_state(&dir, &dirf, access, i, container, now)?;
                 let e = Entry::new(i, container, policy, param);
                 write_entry(&board, i, &e).map_err(|err| what(&err))?;
                 let old = entries[i];
@@ -527,14 +525,25 @@ impl Coordinator {
 
     /// A new state for container `container` as entry `i` in `dir` (self-service), replacing
     /// any file by its name.
-    fn new_state(dir: &Path, i: usize, container: u64, now: u64) -> Result<Mapped<State>, String> {
-        let path = dir.join(state_name(i, container));
+    fn new_state(
+        dir: &Path,
+        dirf: &File,
+        access: Access,
+        i: usize,
+        container: u64,
+        now: u64,
+    ) -> Result<Mapped<State>, String> {
+        let name = state_name(i, container);
+        let path = dir.join(&name);
         let _ = std::fs::remove_file(&path);
-        mapped::open::<State>(
+        let file = mapped::open_in(dirf, &name, access, true)
+            .map_err(|e| format!("coordinator state {}: open: {e}", path.display()))?;
+        mapped::open_file::<State>(
+            file,
             &path,
             mapped::Open {
                 create: true,
-                mode: 0o666,
+                mode: access.file_mode(),
             },
             |s| {
                 // SAFETY: a new file, its flock held, the magic unset: no reader trusts it yet.
@@ -780,17 +789,23 @@ mod tests {
     #[test]
     fn self_service_one_entry_per_container_and_caps_only_tighten() {
         let dir = temp("self");
-        let a = Coordinator::join_self(&dir, GPU, 11, POLICY_LIMIT, 300_000, 5).unwrap();
-        let b = Coordinator::join_self(&dir, GPU, 22, POLICY_SHARE, 2_000, 5).unwrap();
+        let a = Coordinator::join_self(&dir, GPU, 11, POLICY_LIMIT, 300_000, Access::Private, 5)
+            .unwrap();
+        let b =
+            Coordinator::join_self(&dir, GPU, 22, POLICY_SHARE, 2_000, Access::Private, 5).unwrap();
         assert_ne!(a.index(), b.index());
-        let again = Coordinator::join_self(&dir, GPU, 11, POLICY_LIMIT, 500_000, 6).unwrap();
+        let again =
+            Coordinator::join_self(&dir, GPU, 11, POLICY_LIMIT, 500_000, Access::Private, 6)
+                .unwrap();
         assert_eq!(again.index(), a.index());
         assert_eq!(
             again.entry().param,
             300_000,
             "a higher cap does not raise it"
         );
-        let lower = Coordinator::join_self(&dir, GPU, 11, POLICY_LIMIT, 100_000, 6).unwrap();
+        let lower =
+            Coordinator::join_self(&dir, GPU, 11, POLICY_LIMIT, 100_000, Access::Private, 6)
+                .unwrap();
         assert_eq!(lower.entry().param, 100_000);
         // The processes of one container share one state.
         a.own().consumed_ns.store(77, Relaxed);
@@ -800,27 +815,41 @@ mod tests {
         assert_eq!(seen[0].entry.container, 11);
         assert_eq!(seen[0].entry.param, 100_000);
         assert_eq!(seen[0].state.unwrap().consumed_ns, 77);
-        assert!(Coordinator::join_self(&dir, [8; 16], 11, POLICY_SHARE, 1, 5).is_ok());
+        assert!(
+            Coordinator::join_self(&dir, [8; 16], 11, POLICY_SHARE, 1, Access::Private, 5).is_ok()
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn a_dead_self_service_entry_is_given_back_once_stale() {
         let dir = temp("stale");
-        let gone = Coordinator::join_self(&dir, GPU, 33, POLICY_SHARE, 1_000, 10).unwrap();
+        let gone = Coordinator::join_self(&dir, GPU, 33, POLICY_SHARE, 1_000, Access::Private, 10)
+            .unwrap();
         let i = gone.index();
         drop(gone);
         // Every other entry taken by a live container.
         let live: Vec<_> = (0..MAX_SLOTS as u64 - 1)
-            .map(|c| Coordinator::join_self(&dir, GPU, 100 + c, POLICY_SHARE, 1, 10).unwrap())
+            .map(|c| {
+                Coordinator::join_self(&dir, GPU, 100 + c, POLICY_SHARE, 1, Access::Private, 10)
+                    .unwrap()
+            })
             .collect();
         assert!(live.iter().all(|c| c.index() != i));
-        let not_yet = Coordinator::join_self(&dir, GPU, 999, POLICY_SHARE, 1, 10 + STALE_NS / 2);
+        let not_yet = Coordinator::join_self(
+            &dir,
+            GPU,
+            999,
+            POLICY_SHARE,
+            1,
+            Access::Private,
+            10 + STALE_NS / 2,
+        );
         assert!(not_yet.err().unwrap().contains("all 64 entries are in use"));
         let (mut t, start) = (10 + STALE_NS, std::time::Instant::now());
         // (A thread forking elsewhere in this binary can hold the closed lease an instant.)
         let took = loop {
-            match Coordinator::join_self(&dir, GPU, 999, POLICY_SHARE, 1, t) {
+            match Coordinator::join_self(&dir, GPU, 999, POLICY_SHARE, 1, Access::Private, t) {
                 Ok(c) => break c,
                 Err(e) => assert!(start.elapsed().as_secs() < 2, "{e}"),
             }
@@ -833,13 +862,16 @@ mod tests {
     #[test]
     fn a_rerun_of_a_dead_container_claims_its_entry_afresh_with_its_new_policy() {
         let dir = temp("rerun");
-        let first = Coordinator::join_self(&dir, GPU, 11, POLICY_LIMIT, 100_000, 5).unwrap();
+        let first =
+            Coordinator::join_self(&dir, GPU, 11, POLICY_LIMIT, 100_000, Access::Private, 5)
+                .unwrap();
         let i = first.index();
         first.own().consumed_ns.store(5, Relaxed);
         drop(first);
         let start = std::time::Instant::now();
         let again = loop {
-            let c = Coordinator::join_self(&dir, GPU, 11, POLICY_SHARE, 3_000, 6).unwrap();
+            let c = Coordinator::join_self(&dir, GPU, 11, POLICY_SHARE, 3_000, Access::Private, 6)
+                .unwrap();
             if c.entry().policy == POLICY_SHARE || start.elapsed().as_secs() >= 2 {
                 break c;
             }
@@ -850,6 +882,34 @@ mod tests {
             (POLICY_SHARE, 3_000)
         );
         assert_eq!(again.own().consumed_ns.load(Relaxed), 0, "a fresh state");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Attack: the default self-service coordinator was 1777 with 0666 files, so any local
+    /// user could rewrite a GPU's board or another user's state. Now it is the caller's alone.
+    #[test]
+    fn a_self_service_coordinator_is_private_to_its_user() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = temp("private");
+        let c =
+            Coordinator::join_self(&dir, GPU, 11, POLICY_SHARE, 1_000, Access::Private, 5).unwrap();
+        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(c.dir()), 0o700);
+        assert_eq!(mode(&c.dir().join(BOARD)), 0o600);
+        assert_eq!(mode(&c.dir().join(state_name(c.index(), 11))), 0o600);
+        assert_eq!(
+            std::fs::metadata(c.dir().join(BOARD)).unwrap().uid(),
+            // SAFETY: geteuid has no preconditions.
+            unsafe { libc::geteuid() }
+        );
+        drop(c);
+        // A coordinator directory others can write is refused, with the reason.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let e = Coordinator::join_self(&dir, GPU, 11, POLICY_SHARE, 1_000, Access::Private, 6)
+            .err()
+            .unwrap();
+        assert!(e.contains("others can write it"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -896,7 +956,7 @@ mod tests {
         drop(cb);
         let cb = Coordinator::join_managed(&dir, GPU, b2, &pb2).unwrap();
         // Self-service processes cannot join or write a managed board.
-        let e = Coordinator::join_self(&dir, GPU, 33, POLICY_LIMIT, 1_000_000, 1)
+        let e = Coordinator::join_self(&dir, GPU, 33, POLICY_LIMIT, 1_000_000, Access::Private, 1)
             .err()
             .unwrap();
         assert!(e.contains("managed by the device plugin"), "{e}");

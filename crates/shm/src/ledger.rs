@@ -12,7 +12,7 @@
 //!
 //! The layout is mirrored in `include/cuvisor.h`; bump [`VERSION`] on any change.
 
-use crate::mapped::{self, Flock, Mapped};
+use crate::mapped::{self, Access, Flock, Mapped};
 use crate::{lease, process};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
@@ -173,21 +173,40 @@ fn check(l: &Layout) -> Result<(), String> {
 }
 
 impl Ledger {
-    /// Opens (creating and initialising if needed) `<dir>/ledger`.
+    /// Opens (creating and initialising if needed) `<dir>/ledger` as the device plugin's
+    /// containers share it ([`Access::Shared`]: a file every uid of the container may write).
     pub fn open_dir(dir: &Path) -> Result<Ledger, String> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("ledger {}: create directory: {e}", dir.display()))?;
-        Self::open(&dir.join(FILE_NAME), true)
+        Self::open_dir_as(dir, Access::Shared)
+    }
+
+    /// Opens (creating and initialising if needed) `<dir>/ledger` with `access` (see
+    /// [`Access`]): [`Access::Private`] where the environment alone configures cuvisor. The
+    /// directory is made if missing and never reached through a symbolic link.
+    pub fn open_dir_as(dir: &Path, access: Access) -> Result<Ledger, String> {
+        let d = mapped::open_dir(dir, access, true).map_err(|e| format!("ledger directory {e}"))?;
+        let path = dir.join(FILE_NAME);
+        let file = mapped::open_in(&d, FILE_NAME, access, true)
+            .map_err(|e| format!("ledger {}: open: {e}", path.display()))?;
+        Self::from_file(file, &path, true, access.file_mode())
     }
 
     /// Opens an existing ledger file; `create`: make it if missing.
     pub fn open(path: &Path, create: bool) -> Result<Ledger, String> {
-        let map = mapped::open::<Layout>(
+        let file = mapped::open_regular(path, true, create.then_some(0o666))
+            .map_err(|e| format!("ledger {}: open: {e}", path.display()))?;
+        Self::from_file(file, path, create, 0o666)
+    }
+
+    fn from_file(
+        file: std::fs::File,
+        path: &Path,
+        create: bool,
+        mode: u32,
+    ) -> Result<Ledger, String> {
+        let map = mapped::open_file::<Layout>(
+            file,
             path,
-            mapped::Open {
-                create,
-                mode: 0o666,
-            },
+            mapped::Open { create, mode },
             |l| {
                 // SAFETY: `open` hands a new file over with the flock held and the magic unset:
                 // no other process trusts these fields yet.

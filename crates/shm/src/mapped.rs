@@ -194,6 +194,186 @@ pub fn open_beneath(dir: &Path, name: &str) -> std::io::Result<File> {
     regular(unsafe { libc::openat(dirf.as_raw_fd(), cname.as_ptr(), libc::O_RDONLY | UNTRUSTED) })
 }
 
+/// Who may use the state (directories and files) cuvisor opens or makes.
+///
+/// Under the device plugin the plugin made the container's ledger directory (1777: a container
+/// may run processes of several uids that share one ledger), so the library takes it as it is
+/// and makes the ledger 0666 ([`Access::Shared`]). Where the environment alone configures
+/// cuvisor (no limits file: `cuvisor run`, a user's own shell), nothing says who else may use
+/// the state, so it is the caller's alone ([`Access::Private`]), or a group's where a setting
+/// names one ([`Access::Group`], the self-service coordinator's `CUVISOR_COORD_GROUP`).
+///
+/// Whatever the access, the directory is never reached through a symbolic link in its last
+/// component, and what is judged is the directory or file opened (`fstat` on its descriptor),
+/// not the path, so nothing swapped in between the check and the use counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Every uid's (the device plugin's containers, a limits file's author): one that exists is
+    /// used as it is; a directory made here is 1777, a file 0666, whatever the umask.
+    Shared,
+    /// The caller's alone: directories 0700, files 0600 whatever the umask; one that exists
+    /// must be owned by the caller's effective uid and writable by nobody else.
+    Private,
+    /// The caller's and group `gid`'s: directories 2770 and files 0660 of that group; one that
+    /// exists must belong to that group and not be writable by others outside it.
+    Group(u32),
+}
+
+impl Access {
+    /// The mode of a directory made here.
+    fn dir_mode(self) -> u32 {
+        match self {
+            Access::Shared => 0o1777,
+            Access::Private => 0o700,
+            Access::Group(_) => 0o2770,
+        }
+    }
+    /// The mode of a file made here.
+    pub fn file_mode(self) -> u32 {
+        match self {
+            Access::Shared => 0o666,
+            Access::Private => 0o600,
+            Access::Group(_) => 0o660,
+        }
+    }
+    /// Why a directory or file with this status may not be used, if it may not.
+    fn judge(self, st: &libc::stat) -> Result<(), String> {
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        let mode = st.st_mode & 0o7777;
+        match self {
+            Access::Shared => Ok(()),
+            Access::Private if st.st_uid != euid => Err(format!(
+                "is owned by uid {}, not by this user (uid {euid}): refused",
+                st.st_uid
+            )),
+            Access::Private if mode & 0o022 != 0 => Err(format!(
+                "has mode {mode:04o}: others can write it: refused (chmod go-w, or remove it)"
+            )),
+            Access::Group(g) if st.st_gid != g => Err(format!(
+                "belongs to group {}, not to the configured group {g}: refused",
+                st.st_gid
+            )),
+            Access::Group(_) if mode & 0o002 != 0 => Err(format!(
+                "has mode {mode:04o}: users outside the group can write it: refused"
+            )),
+            Access::Private | Access::Group(_) => Ok(()),
+        }
+    }
+    /// Gives what this process just made its mode (and group), whatever the umask.
+    fn apply(self, fd: libc::c_int, mode: u32) -> std::io::Result<()> {
+        // SAFETY: fchown/fchmod on a descriptor the caller holds open.
+        unsafe {
+            if let Access::Group(g) = self {
+                if libc::fchown(fd, u32::MAX, g) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if libc::fchmod(fd, mode as libc::mode_t) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+}
+
+fn fstat(fd: libc::c_int) -> std::io::Result<libc::stat> {
+    // SAFETY: zeroed stat is valid; fstat fills it for an open descriptor.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+/// Opens the directory `path` for state of `access`, making it first when `create` (its
+/// missing parents as `mkdir -p` would, itself with `access`'s mode whatever the umask). A
+/// symbolic link in its place is refused, never followed; a directory that is there is judged
+/// by `access` on its descriptor. The error is one line that starts with the path.
+pub fn open_dir(path: &Path, access: Access, create: bool) -> Result<File, String> {
+    let fail = |why: &dyn std::fmt::Display| format!("{} {why}", path.display());
+    let c = c_path(path.as_os_str().as_bytes()).map_err(|e| fail(&e))?;
+    let mut made = false;
+    if create {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| fail(&format!(": cannot create: {e}")))?;
+        }
+        // SAFETY: a valid NUL-terminated path.
+        if unsafe { libc::mkdir(c.as_ptr(), access.dir_mode() as libc::mode_t) } == 0 {
+            made = true;
+        } else {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EEXIST) {
+                return Err(fail(&format!(": cannot create: {e}")));
+            }
+        }
+    }
+    // SAFETY: a valid NUL-terminated path.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(match std::fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_symlink() => {
+                fail(&"is a symbolic link: refused, not followed")
+            }
+            Ok(m) if !m.is_dir() => fail(&"is not a directory"),
+            _ => fail(&format!(": {e}")),
+        });
+    }
+    // SAFETY: fd was just opened and is owned by nobody else.
+    let dir = unsafe { File::from_raw_fd(fd) };
+    let mut st = fstat(fd).map_err(|e| fail(&format!(": stat: {e}")))?;
+    // SAFETY: geteuid has no preconditions.
+    if made && st.st_uid == unsafe { libc::geteuid() } {
+        access
+            .apply(fd, access.dir_mode())
+            .map_err(|e| fail(&format!(": cannot set its mode: {e}")))?;
+        st = fstat(fd).map_err(|e| fail(&format!(": stat: {e}")))?;
+    }
+    access.judge(&st).map_err(|e| fail(&e))?;
+    Ok(dir)
+}
+
+/// Opens the regular file `name` in `dir` (a directory [`open_dir`] opened) read-write, as
+/// [`open_regular`] does (no symlink followed, no blocking), making it with `access`'s mode
+/// (whatever the umask) when `create` and it is not there. A file that was there is judged by
+/// `access` on its descriptor.
+pub fn open_in(dir: &File, name: &str, access: Access, create: bool) -> std::io::Result<File> {
+    if name.contains('/') {
+        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    }
+    let c = c_path(name.as_bytes())?;
+    let mode = access.file_mode();
+    let at = |flags: libc::c_int| {
+        // SAFETY: a valid dirfd and NUL-terminated name; the mode is read only with O_CREAT.
+        unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags, mode as libc::c_uint) }
+    };
+    let flags = UNTRUSTED | libc::O_RDWR;
+    if create {
+        let fd = at(flags | libc::O_CREAT | libc::O_EXCL);
+        if fd >= 0 {
+            let file = regular(fd)?;
+            access.apply(fd, mode)?;
+            return Ok(file);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EEXIST) {
+            return Err(e);
+        }
+    }
+    let file = regular(at(flags))?;
+    access
+        .judge(&fstat(file.as_raw_fd())?)
+        .map_err(std::io::Error::other)?;
+    Ok(file)
+}
+
 /// Reads up to `buf.len()` bytes from the start of `file`; fewer only at its end.
 pub fn read_head(file: &File, buf: &mut [u8]) -> std::io::Result<usize> {
     use std::os::unix::fs::FileExt as _;
@@ -284,10 +464,22 @@ pub fn open<T: Layout>(
     init: impl FnOnce(*mut T),
     check: impl FnOnce(&T) -> Result<(), String>,
 ) -> Result<Mapped<T>, String> {
+    let file = open_regular(path, true, how.create.then_some(how.mode))
+        .map_err(|e| err(T::WHAT, path, "open", e))?;
+    open_file(file, path, how, init, check)
+}
+
+/// As [`open`], for a file the caller opened (read-write, a regular file: [`open_in`]);
+/// `path` names it in messages.
+pub fn open_file<T: Layout>(
+    file: File,
+    path: &Path,
+    how: Open,
+    init: impl FnOnce(*mut T),
+    check: impl FnOnce(&T) -> Result<(), String>,
+) -> Result<Mapped<T>, String> {
     let what = T::WHAT;
     let size = std::mem::size_of::<T>();
-    let file = open_regular(path, true, how.create.then_some(how.mode))
-        .map_err(|e| err(what, path, "open", e))?;
     let lock = Flock::exclusive(&file, LOCK_WAIT).map_err(|e| err(what, path, "lock", e))?;
     let len = file
         .metadata()
@@ -442,6 +634,111 @@ mod tests {
             .unwrap()
             .contains("3 bytes"));
         assert!(open_tiny(&d.join("absent"), false).is_err());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    fn mode_of(p: &Path) -> (u32, u32, u32) {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(p).unwrap();
+        (m.mode() & 0o7777, m.uid(), m.gid())
+    }
+
+    fn is_root() -> bool {
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() == 0 }
+    }
+
+    /// Private state is made 0700 / 0600 and is the caller's; opened again, it is accepted.
+    #[test]
+    fn private_state_is_made_for_the_caller_alone() {
+        let d = scratch("private");
+        let dir = d.join("a/b/state");
+        let f = open_dir(&dir, Access::Private, true).unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        assert_eq!(mode_of(&dir).0, 0o700);
+        assert_eq!(mode_of(&dir).1, me);
+        drop(open_in(&f, "file", Access::Private, true).unwrap());
+        assert_eq!(mode_of(&dir.join("file")).0, 0o600);
+        assert!(open_in(&f, "file", Access::Private, false).is_ok());
+        assert!(open_dir(&dir, Access::Private, true).is_ok());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Attack: a symbolic link where the state directory goes (root then made a world-writable
+    /// ledger wherever it pointed). Refused, in every access, and nothing made where it points.
+    #[test]
+    fn a_symlinked_state_dir_is_refused_not_followed() {
+        let d = scratch("symlink");
+        std::fs::create_dir(d.join("target")).unwrap();
+        std::os::unix::fs::symlink(d.join("target"), d.join("link")).unwrap();
+        std::os::unix::fs::symlink(d.join("absent"), d.join("dangling")).unwrap();
+        for access in [Access::Private, Access::Shared, Access::Group(0)] {
+            for link in ["link", "dangling"] {
+                let e = open_dir(&d.join(link), access, true).unwrap_err();
+                assert!(e.contains("symbolic link"), "{access:?} {link}: {e}");
+            }
+        }
+        assert_eq!(std::fs::read_dir(d.join("target")).unwrap().count(), 0);
+        assert!(!d.join("absent").exists());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Attack: another user pre-creates the state directory (or makes it writable to all), or
+    /// plants a file in it. Private state refuses each, with the reason.
+    #[test]
+    fn state_of_another_user_or_writable_by_others_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = scratch("others");
+        let dir = d.join("state");
+        let f = open_dir(&dir, Access::Private, true).unwrap();
+        for mode in [0o777, 0o1777, 0o770, 0o720, 0o702] {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = open_dir(&dir, Access::Private, true).unwrap_err();
+            assert!(e.contains("others can write it"), "{mode:o}: {e}");
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(
+            open_dir(&dir, Access::Private, true).is_ok(),
+            "0755 of mine"
+        );
+        drop(open_in(&f, "file", Access::Private, true).unwrap());
+        std::fs::set_permissions(dir.join("file"), std::fs::Permissions::from_mode(0o666)).unwrap();
+        let e = open_in(&f, "file", Access::Private, true).unwrap_err();
+        assert!(e.to_string().contains("others can write it"), "{e}");
+        if !is_root() {
+            println!("SKIPPED: the other-owner half needs root (chown)");
+            let _ = std::fs::remove_dir_all(&d);
+            return;
+        }
+        std::fs::set_permissions(dir.join("file"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::chown(dir.join("file"), Some(1001), None).unwrap();
+        let e = open_in(&f, "file", Access::Private, true).unwrap_err();
+        assert!(e.to_string().contains("owned by uid 1001"), "{e}");
+        std::os::unix::fs::chown(&dir, Some(1001), Some(1001)).unwrap();
+        let e = open_dir(&dir, Access::Private, true).unwrap_err();
+        assert!(e.contains("owned by uid 1001, not by this user"), "{e}");
+        assert_eq!(e.lines().count(), 1);
+        // The same directory through a group setting: its group must be the one named.
+        let e = open_dir(&dir, Access::Group(4242), true).unwrap_err();
+        assert!(e.contains("not to the configured group 4242"), "{e}");
+        assert!(open_dir(&dir, Access::Group(1001), true).is_ok());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A group's state is made 2770 / 0660 of that group, whatever the umask.
+    #[test]
+    fn group_state_is_made_for_the_group() {
+        let d = scratch("group");
+        // SAFETY: getegid has no preconditions.
+        let g = unsafe { libc::getegid() };
+        let dir = d.join("coord");
+        let f = open_dir(&dir, Access::Group(g), true).unwrap();
+        assert_eq!(mode_of(&dir).0, 0o2770);
+        assert_eq!(mode_of(&dir).2, g);
+        drop(open_in(&f, "board", Access::Group(g), true).unwrap());
+        assert_eq!(mode_of(&dir.join("board")).0, 0o660);
+        assert_eq!(mode_of(&dir.join("board")).2, g);
         let _ = std::fs::remove_dir_all(&d);
     }
 
