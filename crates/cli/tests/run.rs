@@ -1391,3 +1391,100 @@ fn scratch_of_a_sigkilled_run_is_removed_by_the_next_run() {
     assert_eq!(live.wait().unwrap().code(), Some(0));
     assert!(!live_dir[0].exists());
 }
+
+/// Attack: `cuvisor run --state-dir D --memory 8Gi` on a directory an earlier `--memory 1Gi`
+/// made was held to 1 GiB without a word (the ledger keeps the limit it was made with). Now,
+/// with no live holder the new limits apply (a fresh ledger); while a process holds the ledger
+/// under other limits the run is refused with one line naming it and both limits; the same
+/// limits join it; once it is gone the new ones apply.
+#[test]
+fn a_state_dir_of_other_limits_gets_the_new_ones_or_a_refusal_naming_the_holder() {
+    let scratch = Scratch::new("state-dir-limits");
+    let state = scratch.path("state");
+    let s = state.to_str().unwrap();
+    let twin = twin().to_str().unwrap();
+    let run = |memory: &str, cmd: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--memory",
+            memory,
+            "--sim",
+            "single",
+            "--state-dir",
+            s,
+            "--",
+        ];
+        args.extend_from_slice(cmd);
+        args.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let go = |args: &[String]| {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        cuvisor(&a, &scratch, &[])
+    };
+    let limits = |state: &Path| -> Vec<u64> {
+        ledger_of(state)
+            .devices()
+            .map(|(_, _, e)| e.limit.load(Acquire))
+            .collect()
+    };
+    let ran = go(&run("1Gi", &[twin])).exits(0);
+    assert_twin_table(&ran.stdout(), 1024);
+    let ran = go(&run("8Gi", &[twin])).exits(0);
+    assert_twin_table(&ran.stdout(), 8 * 1024);
+    assert_eq!(limits(&state), vec![8 << 30]);
+
+    // A live holder under 8 GiB: a command that loaded the library and sleeps.
+    let holder_args = run("8Gi", &["sleep", "30"]);
+    let a: Vec<&str> = holder_args.iter().map(String::as_str).collect();
+    let mut holder = command(&a, &scratch, &[])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !cuvisor_shm::ledger::any_alive(&state).unwrap_or(false) {
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "the holder never took the ledger"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let pids: Vec<u32> = ledger_of(&state).live_procs().map(|(p, _)| p).collect();
+    assert_eq!(pids.len(), 1);
+    let ran = go(&run("1Gi", &[twin])).exits(1);
+    assert_eq!(ran.stdout(), "", "the command ran");
+    let err = ran.stderr();
+    assert_eq!(err.lines().count(), 1, "{}", ran.show());
+    for want in [
+        format!("error: --state-dir {s}: in use by "),
+        format!("process {}", pids[0]),
+        "under other limits (memory = 8589934592, compute = default".into(),
+        "not this run's (memory = 1073741824, compute = default)".into(),
+    ] {
+        assert!(err.contains(&want), "{want:?} not in {}", ran.show());
+    }
+    // The same limits join it.
+    let ran = go(&run("8Gi", &[twin])).exits(0);
+    assert_twin_table(&ran.stdout(), 8 * 1024);
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    // Gone: the new limits apply.
+    let t0 = std::time::Instant::now();
+    while cuvisor_shm::ledger::any_alive(&state).unwrap_or(true) {
+        assert!(t0.elapsed().as_secs() < 10, "the holder's lease stayed");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let ran = go(&run("1Gi", &[twin])).exits(0);
+    assert_twin_table(&ran.stdout(), 1024);
+    assert_eq!(limits(&state), vec![1 << 30]);
+    // The directory and what cuvisor made in it are this user's alone.
+    use std::os::unix::fs::MetadataExt as _;
+    for p in [state.clone(), state.join(FILE_NAME)] {
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().mode() & 0o077,
+            0,
+            "{}",
+            p.display()
+        );
+    }
+}
