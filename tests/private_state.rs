@@ -347,3 +347,40 @@ fn the_default_coordinator_is_private_to_its_user() {
     );
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// What must not break: under a limits file (the device plugin's, here through
+/// `CUVISOR_CONFIG`) the state directory is the file author's, made for every uid of a
+/// container (1777), and processes of two uids share one ledger, and so one quota.
+#[test]
+fn under_a_limits_file_two_uids_share_one_ledger() {
+    const TEST: &str = "under_a_limits_file_two_uids_share_one_ledger";
+    if common::is_child() {
+        return child();
+    }
+    if !can_switch_users(TEST) {
+        return;
+    }
+    let tmp = shared_tmp("file");
+    let state = tmp.join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let conf = tmp.join("limits.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "version = 1\nstate_dir = {}\nmemory = 1Gi\n",
+            state.display()
+        ),
+    )
+    .unwrap();
+    let conf = conf.to_str().unwrap();
+    for uid in [OWNER, OTHER] {
+        let o = run_as(TEST, uid, &tmp, &[("CUVISOR_CONFIG", conf)]);
+        assert!(allocated(&o), "uid {uid}: {}", show(&o));
+    }
+    assert_eq!(
+        mode(&state.join(cuvisor_shm::ledger::FILE_NAME)),
+        (0o666, OWNER)
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}
