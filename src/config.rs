@@ -24,10 +24,18 @@
 //! ([`MIN_SHARE`]: the container gets only time nobody else wants) with one line on stderr.
 //!
 //! Environment: `CUVISOR_MEMORY_LIMIT` ("6Gi" for every device, or "0=6Gi,1=2Gi"),
-//! `CUVISOR_STATE_DIR`, `CUVISOR_CONTEXT_RESERVE`. When a file is given the environment can only
-//! lower its limits. With neither a file nor a limit the library passes everything through.
-//! A malformed value is an error: the caller fails closed (refuses allocations), it never means
-//! "unlimited".
+//! `CUVISOR_STATE_DIR`, `CUVISOR_CONTEXT_RESERVE`; for compute `CUVISOR_COMPUTE`,
+//! `CUVISOR_COORD_DIR` and `CUVISOR_COORD_GROUP` (a group whose users share the self-service
+//! coordinators). When a file is given the environment can only lower its limits. With neither
+//! a file nor a limit the library passes everything through. A malformed value is an error:
+//! the caller fails closed (refuses allocations), it never means "unlimited". A variable set
+//! but empty or blank (`=$QUOTA` with QUOTA unset) is malformed, not unset: whoever set it meant
+//! a value (a compute setting is then read as the smallest share, as any malformed one).
+//!
+//! Who may use the state (`Access`, crates/shm's `mapped`): with a limits file, every uid of
+//! the container (the plugin made the directory for a container of several uids); with the
+//! environment alone, the caller alone (0700 / 0600; another user's directory, one others can
+//! write, or a symbolic link refused), or `CUVISOR_COORD_GROUP`'s group for the coordinators.
 
 pub use cuvisor_shm::mapped::Access;
 use std::path::{Path, PathBuf};

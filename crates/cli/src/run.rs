@@ -23,7 +23,8 @@
 //! LD_PRELOAD=<libcuvisor.so>[:<what was there>]
 //! CUVISOR_MEMORY_LIMIT=<bytes> | 0=<bytes>,1=<bytes>     (canonical: plain bytes; removed from
 //!                                                          the environment with --compute alone)
-//! CUVISOR_STATE_DIR=<--state-dir, or a fresh temporary directory>
+//! CUVISOR_STATE_DIR=<--state-dir (this user's; its limits applied or refused: see
+//!                    `state_dir`), or a fresh temporary directory>
 //! CUVISOR_COMPUTE=limit=P | share=W | share=memory | none (only with --compute; canonical:
 //!                                                          limit=30, share=1. Not given: what the
 //!                                                          environment has, else the library's
