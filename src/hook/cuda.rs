@@ -811,12 +811,17 @@ fn mem_unmap(real: impl Fn(CUdeviceptr, usize) -> u32, ptr: CUdeviceptr, size: u
     r
 }
 
+/// An array's descriptor, or the line saying there was none to read.
+fn descriptor<T: Copy>(desc: *const T) -> Result<T, String> {
+    read(desc).ok_or_else(|| "no array descriptor (CUDA_ERROR_INVALID_VALUE)".to_string())
+}
+
 fn array_create(
     real: impl Fn(*mut CUarray, *const CUDA_ARRAY_DESCRIPTOR) -> u32,
     a: *mut CUarray,
     desc: *const CUDA_ARRAY_DESCRIPTOR,
 ) -> u32 {
-    let bytes = read(desc)
+    let bytes = descriptor(desc)
         .and_then(|d| crate::quota::array_bytes(d.Width, d.Height, 1, d.Format, d.NumChannels, 1));
     handle_alloc("cuArrayCreate_v2", bytes, a, || real(a, desc))
 }
@@ -826,7 +831,7 @@ fn array3d_create(
     a: *mut CUarray,
     desc: *const CUDA_ARRAY3D_DESCRIPTOR,
 ) -> u32 {
-    let bytes = read(desc).and_then(|d| {
+    let bytes = descriptor(desc).and_then(|d| {
         crate::quota::array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, 1)
     });
     handle_alloc("cuArray3DCreate_v2", bytes, a, || real(a, desc))
@@ -838,7 +843,7 @@ fn array_create_v1(
     a: *mut CUarray,
     desc: *const CUDA_ARRAY_DESCRIPTOR_v1,
 ) -> u32 {
-    let bytes = read(desc).and_then(|d| {
+    let bytes = descriptor(desc).and_then(|d| {
         crate::quota::array_bytes(
             d.Width as usize,
             d.Height as usize,
@@ -856,7 +861,7 @@ fn array3d_create_v1(
     a: *mut CUarray,
     desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1,
 ) -> u32 {
-    let bytes = read(desc).and_then(|d| {
+    let bytes = descriptor(desc).and_then(|d| {
         crate::quota::array_bytes(
             d.Width as usize,
             d.Height as usize,
@@ -875,18 +880,28 @@ fn mipmapped_create(
     desc: *const CUDA_ARRAY3D_DESCRIPTOR,
     levels: c_uint,
 ) -> u32 {
-    let bytes = read(desc).and_then(|d| {
+    let bytes = descriptor(desc).and_then(|d| {
         crate::quota::array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, levels)
     });
     handle_alloc("cuMipmappedArrayCreate", bytes, a, || real(a, desc, levels))
 }
 
 /// An allocation that returns an opaque handle in `*out` (arrays, mipmapped arrays): charged
-/// `bytes` and recorded by handle; passed through when the size cannot be read or `out` is NULL
-/// (the driver's error then).
-fn handle_alloc<H>(call: &str, bytes: Option<u64>, out: *mut *mut H, go: impl Fn() -> u32) -> u32 {
+/// `bytes` and recorded by handle. A NULL `out` goes to the driver for its own INVALID_VALUE.
+/// A size that cannot be computed (Err: the line to print) is refused with
+/// CUDA_ERROR_INVALID_VALUE, the driver's answer for such a descriptor, and never passed
+/// through (the driver might take memory no one charged).
+fn handle_alloc<H>(
+    call: &str,
+    bytes: Result<u64, String>,
+    out: *mut *mut H,
+    go: impl Fn() -> u32,
+) -> u32 {
+    if out.is_null() {
+        return go();
+    }
     match bytes {
-        Some(b) if !out.is_null() => charged(
+        Ok(b) => charged(
             call,
             None,
             b,
@@ -895,7 +910,17 @@ fn handle_alloc<H>(call: &str, bytes: Option<u64>, out: *mut *mut H, go: impl Fn
             true,
         )
         .unwrap_or_else(&go),
-        _ => go(),
+        Err(why) => match crate::mode() {
+            Mode::PassThrough => go(),
+            Mode::Broken(_) => {
+                crate::log::refused_broken(call);
+                OOM
+            }
+            Mode::Enforce(q) => {
+                q.log_unsized(call, &why);
+                err::INVALID_VALUE
+            }
+        },
     }
 }
 

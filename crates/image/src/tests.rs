@@ -107,10 +107,8 @@ fn fat_binaries_are_walked_entry_by_entry() {
     ]);
     assert_eq!(from_bytes(&fat), Image::Fat(Fat::default()));
     // SAFETY: a complete fat binary in memory.
-    assert_eq!(
-        unsafe { from_ptr(fat.as_ptr() as *const c_void) },
-        Image::Fat(Fat::default())
-    );
+    let by_ptr = unsafe { from_ptr(fat.as_ptr() as *const c_void) };
+    assert_eq!(by_ptr, Image::Fat(Fat::default()));
     assert!(Image::Fat(Fat::default()).has_kernel("any"));
     let mut bad = fat.clone();
     bad[0x10 + 8] = 0xff; // the first entry's payload runs past the end
