@@ -165,3 +165,271 @@ fn block_compressed_arrays_are_charged() {
         .stdout()
         .contains("child: block-compressed arrays charged"));
 }
+
+// ---- modules and libraries ------------------------------------------------------------------------
+
+/// PTX with one `.global` of `bytes` bytes (NUL-terminated).
+fn ptx_with_global(bytes: u64) -> Vec<u8> {
+    format!(
+        ".version 8.8\n.target sm_90\n.address_size 64\n\
+         .visible .global .align 4 .b8 big[{bytes}];\n\
+         .visible .entry sim_busy(\n.param .u64 p\n)\n{{\nret;\n}}\n\0"
+    )
+    .into_bytes()
+}
+
+fn load_data(image: &[u8]) -> Result<cu::CUmodule, R> {
+    let mut m = null_mut();
+    // SAFETY: see above.
+    match unsafe { cu::cuModuleLoadData(&mut m, image.as_ptr() as *const _) } {
+        CUDA_SUCCESS => Ok(m),
+        e => Err(e),
+    }
+}
+
+fn seven_modules() {
+    setup();
+    let base = free_mem();
+    assert_eq!(base, GIB);
+    let big = ptx_with_global(2 * GIB);
+    for _ in 0..7 {
+        assert_eq!(load_data(&big).err(), Some(CUDA_ERROR_OUT_OF_MEMORY));
+    }
+    assert_eq!(free_mem(), base, "nothing taken, nothing shown taken");
+    // What fits is charged, and given back exactly at unload.
+    let m = load_data(&ptx_with_global(256 * MIB)).unwrap();
+    assert_eq!(base - free_mem(), 256 * MIB);
+    let (mut p, mut n) = (0, 0);
+    // SAFETY: see above.
+    unsafe { ok(cu::cuModuleGetGlobal_v2(&mut p, &mut n, m, c"big".as_ptr())) };
+    assert_eq!(n as u64, 256 * MIB);
+    let more: Vec<_> = (0..3)
+        .map(|_| load_data(&ptx_with_global(256 * MIB)))
+        .collect();
+    assert_eq!(more.iter().filter(|r| r.is_ok()).count(), 3);
+    assert_eq!(free_mem(), 0);
+    assert_eq!(
+        load_data(&ptx_with_global(1)).err(),
+        Some(CUDA_ERROR_OUT_OF_MEMORY)
+    );
+    let mut q = 0;
+    // SAFETY: see above.
+    unsafe {
+        assert_eq!(
+            cu::cuMemAlloc_v2(&mut q, 512 << 20),
+            CUDA_ERROR_OUT_OF_MEMORY
+        );
+        ok(cu::cuModuleUnload(m));
+        for r in more {
+            ok(cu::cuModuleUnload(r.unwrap()));
+        }
+    }
+    assert_eq!(free_mem(), base, "unload gives back exactly");
+    println!("child: modules held to the quota");
+}
+
+#[test]
+fn seven_ptx_modules_with_2_gib_globals_are_held_to_a_1_gib_quota() {
+    if is_child() {
+        return seven_modules();
+    }
+    let ledger = ledger_dir("modules-seven");
+    let out = child(
+        "seven_ptx_modules_with_2_gib_globals_are_held_to_a_1_gib_quota",
+        &ledger,
+        "1Gi",
+    );
+    assert!(out.stdout().contains("child: modules held to the quota"));
+    assert!(
+        out.stderr()
+            .lines()
+            .any(|l| l.starts_with("cuvisor: cuModuleLoadData of 2.00 GiB on GPU 0 refused")),
+        "{}",
+        out.stderr()
+    );
+    assert_eq!(ledger_used(&ledger), vec![0]);
+}
+
+fn library_load(image: &[u8]) -> Result<cu::CUlibrary, R> {
+    let mut l = null_mut();
+    // SAFETY: see above.
+    let r = unsafe {
+        cu::cuLibraryLoadData(
+            &mut l,
+            image.as_ptr() as *const _,
+            null_mut(),
+            null_mut(),
+            0,
+            null_mut(),
+            null_mut(),
+            0,
+        )
+    };
+    if r == CUDA_SUCCESS {
+        Ok(l)
+    } else {
+        Err(r)
+    }
+}
+
+fn libraries() {
+    setup();
+    let base = free_mem();
+    for _ in 0..3 {
+        assert_eq!(
+            library_load(&ptx_with_global(2 * GIB)).err(),
+            Some(CUDA_ERROR_OUT_OF_MEMORY)
+        );
+    }
+    let l = library_load(&ptx_with_global(512 * MIB)).unwrap();
+    assert_eq!(base - free_mem(), 512 * MIB, "charged at load");
+    let (mut p, mut n) = (0, 0);
+    // SAFETY: see above.
+    unsafe { ok(cu::cuLibraryGetGlobal(&mut p, &mut n, l, c"big".as_ptr())) };
+    assert_eq!(n as u64, 512 * MIB);
+    assert_eq!(
+        base - free_mem(),
+        512 * MIB,
+        "taken in this context: no more"
+    );
+    assert_eq!(
+        library_load(&ptx_with_global(768 * MIB)).err(),
+        Some(CUDA_ERROR_OUT_OF_MEMORY)
+    );
+    // SAFETY: see above.
+    unsafe { ok(cu::cuLibraryUnload(l)) };
+    assert_eq!(free_mem(), base, "given back at unload");
+    println!("child: libraries charged");
+}
+
+#[test]
+fn library_load_data_globals_are_charged() {
+    if is_child() {
+        return libraries();
+    }
+    let ledger = ledger_dir("libraries");
+    let out = child("library_load_data_globals_are_charged", &ledger, "1Gi");
+    assert!(out.stdout().contains("child: libraries charged"));
+}
+
+fn teardown() {
+    let primary = setup();
+    let base = free_mem();
+    let img = ptx_with_global(256 * MIB);
+    // SAFETY: see above.
+    unsafe {
+        // A created context: destroyed with a module still loaded in it.
+        let mut c = null_mut();
+        ok(cu::cuCtxCreate_v2(&mut c, 0, 0));
+        load_data(&img).unwrap();
+        assert_eq!(base - free_mem(), 256 * MIB);
+        ok(cu::cuCtxDestroy_v2(c));
+        ok(cu::cuCtxSetCurrent(primary));
+        assert_eq!(free_mem(), base, "cuCtxDestroy gives back its modules");
+        // The primary context, reset (as cudaDeviceReset does).
+        load_data(&img).unwrap();
+        assert_eq!(base - free_mem(), 256 * MIB);
+        ok(cu::cuDevicePrimaryCtxReset_v2(0));
+        assert_eq!(free_mem(), base, "a primary reset gives back its modules");
+        // The primary context's last release.
+        let mut p = null_mut();
+        ok(cu::cuDevicePrimaryCtxRetain(&mut p, 0));
+        ok(cu::cuCtxSetCurrent(p));
+        load_data(&img).unwrap();
+        assert_eq!(base - free_mem(), 256 * MIB);
+        ok(cu::cuDevicePrimaryCtxRelease_v2(0));
+        ok(cu::cuDevicePrimaryCtxRelease_v2(0));
+        ok(cu::cuDevicePrimaryCtxRetain(&mut p, 0));
+        ok(cu::cuCtxSetCurrent(p));
+        assert_eq!(free_mem(), base, "the last release gives back its modules");
+    }
+    println!("child: teardown gave back");
+}
+
+#[test]
+fn context_teardown_gives_back_its_modules() {
+    if is_child() {
+        return teardown();
+    }
+    let ledger = ledger_dir("modules-teardown");
+    let out = child("context_teardown_gives_back_its_modules", &ledger, "1Gi");
+    assert!(out.stdout().contains("child: teardown gave back"));
+}
+
+/// Cubins in fat binaries (Zstandard as CUDA 13's libraries store them, LZ4 as CUDA 12's) and
+/// image files are sized too; an entry stored some way the library cannot undo is refused with
+/// one line, never loaded uncharged.
+fn fat_and_files() {
+    use cuvisor_image::make::{cubin, fat_entry, fatbin, Packing};
+    setup();
+    let base = free_mem();
+    let two_gib = cubin(&["k"], &[("g", 2 * GIB)], &[]);
+    let quarter = cubin(&["k"], &[("g", 256 * MIB)], &[]);
+    let mut m = null_mut();
+    // SAFETY: see above.
+    unsafe {
+        // First: refusal lines are printed at most once a second.
+        let odd = fatbin(&[fat_entry(2, &quarter, Packing::Unknown)]);
+        let r = cu::cuModuleLoadData(&mut m, odd.as_ptr() as *const _);
+        assert_eq!(r, CUDA_ERROR_OUT_OF_MEMORY, "cannot be sized: refused");
+        for packing in [Packing::Zstd, Packing::Lz4] {
+            let fat = fatbin(&[fat_entry(2, &two_gib, packing)]);
+            let r = cu::cuModuleLoadFatBinary(&mut m, fat.as_ptr() as *const _);
+            assert_eq!(r, CUDA_ERROR_OUT_OF_MEMORY, "{packing:?}");
+        }
+        let fat = fatbin(&[fat_entry(2, &quarter, Packing::Zstd)]);
+        ok(cu::cuModuleLoadFatBinary(&mut m, fat.as_ptr() as *const _));
+        assert_eq!(base - free_mem(), 256 * MIB);
+        ok(cu::cuModuleUnload(m));
+        let path = std::env::temp_dir().join(format!("cuvisor-cubin-{}", std::process::id()));
+        std::fs::write(&path, &two_gib).unwrap();
+        let cpath = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        assert_eq!(
+            cu::cuModuleLoad(&mut m, cpath.as_ptr()),
+            CUDA_ERROR_OUT_OF_MEMORY
+        );
+        let mut l = null_mut();
+        let r = cu::cuLibraryLoadFromFile(
+            &mut l,
+            cpath.as_ptr(),
+            null_mut(),
+            null_mut(),
+            0,
+            null_mut(),
+            null_mut(),
+            0,
+        );
+        assert_eq!(r, CUDA_ERROR_OUT_OF_MEMORY);
+        std::fs::write(&path, &quarter).unwrap();
+        ok(cu::cuModuleLoad(&mut m, cpath.as_ptr()));
+        assert_eq!(base - free_mem(), 256 * MIB);
+        ok(cu::cuModuleUnload(m));
+        assert_eq!(
+            cu::cuModuleLoad(&mut m, c"/nonexistent/cubin".as_ptr()),
+            CUDA_ERROR_FILE_NOT_FOUND
+        );
+        let _ = std::fs::remove_file(&path);
+    }
+    assert_eq!(free_mem(), base);
+    println!("child: fat binaries and files charged");
+}
+
+#[test]
+fn fat_binaries_and_image_files_are_charged() {
+    if is_child() {
+        return fat_and_files();
+    }
+    let ledger = ledger_dir("modules-fat");
+    let out = child("fat_binaries_and_image_files_are_charged", &ledger, "1Gi");
+    assert!(out
+        .stdout()
+        .contains("child: fat binaries and files charged"));
+    assert!(
+        out.stderr()
+            .lines()
+            .any(|l| l.starts_with("cuvisor: cuModuleLoadData refused")
+                && l.contains("cannot be computed")),
+        "{}",
+        out.stderr()
+    );
+}

@@ -16,6 +16,7 @@
 
 use super::hooks;
 use super::{procaddr, Lib, Real};
+use crate::quota::modules::Gone;
 use crate::quota::pools::{Denial, Destroy, PoolDriver};
 use crate::quota::{charged_size, Quota, Refusal};
 use crate::Mode;
@@ -94,7 +95,7 @@ static REAL_DEVICE_GET_DEFAULT_MEM_POOL: Real = Real::new(Lib::Cuda, c"cuDeviceG
 static REAL_DEVICE_SET_MEM_POOL: Real = Real::new(Lib::Cuda, c"cuDeviceSetMemPool");
 static REAL_POINTER_GET_ATTRIBUTE: Real = Real::new(Lib::Cuda, c"cuPointerGetAttribute");
 static REAL_STREAM_GET_CTX: Real = Real::new(Lib::Cuda, c"cuStreamGetCtx");
-static REAL_CTX_GET_CURRENT: Real = Real::new(Lib::Cuda, c"cuCtxGetCurrent");
+pub(super) static REAL_CTX_GET_CURRENT: Real = Real::new(Lib::Cuda, c"cuCtxGetCurrent");
 static REAL_CTX_PUSH: Real = Real::new(Lib::Cuda, c"cuCtxPushCurrent_v2");
 static REAL_CTX_POP: Real = Real::new(Lib::Cuda, c"cuCtxPopCurrent_v2");
 
@@ -105,7 +106,7 @@ fn call_real<F: Copy>(r: &Real) -> Option<F> {
 }
 
 /// Visible device count, asked once (after cuInit succeeded; -1 until then).
-fn device_count() -> i32 {
+pub(super) fn device_count() -> i32 {
     static COUNT: AtomicI32 = AtomicI32::new(-1);
     let c = COUNT.load(Relaxed);
     if c >= 0 {
@@ -160,7 +161,7 @@ fn stream_ordinal(stream: CUstream) -> Option<i32> {
 }
 
 /// The ordinal of the current context's device.
-fn current_ordinal() -> Option<i32> {
+pub(super) fn current_ordinal() -> Option<i32> {
     if device_count() == 1 {
         return Some(0); // one visible device: every allocation is on it, no driver call needed
     }
@@ -177,7 +178,7 @@ fn uuid_of(ordinal: i32) -> Option<[u8; 16]> {
     (unsafe { f(&mut u, ordinal) } == SUCCESS).then_some(u.bytes)
 }
 
-fn entry_of(q: &Quota, ordinal: i32) -> Option<usize> {
+pub(super) fn entry_of(q: &Quota, ordinal: i32) -> Option<usize> {
     q.entry(ordinal, || uuid_of(ordinal))
 }
 
@@ -948,18 +949,20 @@ fn allocation_gone(ptr: u64) -> bool {
     }
 }
 
-/// After a context went away with allocations still in it: give back what they were charged.
-fn after_teardown() {
+/// After a context went away with allocations still in it: give back what they were charged,
+/// and what the modules loaded in it were.
+fn after_teardown(gone: Gone) {
     if let Mode::Enforce(q) = crate::mode() {
         q.sweep(&q.ptrs, allocation_gone);
     }
+    super::module::context_gone(gone);
     settle_pools(None);
 }
 
 fn ctx_destroy(real: impl Fn(CUcontext) -> u32, ctx: CUcontext) -> u32 {
     let r = handle_destroy(&real, ctx);
     if r == SUCCESS {
-        after_teardown();
+        after_teardown(Gone::Context(ctx as u64));
     }
     r
 }
@@ -1120,7 +1123,7 @@ fn primary_release(real: impl Fn(CUdevice) -> u32, dev: CUdevice) -> u32 {
     }
     // The last reference destroyed the context, and with it what was allocated in it.
     if matches!(crate::mode(), Mode::Enforce(_)) && primary_active(dev) == Some(false) {
-        after_teardown();
+        after_teardown(Gone::Primary(dev));
     }
     res
 }
@@ -1136,7 +1139,7 @@ fn primary_reset(real: impl Fn(CUdevice) -> u32, dev: CUdevice) -> u32 {
         if let Mode::Enforce(q) = crate::mode() {
             q.release(&q.handles, primary_key(dev));
         }
-        after_teardown();
+        after_teardown(Gone::Primary(dev));
     }
     res
 }
