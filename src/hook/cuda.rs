@@ -16,6 +16,7 @@
 
 use super::hooks;
 use super::{procaddr, Lib, Real};
+use crate::quota::modules::Gone;
 use crate::quota::pools::{Denial, Destroy, PoolDriver};
 use crate::quota::{charged_size, Quota, Refusal};
 use crate::Mode;
@@ -94,7 +95,7 @@ static REAL_DEVICE_GET_DEFAULT_MEM_POOL: Real = Real::new(Lib::Cuda, c"cuDeviceG
 static REAL_DEVICE_SET_MEM_POOL: Real = Real::new(Lib::Cuda, c"cuDeviceSetMemPool");
 static REAL_POINTER_GET_ATTRIBUTE: Real = Real::new(Lib::Cuda, c"cuPointerGetAttribute");
 static REAL_STREAM_GET_CTX: Real = Real::new(Lib::Cuda, c"cuStreamGetCtx");
-static REAL_CTX_GET_CURRENT: Real = Real::new(Lib::Cuda, c"cuCtxGetCurrent");
+pub(super) static REAL_CTX_GET_CURRENT: Real = Real::new(Lib::Cuda, c"cuCtxGetCurrent");
 static REAL_CTX_PUSH: Real = Real::new(Lib::Cuda, c"cuCtxPushCurrent_v2");
 static REAL_CTX_POP: Real = Real::new(Lib::Cuda, c"cuCtxPopCurrent_v2");
 
@@ -105,7 +106,7 @@ fn call_real<F: Copy>(r: &Real) -> Option<F> {
 }
 
 /// Visible device count, asked once (after cuInit succeeded; -1 until then).
-fn device_count() -> i32 {
+pub(super) fn device_count() -> i32 {
     static COUNT: AtomicI32 = AtomicI32::new(-1);
     let c = COUNT.load(Relaxed);
     if c >= 0 {
@@ -160,7 +161,7 @@ fn stream_ordinal(stream: CUstream) -> Option<i32> {
 }
 
 /// The ordinal of the current context's device.
-fn current_ordinal() -> Option<i32> {
+pub(super) fn current_ordinal() -> Option<i32> {
     if device_count() == 1 {
         return Some(0); // one visible device: every allocation is on it, no driver call needed
     }
@@ -177,7 +178,7 @@ fn uuid_of(ordinal: i32) -> Option<[u8; 16]> {
     (unsafe { f(&mut u, ordinal) } == SUCCESS).then_some(u.bytes)
 }
 
-fn entry_of(q: &Quota, ordinal: i32) -> Option<usize> {
+pub(super) fn entry_of(q: &Quota, ordinal: i32) -> Option<usize> {
     q.entry(ordinal, || uuid_of(ordinal))
 }
 
@@ -811,12 +812,17 @@ fn mem_unmap(real: impl Fn(CUdeviceptr, usize) -> u32, ptr: CUdeviceptr, size: u
     r
 }
 
+/// An array's descriptor, or the line saying there was none to read.
+fn descriptor<T: Copy>(desc: *const T) -> Result<T, String> {
+    read(desc).ok_or_else(|| "no array descriptor (CUDA_ERROR_INVALID_VALUE)".to_string())
+}
+
 fn array_create(
     real: impl Fn(*mut CUarray, *const CUDA_ARRAY_DESCRIPTOR) -> u32,
     a: *mut CUarray,
     desc: *const CUDA_ARRAY_DESCRIPTOR,
 ) -> u32 {
-    let bytes = read(desc)
+    let bytes = descriptor(desc)
         .and_then(|d| crate::quota::array_bytes(d.Width, d.Height, 1, d.Format, d.NumChannels, 1));
     handle_alloc("cuArrayCreate_v2", bytes, a, || real(a, desc))
 }
@@ -826,7 +832,7 @@ fn array3d_create(
     a: *mut CUarray,
     desc: *const CUDA_ARRAY3D_DESCRIPTOR,
 ) -> u32 {
-    let bytes = read(desc).and_then(|d| {
+    let bytes = descriptor(desc).and_then(|d| {
         crate::quota::array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, 1)
     });
     handle_alloc("cuArray3DCreate_v2", bytes, a, || real(a, desc))
@@ -838,7 +844,7 @@ fn array_create_v1(
     a: *mut CUarray,
     desc: *const CUDA_ARRAY_DESCRIPTOR_v1,
 ) -> u32 {
-    let bytes = read(desc).and_then(|d| {
+    let bytes = descriptor(desc).and_then(|d| {
         crate::quota::array_bytes(
             d.Width as usize,
             d.Height as usize,
@@ -856,7 +862,7 @@ fn array3d_create_v1(
     a: *mut CUarray,
     desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1,
 ) -> u32 {
-    let bytes = read(desc).and_then(|d| {
+    let bytes = descriptor(desc).and_then(|d| {
         crate::quota::array_bytes(
             d.Width as usize,
             d.Height as usize,
@@ -875,18 +881,28 @@ fn mipmapped_create(
     desc: *const CUDA_ARRAY3D_DESCRIPTOR,
     levels: c_uint,
 ) -> u32 {
-    let bytes = read(desc).and_then(|d| {
+    let bytes = descriptor(desc).and_then(|d| {
         crate::quota::array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, levels)
     });
     handle_alloc("cuMipmappedArrayCreate", bytes, a, || real(a, desc, levels))
 }
 
 /// An allocation that returns an opaque handle in `*out` (arrays, mipmapped arrays): charged
-/// `bytes` and recorded by handle; passed through when the size cannot be read or `out` is NULL
-/// (the driver's error then).
-fn handle_alloc<H>(call: &str, bytes: Option<u64>, out: *mut *mut H, go: impl Fn() -> u32) -> u32 {
+/// `bytes` and recorded by handle. A NULL `out` goes to the driver for its own INVALID_VALUE.
+/// A size that cannot be computed (Err: the line to print) is refused with
+/// CUDA_ERROR_INVALID_VALUE, the driver's answer for such a descriptor, and never passed
+/// through (the driver might take memory no one charged).
+fn handle_alloc<H>(
+    call: &str,
+    bytes: Result<u64, String>,
+    out: *mut *mut H,
+    go: impl Fn() -> u32,
+) -> u32 {
+    if out.is_null() {
+        return go();
+    }
     match bytes {
-        Some(b) if !out.is_null() => charged(
+        Ok(b) => charged(
             call,
             None,
             b,
@@ -895,7 +911,17 @@ fn handle_alloc<H>(call: &str, bytes: Option<u64>, out: *mut *mut H, go: impl Fn
             true,
         )
         .unwrap_or_else(&go),
-        _ => go(),
+        Err(why) => match crate::mode() {
+            Mode::PassThrough => go(),
+            Mode::Broken(_) => {
+                crate::log::refused_broken(call);
+                OOM
+            }
+            Mode::Enforce(q) => {
+                q.log_unsized(call, &why);
+                err::INVALID_VALUE
+            }
+        },
     }
 }
 
@@ -923,18 +949,20 @@ fn allocation_gone(ptr: u64) -> bool {
     }
 }
 
-/// After a context went away with allocations still in it: give back what they were charged.
-fn after_teardown() {
+/// After a context went away with allocations still in it: give back what they were charged,
+/// and what the modules loaded in it were.
+fn after_teardown(gone: Gone) {
     if let Mode::Enforce(q) = crate::mode() {
         q.sweep(&q.ptrs, allocation_gone);
     }
+    super::module::context_gone(gone);
     settle_pools(None);
 }
 
 fn ctx_destroy(real: impl Fn(CUcontext) -> u32, ctx: CUcontext) -> u32 {
     let r = handle_destroy(&real, ctx);
     if r == SUCCESS {
-        after_teardown();
+        after_teardown(Gone::Context(ctx as u64));
     }
     r
 }
@@ -1095,7 +1123,7 @@ fn primary_release(real: impl Fn(CUdevice) -> u32, dev: CUdevice) -> u32 {
     }
     // The last reference destroyed the context, and with it what was allocated in it.
     if matches!(crate::mode(), Mode::Enforce(_)) && primary_active(dev) == Some(false) {
-        after_teardown();
+        after_teardown(Gone::Primary(dev));
     }
     res
 }
@@ -1111,7 +1139,7 @@ fn primary_reset(real: impl Fn(CUdevice) -> u32, dev: CUdevice) -> u32 {
         if let Mode::Enforce(q) = crate::mode() {
             q.release(&q.handles, primary_key(dev));
         }
-        after_teardown();
+        after_teardown(Gone::Primary(dev));
     }
     res
 }

@@ -11,6 +11,7 @@
 mod cuda;
 mod dlsym;
 mod launch;
+mod module;
 mod nvml;
 mod procaddr;
 
@@ -187,6 +188,7 @@ pub fn all_hooks() -> impl Iterator<Item = &'static Hook> {
     cuda::table()
         .iter()
         .chain(launch::table())
+        .chain(module::table())
         .chain(nvml::table())
 }
 

@@ -4,6 +4,7 @@
 //! No FFI here: `hook` asks the driver (for a device's UUID, for physical memory) and passes the
 //! answers in, so everything below is unit-tested without a GPU.
 
+pub mod modules;
 pub mod pools;
 pub mod table;
 pub mod vmm;
@@ -49,6 +50,8 @@ pub struct Quota {
     pub mappings: vmm::Mappings,
     /// Stream-ordered pools this process allocated from, charged by what they reserve.
     pub pools: pools::Pools,
+    /// Loaded modules and libraries, charged by their variables.
+    pub images: modules::Images,
     last_refusal_log: AtomicU64,
 }
 
@@ -83,6 +86,7 @@ impl Quota {
             handles: Table::new(1 << 16).ok_or("cannot reserve the handle table")?,
             mappings: vmm::Mappings::default(),
             pools: pools::Pools::new(),
+            images: modules::Images::default(),
             last_refusal_log: AtomicU64::new(0),
         })
     }
@@ -242,6 +246,25 @@ impl Quota {
         }
     }
 
+    /// One line on stderr for an allocation refused because its size cannot be computed, at
+    /// most once a second (with the other refusals).
+    pub fn log_unsized(&self, call: &str, why: &str) {
+        if self.refusal_log_due() {
+            crate::log::error(&format!("{call} refused: {why}"));
+        }
+    }
+
+    /// Whether a refusal line may be printed now (at most one a second).
+    fn refusal_log_due(&self) -> bool {
+        let now = now_ms();
+        let last = self.last_refusal_log.load(Relaxed);
+        now.saturating_sub(last) >= 1000
+            && self
+                .last_refusal_log
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
+    }
+
     /// One line on stderr for a refused allocation, at most once a second.
     pub fn log_refusal(&self, call: &str, ordinal: i32, requested: u64, why: Refusal) {
         if let Refusal::Quota(_) = why {
@@ -254,17 +277,9 @@ impl Quota {
                 self.ledger.note_denied(e as usize - 1);
             }
         }
-        let now = now_ms();
-        let last = self.last_refusal_log.load(Relaxed);
-        if now.saturating_sub(last) < 1000
-            || self
-                .last_refusal_log
-                .compare_exchange(last, now, Relaxed, Relaxed)
-                .is_err()
-        {
-            return;
+        if self.refusal_log_due() {
+            crate::log::error(&refusal_message(call, ordinal, requested, why));
         }
-        crate::log::error(&refusal_message(call, ordinal, requested, why));
     }
 }
 
@@ -285,9 +300,11 @@ pub fn view(limit: u64, used: u64, phys_free: u64, phys_total: u64) -> MemView {
     }
 }
 
-/// Bytes of a CUDA array (all mip levels): width x height x depth x channels x element size,
-/// each dimension at least 1 and halved per level, rounded up to 512 bytes as the simulated driver
-/// does. None for formats whose size is not a plain element size (those pass through uncharged).
+/// Bytes of a CUDA array (all mip levels), rounded up to 512 bytes: the size its format's
+/// texel blocks give each level (cuda-abi's `array_bytes`: every format of the CUDA 13 headers,
+/// checked arithmetic). Err (the line to print) where it cannot be computed, which is where the
+/// driver refuses the descriptor too (an unknown format, a bad channel or level count, a zero
+/// width, extents whose size overflows 64 bits): the allocation is refused, never passed through.
 pub fn array_bytes(
     w: usize,
     h: usize,
@@ -295,22 +312,15 @@ pub fn array_bytes(
     format: i32,
     channels: u32,
     levels: u32,
-) -> Option<u64> {
-    let elem = cuvisor_cuda_abi::cuda::array_format_bytes(format)? as u64;
-    if w == 0 || !matches!(channels, 1 | 2 | 4) || levels == 0 {
-        return None;
-    }
-    let shrink = |x: usize, l: u32| if x == 0 { 1 } else { (x >> l).max(1) as u64 };
-    let mut total = 0u64;
-    for l in 0..levels.min(64) {
-        total = total.checked_add(
-            shrink(w, l)
-                .checked_mul(shrink(h, l))?
-                .checked_mul(shrink(d, l))?
-                .checked_mul(elem * channels as u64)?,
-        )?;
-    }
-    Some(total.div_ceil(512) * 512)
+) -> Result<u64, String> {
+    cuvisor_cuda_abi::cuda::array_bytes(w as u64, h as u64, d as u64, format, channels, levels)
+        .and_then(|b| b.checked_next_multiple_of(GRANULE))
+        .ok_or_else(|| {
+            format!(
+                "an array of format {format:#x}, {channels} channel(s), {w} x {h} x {d}, \
+                 {levels} level(s) has no size the driver would accept (CUDA_ERROR_INVALID_VALUE)"
+            )
+        })
 }
 
 pub fn refusal_message(call: &str, ordinal: i32, requested: u64, why: Refusal) -> String {
@@ -448,20 +458,28 @@ pub(crate) mod tests {
 
     #[test]
     fn array_sizes() {
-        assert_eq!(array_bytes(1024, 1024, 0, 32, 4, 1), Some(16 << 20)); // float4
+        assert_eq!(array_bytes(1024, 1024, 0, 0x20, 4, 1), Ok(16 << 20)); // float4
         assert_eq!(
             array_bytes(1024, 1024, 0, 1, 1, 3),
-            Some(1024 * 1024 + 512 * 512 + 256 * 256)
+            Ok(1024 * 1024 + 512 * 512 + 256 * 256)
         );
+        assert_eq!(array_bytes(10, 0, 0, 1, 1, 1), Ok(512), "rounded up to 512");
         assert_eq!(
-            array_bytes(10, 0, 0, 1, 1, 1),
-            Some(512),
-            "rounded up to 512"
+            array_bytes(1920, 1080, 0, 0xb0, 1, 1),
+            Ok((1920 * 1080 * 3 / 2u64).next_multiple_of(512)),
+            "NV12: 12 bits a pixel"
         );
-        assert_eq!(
-            array_bytes(10, 1, 1, 0xb0, 1, 1),
-            None,
-            "NV12: not a plain element size"
+    }
+
+    /// The sizes the library cannot compute are refusals, with the line to print.
+    #[test]
+    fn arrays_it_cannot_size_are_errors() {
+        let err = array_bytes(1, 1, 1, 0x7777, 1, 1).unwrap_err();
+        assert!(err.contains("format 0x7777"), "{err}");
+        assert!(array_bytes(1 << 40, 1 << 40, 1 << 40, 0x20, 4, 1).is_err());
+        assert!(
+            array_bytes(1 << 62, 2, 0, 0x20, 4, 2).is_err(),
+            "levels overflow"
         );
     }
 

@@ -399,15 +399,119 @@ pub struct CUDA_ARRAY3D_DESCRIPTOR_v1 {
     pub Flags: c_uint,
 }
 
-/// Bytes per channel element of a `CUarray_format`, or None for formats the simulator does not
-/// model (block-compressed and video formats).
-pub fn array_format_bytes(format: c_int) -> Option<usize> {
-    match format {
-        1 | 8 => Some(1),       // UNSIGNED_INT8, SIGNED_INT8
-        2 | 9 | 16 => Some(2),  // UNSIGNED_INT16, SIGNED_INT16, HALF
-        3 | 10 | 32 => Some(4), // UNSIGNED_INT32, SIGNED_INT32, FLOAT
-        _ => None,
+/// How a `CUarray_format` lays out texels: blocks of `w` x `h` texels, `bytes` each, and
+/// whether the descriptor's NumChannels multiplies them (the plain integer and float formats,
+/// whose element is one channel) or the format fixes its own channels (all the others).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TexelBlock {
+    pub w: u64,
+    pub h: u64,
+    pub bytes: u64,
+    pub per_channel: bool,
+}
+
+/// The layout of every `CUarray_format` of the CUDA 13 headers (cuda.h `CUarray_format_enum`;
+/// the CUDA Driver API reference, "enum CUarray_format", gives each value and its meaning), or
+/// None for a value that is none of them.
+///
+/// - Plain formats: their element per channel (UNSIGNED/SIGNED_INT8/16/32, HALF, FLOAT).
+/// - `UNORM_INT8X1` ... `SNORM_INT16X4`: N channels of 8 or 16 bits per texel.
+/// - Block-compressed: 4x4 texel blocks of 8 bytes (BC1, BC4) or 16 bytes (BC2, BC3, BC5,
+///   BC6H, BC7) (Microsoft, "Texture Block Compression in Direct3D 11" / "BCn formats").
+/// - YUV: planar and semi-planar 4:2:0 formats hold a full-size luma plane and chroma planes a
+///   quarter of its size (NV12: 12 bits per pixel; P010/P016 the same at 16 bits per sample:
+///   24), 4:2:2 ones chroma half its size (NV16: 16 bits per pixel, P210/P216: 32), packed 4:2:2
+///   ones 2 samples per pixel (YUY2: 4 bytes per 2 pixels; Y210/Y216: 8), packed 4:4:4 ones one
+///   32-bit (AYUV, Y410) or 64-bit (Y416) word per pixel, and 4:4:4 planar ones three samples
+///   per pixel (8-bit: 3 bytes; 10- and 16-bit samples take 16 bits: 6) (Microsoft, "Recommended
+///   8-Bit YUV Formats for Video Rendering" and "10-bit and 16-bit YUV Video Formats"). A
+///   subsampled format is counted in blocks of 2x2 (4:2:0) or 2x1 (4:2:2) pixels, so an odd
+///   extent is rounded up, never down.
+pub fn array_format_block(format: c_int) -> Option<TexelBlock> {
+    let plain = |bytes| TexelBlock {
+        w: 1,
+        h: 1,
+        bytes,
+        per_channel: true,
+    };
+    let px = |bytes| TexelBlock {
+        w: 1,
+        h: 1,
+        bytes,
+        per_channel: false,
+    };
+    let block = |w, h, bytes| TexelBlock {
+        w,
+        h,
+        bytes,
+        per_channel: false,
+    };
+    Some(match format {
+        0x01 | 0x08 => plain(1),                      // UNSIGNED_INT8, SIGNED_INT8
+        0x02 | 0x09 | 0x10 => plain(2),               // UNSIGNED_INT16, SIGNED_INT16, HALF
+        0x03 | 0x0a | 0x20 => plain(4),               // UNSIGNED_INT32, SIGNED_INT32, FLOAT
+        0xc0 | 0xc6 => px(1),                         // UNORM_INT8X1, SNORM_INT8X1
+        0xc1 | 0xc7 => px(2),                         // UNORM_INT8X2, SNORM_INT8X2
+        0xc2 | 0xc8 => px(4),                         // UNORM_INT8X4, SNORM_INT8X4
+        0xc3 | 0xc9 => px(2),                         // UNORM_INT16X1, SNORM_INT16X1
+        0xc4 | 0xca => px(4),                         // UNORM_INT16X2, SNORM_INT16X2
+        0xc5 | 0xcb => px(8),                         // UNORM_INT16X4, SNORM_INT16X4
+        0x91 | 0x92 | 0x97 | 0x98 => block(4, 4, 8),  // BC1 (+SRGB), BC4 (UNORM, SNORM)
+        0x93..=0x96 | 0x99..=0x9e => block(4, 4, 16), // BC2, BC3 (+SRGB), BC5, BC6H, BC7 (+SRGB)
+        0xb0 | 0x53 | 0x59 => block(2, 2, 6), // NV12, UINT8_SEMIPLANAR_420, UINT8_PLANAR_420
+        0x9f | 0xa1 | 0x54 | 0x5a => block(2, 2, 12), // P010, P016, UINT16_(SEMI)PLANAR_420
+        0xa2 | 0x55 | 0x5b => block(2, 1, 4), // NV16, UINT8_(SEMI)PLANAR_422
+        0xa3 | 0xa4 | 0x56 | 0x5c => block(2, 1, 8), // P210, P216, UINT16_(SEMI)PLANAR_422
+        0xa5 | 0x51 => block(2, 1, 4),        // YUY2, UINT8_PACKED_422
+        0xa6 | 0xa7 => block(2, 1, 8),        // Y210, Y216
+        0xa8 | 0xa9 | 0x52 | 0x50 => px(4),   // AYUV, Y410, UINT8_PACKED_444, UNORM_INT_101010_2
+        0xb1 => px(8),                        // Y416
+        0xb2 | 0xb4 | 0x57 | 0x5d => px(3),   // Y444_PLANAR8, YUV444_8bit_SemiPlanar, UINT8_*_444
+        0xb3 | 0xb5 | 0x58 | 0x5e => px(6), // Y444_PLANAR10, YUV444_16bit_SemiPlanar, UINT16_*_444
+        _ => return None,
+    })
+}
+
+/// Bytes of a CUDA array of `levels` mip levels (1 for a plain array): each level's extent is
+/// the previous one halved (at least 1; an extent of 0, a 1D or 2D array's missing dimension,
+/// counts as 1), in the format's texel blocks, rounded up. None where the driver would refuse
+/// the descriptor or its size does not fit in 64 bits: an unknown format, NumChannels other
+/// than 1, 2 or 4 for a per-channel format, a zero width, no levels or more than the extent
+/// allows (a level beyond 1x1x1), or an overflow anywhere (checked arithmetic: a real array
+/// that large exceeds every device's maximum extents, which the driver refuses with
+/// CUDA_ERROR_INVALID_VALUE).
+pub fn array_bytes(
+    w: u64,
+    h: u64,
+    d: u64,
+    format: c_int,
+    channels: c_uint,
+    levels: u32,
+) -> Option<u64> {
+    let b = array_format_block(format)?;
+    if w == 0 || (b.per_channel && !matches!(channels, 1 | 2 | 4)) {
+        return None;
     }
+    let max_levels = u64::BITS - w.max(h).max(d).leading_zeros();
+    if levels == 0 || levels > max_levels {
+        return None;
+    }
+    let bytes = if b.per_channel {
+        b.bytes.checked_mul(channels as u64)?
+    } else {
+        b.bytes
+    };
+    let shrink = |x: u64, l: u32| (x >> l).max(1);
+    let mut total = 0u64;
+    for l in 0..levels {
+        let level = shrink(w, l)
+            .div_ceil(b.w)
+            .checked_mul(shrink(h, l).div_ceil(b.h))?
+            .checked_mul(shrink(d, l))?
+            .checked_mul(bytes)?;
+        total = total.checked_add(level)?;
+    }
+    Some(total)
 }
 
 #[cfg(test)]
@@ -416,6 +520,103 @@ mod tests {
     use super::*;
     use cudarc::driver::sys as s;
     use std::mem::{offset_of, size_of};
+
+    /// Every `CUarray_format` of cuda.h 12.8 (cudarc's bindgen output) has a layout; the
+    /// values CUDA 12.9/13 added after it (YUV444 semi-planar, UNORM_INT_101010_2, the
+    /// UINT8/UINT16 packed, semi-planar and planar ones: the CUDA 13 driver API reference) too.
+    #[test]
+    fn every_array_format_has_a_layout() {
+        use s::CUarray_format_enum as F;
+        let cuda_12_8 = [
+            F::CU_AD_FORMAT_UNSIGNED_INT8,
+            F::CU_AD_FORMAT_UNSIGNED_INT16,
+            F::CU_AD_FORMAT_UNSIGNED_INT32,
+            F::CU_AD_FORMAT_SIGNED_INT8,
+            F::CU_AD_FORMAT_SIGNED_INT16,
+            F::CU_AD_FORMAT_SIGNED_INT32,
+            F::CU_AD_FORMAT_HALF,
+            F::CU_AD_FORMAT_FLOAT,
+            F::CU_AD_FORMAT_NV12,
+            F::CU_AD_FORMAT_UNORM_INT8X1,
+            F::CU_AD_FORMAT_UNORM_INT8X2,
+            F::CU_AD_FORMAT_UNORM_INT8X4,
+            F::CU_AD_FORMAT_UNORM_INT16X1,
+            F::CU_AD_FORMAT_UNORM_INT16X2,
+            F::CU_AD_FORMAT_UNORM_INT16X4,
+            F::CU_AD_FORMAT_SNORM_INT8X1,
+            F::CU_AD_FORMAT_SNORM_INT8X2,
+            F::CU_AD_FORMAT_SNORM_INT8X4,
+            F::CU_AD_FORMAT_SNORM_INT16X1,
+            F::CU_AD_FORMAT_SNORM_INT16X2,
+            F::CU_AD_FORMAT_SNORM_INT16X4,
+            F::CU_AD_FORMAT_BC1_UNORM,
+            F::CU_AD_FORMAT_BC1_UNORM_SRGB,
+            F::CU_AD_FORMAT_BC2_UNORM,
+            F::CU_AD_FORMAT_BC2_UNORM_SRGB,
+            F::CU_AD_FORMAT_BC3_UNORM,
+            F::CU_AD_FORMAT_BC3_UNORM_SRGB,
+            F::CU_AD_FORMAT_BC4_UNORM,
+            F::CU_AD_FORMAT_BC4_SNORM,
+            F::CU_AD_FORMAT_BC5_UNORM,
+            F::CU_AD_FORMAT_BC5_SNORM,
+            F::CU_AD_FORMAT_BC6H_UF16,
+            F::CU_AD_FORMAT_BC6H_SF16,
+            F::CU_AD_FORMAT_BC7_UNORM,
+            F::CU_AD_FORMAT_BC7_UNORM_SRGB,
+            F::CU_AD_FORMAT_P010,
+            F::CU_AD_FORMAT_P016,
+            F::CU_AD_FORMAT_NV16,
+            F::CU_AD_FORMAT_P210,
+            F::CU_AD_FORMAT_P216,
+            F::CU_AD_FORMAT_YUY2,
+            F::CU_AD_FORMAT_Y210,
+            F::CU_AD_FORMAT_Y216,
+            F::CU_AD_FORMAT_AYUV,
+            F::CU_AD_FORMAT_Y410,
+            F::CU_AD_FORMAT_Y416,
+            F::CU_AD_FORMAT_Y444_PLANAR8,
+            F::CU_AD_FORMAT_Y444_PLANAR10,
+        ];
+        for f in cuda_12_8 {
+            assert!(array_format_block(f as c_int).is_some(), "{f:?}");
+        }
+        for v in [0xb4, 0xb5, 0x50].into_iter().chain(0x51..=0x5e) {
+            assert!(array_format_block(v).is_some(), "{v:#x}");
+        }
+        assert_eq!(
+            array_format_block(0x7fff_ffff),
+            None,
+            "CU_AD_FORMAT_MAX is no format"
+        );
+    }
+
+    #[test]
+    fn array_sizes_are_block_exact_and_checked() {
+        assert_eq!(array_bytes(1024, 1024, 0, 0x20, 4, 1), Some(16 << 20));
+        assert_eq!(
+            array_bytes(5, 5, 0, 0x91, 1, 1),
+            Some(4 * 8),
+            "BC1: 2x2 blocks of 8"
+        );
+        assert_eq!(
+            array_bytes(3, 3, 0, 0xb0, 1, 1),
+            Some(4 * 6),
+            "NV12 rounds odd extents up"
+        );
+        assert_eq!(array_bytes(1, 1, 1, 0x20, 3, 1), None, "three channels");
+        assert_eq!(array_bytes(4, 4, 0, 0x20, 1, 4), None, "a level beyond 1x1");
+        assert_eq!(
+            array_bytes(u64::MAX / 2, 2, 0, 0x20, 4, 1),
+            None,
+            "overflow"
+        );
+        let w = (((1u128 << 64) + (1 << 32) + 4) / 6) as u64;
+        assert_eq!(
+            array_bytes(w, 0, 0, 0x20, 1, 2),
+            None,
+            "the sum of levels overflows"
+        );
+    }
 
     #[test]
     fn error_codes_match_cuda_h() {

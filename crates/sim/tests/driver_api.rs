@@ -352,6 +352,23 @@ fn allocation_paths_charge_and_free_exactly() {
             CUDA_ERROR_INVALID_VALUE,
             "1024 has 11 levels"
         );
+        // Two levels of a float array 4w + 2w = 2^64 + 4 GiB + 4 bytes: the simulator's own
+        // arithmetic is checked (it took 4 GiB, the wrapped sum, before), and such extents are
+        // beyond every device's maximum, which the real driver refuses with INVALID_VALUE.
+        let w = (((1u128 << 64) + (1 << 32) + 4) / 6) as usize;
+        let wrap = cu::CUDA_ARRAY3D_DESCRIPTOR {
+            Width: w,
+            Height: 0,
+            Depth: 0,
+            Format: cu::CUarray_format::CU_AD_FORMAT_FLOAT,
+            NumChannels: 1,
+            Flags: 0,
+        };
+        assert_eq!(
+            cu::cuMipmappedArrayCreate(&mut mip, &wrap, 2),
+            CUDA_ERROR_INVALID_VALUE,
+            "a mipmapped array whose size wraps"
+        );
         assert_eq!(free_mem(), base);
 
         // Data round-trips through memset and the copy entry points.

@@ -7,9 +7,9 @@
 //! Copies and memsets take no simulated time.
 
 use crate::ctx::{self, Context};
-use crate::image::{self, Image};
 use crate::{cstr, drv, export, mem, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
+use cuvisor_image::{self as image, Image};
 use cuvisor_sim::state::{now_ns, sleep_until};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -753,8 +753,15 @@ fn load_library(
     write(library, h as *mut c_void)
 }
 
+/// Reads an image file (cuModuleLoad, cuLibraryLoadFromFile); one that cannot be read is
+/// opaque (the caller checked it is a file).
+fn image_file(path: &str) -> Image {
+    std::fs::read(path).map_or(Image::Opaque, |b| image::from_bytes(&b))
+}
+
 pub(crate) fn load_module(module: *mut CUmodule, image: *const c_void) -> Res {
-    load_module_of(module, image, || image::from_ptr(image))
+    // SAFETY: the caller's image, readable by the driver API's contract (see `image::from_ptr`).
+    load_module_of(module, image, || unsafe { image::from_ptr(image) })
 }
 
 /// Loads `read()`'s image into the current context, with memory for each of its variables.
@@ -808,7 +815,7 @@ export! {
         if !std::path::Path::new(path).is_file() {
             return Err(err::FILE_NOT_FOUND);
         }
-        load_module_of(module, fname as *const c_void, || image::from_file(path))
+        load_module_of(module, fname as *const c_void, || image_file(path))
     }
     fn cuModuleUnload(module: CUmodule) {
         drv()?;
@@ -825,7 +832,8 @@ export! {
     }
 
     fn cuLibraryLoadData(library: *mut *mut c_void, code: *const c_void, jit_keys: *const c_void, jit_values: *const c_void, jit_n: c_uint, lib_keys: *const c_void, lib_values: *const c_void, lib_n: c_uint) {
-        load_library(library, code, || image::from_ptr(code), jit_n, jit_keys, jit_values, lib_n, lib_keys, lib_values)
+        // SAFETY: the caller's image, readable by the driver API's contract.
+        load_library(library, code, || unsafe { image::from_ptr(code) }, jit_n, jit_keys, jit_values, lib_n, lib_keys, lib_values)
     }
     fn cuLibraryLoadFromFile(library: *mut *mut c_void, file: *const c_char, jit_keys: *const c_void, jit_values: *const c_void, jit_n: c_uint, lib_keys: *const c_void, lib_values: *const c_void, lib_n: c_uint) {
         drv()?;
@@ -833,7 +841,7 @@ export! {
         if !std::path::Path::new(path).is_file() {
             return Err(err::FILE_NOT_FOUND);
         }
-        load_library(library, file as *const c_void, || image::from_file(path), jit_n, jit_keys, jit_values, lib_n, lib_keys, lib_values)
+        load_library(library, file as *const c_void, || image_file(path), jit_n, jit_keys, jit_values, lib_n, lib_keys, lib_values)
     }
     /// The library goes, and with it its module, its kernels and their functions.
     fn cuLibraryUnload(library: *mut c_void) {

@@ -14,7 +14,7 @@
 mod ctx;
 mod exec;
 mod export_table;
-mod image;
+
 mod mem;
 mod proc_table;
 mod procaddr;

@@ -771,21 +771,19 @@ fn arrays() -> &'static Registry<ArrayObj> {
     R.get_or_init(Registry::new)
 }
 
+/// Bytes of an array, or CUDA_ERROR_INVALID_VALUE where the driver refuses its descriptor
+/// (see `array_bytes` in cuda-abi: every format of the CUDA 13 headers, checked arithmetic; a
+/// size that does not fit in 64 bits needs extents beyond every device's maximum, which the
+/// real driver refuses with CUDA_ERROR_INVALID_VALUE).
 fn array_bytes(
     w: usize,
     h: usize,
     d: usize,
     format: c_int,
     channels: c_uint,
+    levels: u32,
 ) -> Result<u64, CUresult> {
-    let elem = array_format_bytes(format).ok_or(err::INVALID_VALUE)?;
-    if w == 0 || !matches!(channels, 1 | 2 | 4) {
-        return Err(err::INVALID_VALUE);
-    }
-    (w as u64)
-        .checked_mul(h.max(1) as u64)
-        .and_then(|x| x.checked_mul(d.max(1) as u64))
-        .and_then(|x| x.checked_mul(elem as u64 * channels as u64))
+    cuvisor_cuda_abi::cuda::array_bytes(w as u64, h as u64, d as u64, format, channels, levels)
         .ok_or(err::INVALID_VALUE)
 }
 
@@ -794,7 +792,9 @@ fn create_array(out: *mut CUarray, bytes: u64) -> Res {
     if out.is_null() {
         return Err(err::INVALID_VALUE);
     }
-    let charged = round_up(bytes, ALIGN);
+    let charged = bytes
+        .checked_next_multiple_of(ALIGN)
+        .ok_or(err::INVALID_VALUE)?;
     charge(c.dev, charged)?;
     let (h, _) = arrays().insert(ArrayObj {
         dev: c.dev,
@@ -1361,35 +1361,26 @@ export! {
 
     fn cuArrayCreate_v2(out: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) {
         let d: CUDA_ARRAY_DESCRIPTOR = read(desc)?;
-        create_array(out, array_bytes(d.Width, d.Height, 1, d.Format, d.NumChannels)?)
+        create_array(out, array_bytes(d.Width, d.Height, 1, d.Format, d.NumChannels, 1)?)
     }
     fn cuArray3DCreate_v2(out: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) {
         let d: CUDA_ARRAY3D_DESCRIPTOR = read(desc)?;
-        create_array(out, array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels)?)
+        create_array(out, array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, 1)?)
     }
     /// The CUDA 2.x forms: 32-bit extents (cuda.h `CUDA_ARRAY_DESCRIPTOR_v1`), otherwise the
     /// same (libcuda exports both; cuGetProcAddress hands these out below version 3020).
     fn cuArrayCreate(out: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) {
         let d: CUDA_ARRAY_DESCRIPTOR_v1 = read(desc)?;
-        create_array(out, array_bytes(d.Width as usize, d.Height as usize, 1, d.Format, d.NumChannels)?)
+        create_array(out, array_bytes(d.Width as usize, d.Height as usize, 1, d.Format, d.NumChannels, 1)?)
     }
     fn cuArray3DCreate(out: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1) {
         let d: CUDA_ARRAY3D_DESCRIPTOR_v1 = read(desc)?;
-        create_array(out, array_bytes(d.Width as usize, d.Height as usize, d.Depth as usize, d.Format, d.NumChannels)?)
+        create_array(out, array_bytes(d.Width as usize, d.Height as usize, d.Depth as usize, d.Format, d.NumChannels, 1)?)
     }
     fn cuArrayDestroy(a: CUarray) { destroy_array(a as usize) }
     fn cuMipmappedArrayCreate(out: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) {
         let d: CUDA_ARRAY3D_DESCRIPTOR = read(desc)?;
-        let max_dim = d.Width.max(d.Height).max(d.Depth).max(1);
-        let max_levels = usize::BITS - max_dim.leading_zeros();
-        if levels == 0 || levels > max_levels {
-            return Err(err::INVALID_VALUE);
-        }
-        let shrink = |x: usize, l: u32| if x == 0 { 0 } else { (x >> l).max(1) };
-        let mut total = 0u64;
-        for l in 0..levels {
-            total += array_bytes(shrink(d.Width, l), shrink(d.Height, l), shrink(d.Depth, l), d.Format, d.NumChannels)?;
-        }
+        let total = array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, levels)?;
         create_array(out as *mut CUarray, total)
     }
     fn cuMipmappedArrayDestroy(a: CUmipmappedArray) { destroy_array(a as usize) }
