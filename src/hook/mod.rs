@@ -10,6 +10,7 @@
 
 mod cuda;
 mod dlsym;
+mod graph;
 mod launch;
 mod nvml;
 mod procaddr;
@@ -187,6 +188,7 @@ pub fn all_hooks() -> impl Iterator<Item = &'static Hook> {
     cuda::table()
         .iter()
         .chain(launch::table())
+        .chain(graph::table())
         .chain(nvml::table())
 }
 

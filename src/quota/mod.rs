@@ -4,6 +4,7 @@
 //! No FFI here: `hook` asks the driver (for a device's UUID, for physical memory) and passes the
 //! answers in, so everything below is unit-tested without a GPU.
 
+pub mod graph;
 pub mod pools;
 pub mod table;
 pub mod vmm;
@@ -49,6 +50,8 @@ pub struct Quota {
     pub mappings: vmm::Mappings,
     /// Stream-ordered pools this process allocated from, charged by what they reserve.
     pub pools: pools::Pools,
+    /// CUDA graph memory: each device's graph memory pool, charged by what it reserves.
+    pub graph: graph::GraphMem,
     last_refusal_log: AtomicU64,
 }
 
@@ -83,6 +86,7 @@ impl Quota {
             handles: Table::new(1 << 16).ok_or("cannot reserve the handle table")?,
             mappings: vmm::Mappings::default(),
             pools: pools::Pools::new(),
+            graph: graph::GraphMem::default(),
             last_refusal_log: AtomicU64::new(0),
         })
     }

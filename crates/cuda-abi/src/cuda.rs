@@ -587,17 +587,44 @@ mod tests {
     #[test]
     fn enum_constants_match_cuda_h() {
         use s::CUgraphMem_attribute_enum as G;
-        assert_eq!(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, G::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT as i32);
-        assert_eq!(CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, G::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH as i32);
-        assert_eq!(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT as i32);
-        assert_eq!(CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH, G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH as i32);
+        assert_eq!(
+            CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT,
+            G::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT as i32
+        );
+        assert_eq!(
+            CU_GRAPH_MEM_ATTR_USED_MEM_HIGH,
+            G::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH as i32
+        );
+        assert_eq!(
+            CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+            G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT as i32
+        );
+        assert_eq!(
+            CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH,
+            G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH as i32
+        );
         use s::CUgraphNodeType_enum as N;
-        assert_eq!(CU_GRAPH_NODE_TYPE_KERNEL, N::CU_GRAPH_NODE_TYPE_KERNEL as i32);
-        assert_eq!(CU_GRAPH_NODE_TYPE_MEM_ALLOC, N::CU_GRAPH_NODE_TYPE_MEM_ALLOC as i32);
-        assert_eq!(CU_GRAPH_NODE_TYPE_MEM_FREE, N::CU_GRAPH_NODE_TYPE_MEM_FREE as i32);
+        assert_eq!(
+            CU_GRAPH_NODE_TYPE_KERNEL,
+            N::CU_GRAPH_NODE_TYPE_KERNEL as i32
+        );
+        assert_eq!(
+            CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+            N::CU_GRAPH_NODE_TYPE_MEM_ALLOC as i32
+        );
+        assert_eq!(
+            CU_GRAPH_NODE_TYPE_MEM_FREE,
+            N::CU_GRAPH_NODE_TYPE_MEM_FREE as i32
+        );
         use s::CUgraphInstantiate_flags_enum as F;
-        assert_eq!(CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH, F::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH.0 as u64);
-        assert_eq!(CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD, F::CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD.0 as u64);
+        assert_eq!(
+            CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+            F::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH.0 as u64
+        );
+        assert_eq!(
+            CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD,
+            F::CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD.0 as u64
+        );
         assert_eq!(
             CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
             s::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD as i32

@@ -1925,7 +1925,15 @@ fn alloc_node(g: cu::CUgraph, bytes: usize) -> (cu::CUgraphNode, cu::CUdeviceptr
     p.bytesize = bytes;
     let mut node = null_mut();
     // SAFETY: see the file-level note.
-    unsafe { ok(cu::cuGraphAddMemAllocNode(&mut node, g, null_mut(), 0, &mut p)) };
+    unsafe {
+        ok(cu::cuGraphAddMemAllocNode(
+            &mut node,
+            g,
+            null_mut(),
+            0,
+            &mut p,
+        ))
+    };
     assert_ne!(p.dptr, 0, "the node's address is returned at creation");
     (node, p.dptr)
 }
@@ -1954,7 +1962,11 @@ fn graph_memory_is_taken_at_launch_kept_after_free_and_given_back_by_trim() {
         assert_eq!((p.bytesize, p.dptr), (100 * MIB, dptr));
         let mut exec = null_mut();
         ok(cu::cuGraphInstantiateWithFlags(&mut exec, g, 0));
-        assert_eq!(free_mem(), base, "nothing taken at creation or instantiation");
+        assert_eq!(
+            free_mem(),
+            base,
+            "nothing taken at creation or instantiation"
+        );
         assert_eq!(graph_mem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), 0);
 
         let mut s = null_mut();
@@ -2025,7 +2037,9 @@ fn graph_memory_is_taken_at_launch_kept_after_free_and_given_back_by_trim() {
 /// the graph memory pool's memory between launches.
 #[test]
 fn a_captured_cumemallocasync_becomes_an_allocation_node_that_takes_nothing_at_capture() {
-    in_child!("a_captured_cumemallocasync_becomes_an_allocation_node_that_takes_nothing_at_capture");
+    in_child!(
+        "a_captured_cumemallocasync_becomes_an_allocation_node_that_takes_nothing_at_capture"
+    );
     setup();
     use cu::CUgraphMem_attribute::*;
     let base = free_mem();
@@ -2127,7 +2141,11 @@ fn a_graph_launch_the_device_cannot_back_fails_with_out_of_memory() {
         ok(cu::cuMemFree_v2(hog));
         ok(cu::cuGraphUpload(exec, s));
         assert_eq!(graph_mem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), 2 * GIB);
-        assert_eq!(graph_mem(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT), 0, "mapped, not live");
+        assert_eq!(
+            graph_mem(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
+            0,
+            "mapped, not live"
+        );
         ok(cu::cuGraphLaunch(exec, s));
         ok(cu::cuGraphLaunch(exec, s));
         assert_eq!(

@@ -204,8 +204,8 @@ fn new_graph() -> (usize, Arc<Graph>) {
 /// The node behind a node handle.
 fn node_of(h: CUgraphNode) -> Result<Op, CUresult> {
     let h = h as usize;
-    let base = h.checked_sub(NODE_BASE).ok_or(err::INVALID_VALUE)? / NODE_RANGE * NODE_RANGE
-        + NODE_BASE;
+    let base =
+        h.checked_sub(NODE_BASE).ok_or(err::INVALID_VALUE)? / NODE_RANGE * NODE_RANGE + NODE_BASE;
     let g = graph_bases()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -510,7 +510,11 @@ fn capture_info(
         return write(status, CU_STREAM_CAPTURE_STATUS_NONE);
     };
     let n = c.nodes.len();
-    c.deps[0] = if n > 0 { node_handle(c.nodes.base, n - 1) } else { 0 };
+    c.deps[0] = if n > 0 {
+        node_handle(c.nodes.base, n - 1)
+    } else {
+        0
+    };
     let count = usize::from(n > 0);
     write(status, CU_STREAM_CAPTURE_STATUS_ACTIVE)?;
     write_opt(id, c.id)?;
@@ -745,7 +749,10 @@ fn add_node(
 fn free_op(g: &Graph, addr: u64) -> Result<Op, CUresult> {
     mem::graph_alloc_at(addr).ok_or(err::INVALID_VALUE)?;
     let nodes = g.nodes.lock().unwrap_or_else(|e| e.into_inner());
-    if nodes.iter().any(|op| matches!(op, Op::Free(a) if *a == addr)) {
+    if nodes
+        .iter()
+        .any(|op| matches!(op, Op::Free(a) if *a == addr))
+    {
         return Err(err::INVALID_VALUE);
     }
     Ok(Op::Free(addr))

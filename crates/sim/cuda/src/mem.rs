@@ -651,9 +651,7 @@ fn graph_pools() -> &'static Vec<Mutex<GraphPool>> {
 }
 
 fn graph_pool(dev: usize) -> std::sync::MutexGuard<'static, GraphPool> {
-    graph_pools()[dev]
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+    graph_pools()[dev].lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Every node's allocation, by address (for free nodes, frees outside the graph, params).
