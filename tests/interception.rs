@@ -2342,3 +2342,247 @@ fn every_versioned_form_of_a_wrapped_entry_point_is_wrapped_or_deliberately_not(
         bases.len()
     );
 }
+
+// ---- CUDA graph memory: charged when the driver takes it (at launch), not at capture ----------
+
+/// A graph memory attribute of device 0, straight from the driver.
+fn graph_reserved() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: cuDeviceGetGraphMemAttribute with a valid out-value.
+    unsafe {
+        ok(cu::cuDeviceGetGraphMemAttribute(
+            0,
+            cu::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+            &mut v as *mut u64 as *mut c_void,
+        ))
+    };
+    v
+}
+
+/// A graph of one memory-allocation node of `bytes` on device 0, instantiated; (exec, address).
+fn graph_with_alloc_node(bytes: u64, free_inside: bool) -> (cu::CUgraphExec, cu::CUdeviceptr) {
+    // SAFETY: the driver API's contract: zeroed params (null pointers, zero counts) filled in,
+    // valid out-pointers.
+    unsafe {
+        let mut g = null_mut();
+        ok(cu::cuGraphCreate(&mut g, 0));
+        let mut p: cu::CUDA_MEM_ALLOC_NODE_PARAMS = std::mem::zeroed();
+        p.poolProps.allocType = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        p.poolProps.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        p.bytesize = bytes as usize;
+        let mut node = null_mut();
+        ok(cu::cuGraphAddMemAllocNode(
+            &mut node,
+            g,
+            null_mut(),
+            0,
+            &mut p,
+        ));
+        if free_inside {
+            let mut f = null_mut();
+            ok(cu::cuGraphAddMemFreeNode(&mut f, g, &node, 1, p.dptr));
+        }
+        let mut exec = null_mut();
+        ok(cu::cuGraphInstantiateWithFlags(&mut exec, g, 0));
+        (exec, p.dptr)
+    }
+}
+
+fn graph_alloc_nodes_at_launch() {
+    setup();
+    assert_eq!(free_mem(), GIB, "the 1 GiB quota");
+    // SAFETY: the driver API's contract, with valid out-pointers and handles it returned.
+    unsafe {
+        let mut s = null_mut();
+        ok(cu::cuStreamCreate(&mut s, 0));
+        let (big, _) = graph_with_alloc_node(3 * GIB, false);
+        assert_eq!(free_mem(), GIB, "nothing taken before the graph runs");
+        assert_eq!(cu::cuGraphUpload(big, s), CUDA_ERROR_OUT_OF_MEMORY);
+        assert_eq!(cu::cuGraphLaunch(big, s), CUDA_ERROR_OUT_OF_MEMORY);
+        assert_eq!(graph_reserved(), 0, "the driver never took it");
+        let (small, dptr) = graph_with_alloc_node(512 * MIB, false);
+        ok(cu::cuGraphLaunch(small, s));
+        assert_eq!(graph_reserved(), 512 * MIB);
+        assert_eq!(
+            free_mem(),
+            512 * MIB,
+            "the graph's memory is the container's"
+        );
+        let mut p = 0;
+        assert_eq!(
+            cu::cuMemAlloc_v2(&mut p, 600 << 20),
+            CUDA_ERROR_OUT_OF_MEMORY,
+            "no room left beside the graph's memory"
+        );
+        ok(cu::cuMemFree_v2(dptr));
+        ok(cu::cuGraphExecDestroy(small));
+        ok(cu::cuGraphExecDestroy(big));
+    }
+    println!("graph held to the quota");
+}
+
+#[test]
+fn a_graph_with_mem_alloc_nodes_is_held_to_the_quota_at_launch() {
+    if is_child() {
+        return graph_alloc_nodes_at_launch();
+    }
+    let ledger = ledger_dir("graph-nodes");
+    let out = run(&mut child(
+        "a_graph_with_mem_alloc_nodes_is_held_to_the_quota_at_launch",
+        &ledger,
+        Some("1Gi"),
+    ))
+    .passed();
+    assert!(out.stdout.contains("graph held to the quota"), "{out}");
+    let refusals: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("cuvisor: ") && l.contains("refused"))
+        .collect();
+    assert!(
+        refusals
+            .iter()
+            .any(|l| l.contains("cuGraphUpload") || l.contains("cuGraphLaunch")),
+        "one line names the refused graph call: {out}"
+    );
+}
+
+fn captured_allocations() {
+    setup();
+    // SAFETY: the driver API's contract, with valid out-pointers and handles it returned.
+    unsafe {
+        let mut held = 0;
+        ok(cu::cuMemAlloc_v2(&mut held, 900 << 20));
+        let mut s = null_mut();
+        ok(cu::cuStreamCreate(&mut s, 0));
+        ok(cu::cuStreamBeginCapture_v2(
+            s,
+            cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        ));
+        let (mut a, mut b) = (0, 0);
+        // Beside 900 MiB held: capture takes nothing, so it is not refused.
+        ok(cu::cuMemAllocAsync(&mut a, 600 << 20, s));
+        ok(cu::cuMemAllocAsync(&mut b, 600 << 20, s));
+        let mut g = null_mut();
+        ok(cu::cuStreamEndCapture(s, &mut g));
+        assert_eq!(free_mem(), 124 * MIB, "capture charged nothing");
+        let mut exec = null_mut();
+        ok(cu::cuGraphInstantiateWithFlags(&mut exec, g, 0));
+        assert_eq!(
+            cu::cuGraphLaunch(exec, s),
+            CUDA_ERROR_OUT_OF_MEMORY,
+            "1200 MiB of captured allocations do not fit a 1 GiB quota"
+        );
+        assert_eq!(graph_reserved(), 0);
+        assert_eq!(free_mem(), 124 * MIB, "the refused launch left no charge");
+        ok(cu::cuMemFree_v2(held));
+        assert_eq!(
+            cu::cuGraphLaunch(exec, s),
+            CUDA_ERROR_OUT_OF_MEMORY,
+            "nor without anything else held"
+        );
+
+        // A captured allocation the graph frees itself: charged once, when the graph runs.
+        ok(cu::cuStreamBeginCapture_v2(
+            s,
+            cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        ));
+        let mut c = 0;
+        ok(cu::cuMemAllocAsync(&mut c, 600 << 20, s));
+        ok(cu::cuMemFreeAsync(c, s));
+        let mut g2 = null_mut();
+        ok(cu::cuStreamEndCapture(s, &mut g2));
+        assert_eq!(free_mem(), GIB);
+        let mut exec2 = null_mut();
+        ok(cu::cuGraphInstantiateWithFlags(&mut exec2, g2, 0));
+        for _ in 0..3 {
+            ok(cu::cuGraphLaunch(exec2, s));
+        }
+        ok(cu::cuStreamSynchronize(s));
+        assert_eq!(
+            free_mem(),
+            424 * MIB,
+            "the graph memory pool keeps it, charged"
+        );
+        let mut p = 0;
+        assert_eq!(
+            cu::cuMemAlloc_v2(&mut p, 500 << 20),
+            CUDA_ERROR_OUT_OF_MEMORY
+        );
+    }
+    println!("captured allocations charged at launch");
+}
+
+#[test]
+fn allocations_captured_into_a_graph_are_charged_when_the_graph_runs() {
+    if is_child() {
+        return captured_allocations();
+    }
+    let ledger = ledger_dir("graph-capture");
+    let out = run(&mut child(
+        "allocations_captured_into_a_graph_are_charged_when_the_graph_runs",
+        &ledger,
+        Some("1Gi"),
+    ))
+    .passed();
+    assert!(
+        out.stdout
+            .contains("captured allocations charged at launch"),
+        "{out}"
+    );
+}
+
+fn graph_trim() {
+    let ctx = setup();
+    // SAFETY: the driver API's contract, with valid out-pointers and handles it returned.
+    unsafe {
+        let mut s = null_mut();
+        ok(cu::cuStreamCreate(&mut s, 0));
+        let (a, _) = graph_with_alloc_node(600 * MIB, true);
+        ok(cu::cuGraphLaunch(a, s));
+        ok(cu::cuStreamSynchronize(s));
+        assert_eq!(free_mem(), 424 * MIB, "kept by the graph memory pool");
+        ok(cu::cuDeviceGraphMemTrim(0));
+        assert_eq!(graph_reserved(), 0);
+        assert_eq!(free_mem(), GIB, "trimmed: the charge comes back");
+        let mut p = 0;
+        ok(cu::cuMemAlloc_v2(&mut p, 600 << 20));
+        ok(cu::cuMemFree_v2(p));
+
+        // Under pressure, a launch first trims what the pool keeps for nobody.
+        ok(cu::cuGraphLaunch(a, s));
+        ok(cu::cuStreamSynchronize(s));
+        let (b, _) = graph_with_alloc_node(800 * MIB, true);
+        ok(cu::cuGraphLaunch(b, s));
+        ok(cu::cuStreamSynchronize(s));
+        assert_eq!(
+            free_mem(),
+            224 * MIB,
+            "800 MiB reserved, the 600 MiB trimmed"
+        );
+
+        // A context's teardown takes the pool with it, and the charge follows.
+        let (c, _) = graph_with_alloc_node(100 * MIB, false);
+        ok(cu::cuGraphLaunch(c, s));
+        ok(cu::cuDevicePrimaryCtxReset_v2(0));
+        let _ = ctx;
+    }
+    setup();
+    assert_eq!(free_mem(), GIB, "nothing left charged after the teardown");
+    println!("graph memory given back");
+}
+
+#[test]
+fn device_graph_mem_trim_gives_the_charge_back() {
+    if is_child() {
+        return graph_trim();
+    }
+    let ledger = ledger_dir("graph-trim");
+    let out = run(&mut child(
+        "device_graph_mem_trim_gives_the_charge_back",
+        &ledger,
+        Some("1Gi"),
+    ))
+    .passed();
+    assert!(out.stdout.contains("graph memory given back"), "{out}");
+}

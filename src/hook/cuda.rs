@@ -30,10 +30,10 @@ hooks! {
     Cuda cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) => alloc_pitch_v2;
     Cuda cuMemAllocPitch(dptr: *mut c_uint, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint) => alloc_pitch_v1;
     Cuda cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) => alloc_managed;
-    Cuda cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) => alloc_async;
-    Cuda cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) => alloc_async;
-    Cuda cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream) => alloc_from_pool;
-    Cuda cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream) => alloc_from_pool;
+    Cuda cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) => alloc_async::<false>;
+    Cuda cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) => alloc_async::<true>;
+    Cuda cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream) => alloc_from_pool::<false>;
+    Cuda cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream) => alloc_from_pool::<true>;
     Cuda cuMemFree_v2(dptr: CUdeviceptr) => free_v2;
     Cuda cuMemFree(dptr: c_uint) => free_v1;
     Cuda cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => free_async;
@@ -98,6 +98,8 @@ static REAL_STREAM_GET_CTX: Real = Real::new(Lib::Cuda, c"cuStreamGetCtx");
 pub(super) static REAL_CTX_GET_CURRENT: Real = Real::new(Lib::Cuda, c"cuCtxGetCurrent");
 static REAL_CTX_PUSH: Real = Real::new(Lib::Cuda, c"cuCtxPushCurrent_v2");
 static REAL_CTX_POP: Real = Real::new(Lib::Cuda, c"cuCtxPopCurrent_v2");
+static REAL_STREAM_IS_CAPTURING: Real = Real::new(Lib::Cuda, c"cuStreamIsCapturing");
+static REAL_STREAM_IS_CAPTURING_PTSZ: Real = Real::new(Lib::Cuda, c"cuStreamIsCapturing_ptsz");
 
 fn call_real<F: Copy>(r: &Real) -> Option<F> {
     let a = r.get();
@@ -303,24 +305,49 @@ fn alloc_managed(
     })
 }
 
-fn alloc_async(
+/// Whether stream `s` is being captured (`ptsz`: a NULL stream is the per-thread one). During
+/// capture, cuMemAllocAsync and cuMemAllocFromPoolAsync make an allocation node: "the
+/// allocation is owned by the graph instead of the memory pool" (CUDA driver API reference), so
+/// the pool does not grow and nothing is taken until the graph runs, which is when it is charged
+/// (`graph.rs`). Any answer but "capturing" takes the charged path.
+fn capturing(s: CUstream, ptsz: bool) -> bool {
+    let r = if ptsz {
+        &REAL_STREAM_IS_CAPTURING_PTSZ
+    } else {
+        &REAL_STREAM_IS_CAPTURING
+    };
+    let Some(f) = call_real::<unsafe extern "C" fn(CUstream, *mut c_int) -> u32>(r) else {
+        return false;
+    };
+    let mut status = CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: cuStreamIsCapturing(CUstream, CUstreamCaptureStatus*) with a valid out-pointer.
+    unsafe { f(s, &mut status) == SUCCESS && status == CU_STREAM_CAPTURE_STATUS_ACTIVE }
+}
+
+fn alloc_async<const PTSZ: bool>(
     real: impl Fn(*mut CUdeviceptr, usize, CUstream) -> u32,
     dptr: *mut CUdeviceptr,
     size: usize,
     s: CUstream,
 ) -> u32 {
+    if capturing(s, PTSZ) {
+        return real(dptr, size, s);
+    }
     pool_alloc("cuMemAllocAsync", dptr, size, Err(s), || {
         real(dptr, size, s)
     })
 }
 
-fn alloc_from_pool(
+fn alloc_from_pool<const PTSZ: bool>(
     real: impl Fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> u32,
     dptr: *mut CUdeviceptr,
     size: usize,
     pool: CUmemoryPool,
     s: CUstream,
 ) -> u32 {
+    if capturing(s, PTSZ) {
+        return real(dptr, size, pool, s);
+    }
     pool_alloc("cuMemAllocFromPoolAsync", dptr, size, Ok(pool), || {
         real(dptr, size, pool, s)
     })
@@ -957,6 +984,7 @@ fn after_teardown(gone: Gone) {
     }
     super::module::context_gone(gone);
     settle_pools(None);
+    super::graph::settle_all();
 }
 
 fn ctx_destroy(real: impl Fn(CUcontext) -> u32, ctx: CUcontext) -> u32 {

@@ -120,7 +120,10 @@ fn graph_launch<const PTSZ: bool>(
     exec: CUgraphExec,
     s: CUstream,
 ) -> u32 {
-    throttled(exec as u64 ^ GRAPH_KEY, s, PTSZ, || real(exec, s))
+    // Graph memory (allocation nodes) is charged around the real launch (`graph.rs`).
+    throttled(exec as u64 ^ GRAPH_KEY, s, PTSZ, || {
+        super::graph::with_memory(exec, || real(exec, s))
+    })
 }
 
 // ---- the rule --------------------------------------------------------------------------------

@@ -10,6 +10,7 @@
 
 mod cuda;
 mod dlsym;
+mod graph;
 mod launch;
 mod module;
 mod nvml;
@@ -189,6 +190,7 @@ pub fn all_hooks() -> impl Iterator<Item = &'static Hook> {
         .iter()
         .chain(launch::table())
         .chain(module::table())
+        .chain(graph::table())
         .chain(nvml::table())
 }
 

@@ -5,6 +5,7 @@
 //! answers in, so everything below is unit-tested without a GPU.
 
 pub mod modules;
+pub mod graph;
 pub mod pools;
 pub mod table;
 pub mod vmm;
@@ -52,6 +53,8 @@ pub struct Quota {
     pub pools: pools::Pools,
     /// Loaded modules and libraries, charged by their variables.
     pub images: modules::Images,
+    /// CUDA graph memory: each device's graph memory pool, charged by what it reserves.
+    pub graph: graph::GraphMem,
     last_refusal_log: AtomicU64,
 }
 
@@ -87,6 +90,7 @@ impl Quota {
             mappings: vmm::Mappings::default(),
             pools: pools::Pools::new(),
             images: modules::Images::default(),
+            graph: graph::GraphMem::default(),
             last_refusal_log: AtomicU64::new(0),
         })
     }

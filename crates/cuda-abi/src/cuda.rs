@@ -255,6 +255,19 @@ pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: c_int = 6;
 pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
 pub const CU_MEMPOOL_ATTR_USED_MEM_HIGH: c_int = 8;
 
+/// `CUgraphMem_attribute` (cuDeviceGetGraphMemAttribute / cuDeviceSetGraphMemAttribute, CUDA 11.4).
+pub const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: c_int = 0;
+pub const CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: c_int = 1;
+pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
+pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: c_int = 3;
+/// `CUgraphNodeType` of memory-allocation and memory-free nodes.
+pub const CU_GRAPH_NODE_TYPE_KERNEL: c_int = 0;
+pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
+pub const CU_GRAPH_NODE_TYPE_MEM_FREE: c_int = 11;
+/// `CUgraphInstantiate_flags`.
+pub const CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH: u64 = 1;
+pub const CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD: u64 = 2;
+
 pub const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
 pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: c_int = 1;
 
@@ -353,6 +366,18 @@ pub struct CUmemPoolProps {
     pub maxSize: usize,
     pub usage: u16,
     pub reserved: [u8; 54],
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1, CUDA 11.4): what cuGraphAddMemAllocNode takes, and where it
+/// returns the allocation's address (`dptr`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
+    pub poolProps: CUmemPoolProps,
+    pub accessDescs: *const CUmemAccessDesc,
+    pub accessDescCount: usize,
+    pub bytesize: usize,
+    pub dptr: CUdeviceptr,
 }
 
 #[repr(C)]
@@ -738,6 +763,18 @@ mod tests {
             offset_of!(s::CUmemPoolProps, maxSize)
         );
         assert_eq!(
+            size_of::<CUDA_MEM_ALLOC_NODE_PARAMS>(),
+            size_of::<s::CUDA_MEM_ALLOC_NODE_PARAMS>()
+        );
+        assert_eq!(
+            offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS, bytesize),
+            offset_of!(s::CUDA_MEM_ALLOC_NODE_PARAMS, bytesize)
+        );
+        assert_eq!(
+            offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS, dptr),
+            offset_of!(s::CUDA_MEM_ALLOC_NODE_PARAMS, dptr)
+        );
+        assert_eq!(
             size_of::<CUDA_ARRAY_DESCRIPTOR>(),
             size_of::<s::CUDA_ARRAY_DESCRIPTOR>()
         );
@@ -750,6 +787,45 @@ mod tests {
 
     #[test]
     fn enum_constants_match_cuda_h() {
+        use s::CUgraphMem_attribute_enum as G;
+        assert_eq!(
+            CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT,
+            G::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT as i32
+        );
+        assert_eq!(
+            CU_GRAPH_MEM_ATTR_USED_MEM_HIGH,
+            G::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH as i32
+        );
+        assert_eq!(
+            CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+            G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT as i32
+        );
+        assert_eq!(
+            CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH,
+            G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH as i32
+        );
+        use s::CUgraphNodeType_enum as N;
+        assert_eq!(
+            CU_GRAPH_NODE_TYPE_KERNEL,
+            N::CU_GRAPH_NODE_TYPE_KERNEL as i32
+        );
+        assert_eq!(
+            CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+            N::CU_GRAPH_NODE_TYPE_MEM_ALLOC as i32
+        );
+        assert_eq!(
+            CU_GRAPH_NODE_TYPE_MEM_FREE,
+            N::CU_GRAPH_NODE_TYPE_MEM_FREE as i32
+        );
+        use s::CUgraphInstantiate_flags_enum as F;
+        assert_eq!(
+            CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+            F::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH.0 as u64
+        );
+        assert_eq!(
+            CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD,
+            F::CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD.0 as u64
+        );
         assert_eq!(
             CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
             s::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD as i32

@@ -1917,3 +1917,259 @@ fn occupancy_with_flags_kernel_attributes_and_pointer_attributes() {
         CUDA_ERROR_INVALID_VALUE
     );
 }
+
+/// A graph memory attribute of device 0 (cuDeviceGetGraphMemAttribute).
+fn graph_mem(attr: cu::CUgraphMem_attribute) -> usize {
+    let mut v = 0u64;
+    // SAFETY: see the file-level note.
+    unsafe {
+        ok(cu::cuDeviceGetGraphMemAttribute(
+            0,
+            attr,
+            &mut v as *mut u64 as *mut c_void,
+        ))
+    };
+    v as usize
+}
+
+/// A memory-allocation node of `bytes` on device 0, at the root of `g`: (node, address).
+fn alloc_node(g: cu::CUgraph, bytes: usize) -> (cu::CUgraphNode, cu::CUdeviceptr) {
+    // SAFETY: zeroed is a valid CUDA_MEM_ALLOC_NODE_PARAMS (null pointers, zero counts).
+    let mut p: cu::CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
+    p.poolProps.allocType = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.poolProps.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    p.poolProps.location.id = 0;
+    p.bytesize = bytes;
+    let mut node = null_mut();
+    // SAFETY: see the file-level note.
+    unsafe {
+        ok(cu::cuGraphAddMemAllocNode(
+            &mut node,
+            g,
+            null_mut(),
+            0,
+            &mut p,
+        ))
+    };
+    assert_ne!(p.dptr, 0, "the node's address is returned at creation");
+    (node, p.dptr)
+}
+
+/// The CUDA Programming Guide, "Graph Memory Nodes": a memory-allocation node's address is
+/// fixed when it is made, with no memory behind it; "Physical memory cannot be allocated or
+/// mapped during graph instantiation ... Mapping is done instead during graph launch" (16.5.1);
+/// the memory comes from the device's graph memory pool and stays reserved after it is freed,
+/// until cuDeviceGraphMemTrim releases what is not in use (16.6). The four attributes say so.
+#[test]
+fn graph_memory_is_taken_at_launch_kept_after_free_and_given_back_by_trim() {
+    in_child!("graph_memory_is_taken_at_launch_kept_after_free_and_given_back_by_trim");
+    setup();
+    use cu::CUgraphMem_attribute::*;
+    let base = free_mem();
+    // SAFETY: see the file-level note.
+    unsafe {
+        let mut g = null_mut();
+        ok(cu::cuGraphCreate(&mut g, 0));
+        let (node, dptr) = alloc_node(g, 100 * MIB);
+        let mut ty = cu::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL;
+        ok(cu::cuGraphNodeGetType(node, &mut ty));
+        assert_eq!(ty, cu::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC);
+        let mut p: cu::CUDA_MEM_ALLOC_NODE_PARAMS = std::mem::zeroed();
+        ok(cu::cuGraphMemAllocNodeGetParams(node, &mut p));
+        assert_eq!((p.bytesize, p.dptr), (100 * MIB, dptr));
+        let mut exec = null_mut();
+        ok(cu::cuGraphInstantiateWithFlags(&mut exec, g, 0));
+        assert_eq!(
+            free_mem(),
+            base,
+            "nothing taken at creation or instantiation"
+        );
+        assert_eq!(graph_mem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), 0);
+
+        let mut s = null_mut();
+        ok(cu::cuStreamCreate(&mut s, 0));
+        ok(cu::cuGraphLaunch(exec, s));
+        assert_eq!(base - free_mem(), 100 * MIB, "taken when the graph runs");
+        assert_eq!(graph_mem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), 100 * MIB);
+        assert_eq!(graph_mem(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT), 100 * MIB);
+        ok(cu::cuMemsetD8_v2(dptr, 7, 100 * MIB));
+        assert_eq!(
+            cu::cuGraphLaunch(exec, s),
+            CUDA_ERROR_INVALID_VALUE,
+            "its allocation is still unfreed (cuGraphLaunch's documented error)"
+        );
+        assert_eq!(
+            cu::cuDeviceGraphMemTrim(0),
+            CUDA_SUCCESS,
+            "a live allocation is in use: nothing to trim"
+        );
+        assert_eq!(base - free_mem(), 100 * MIB);
+
+        ok(cu::cuMemFree_v2(dptr));
+        assert_eq!(graph_mem(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT), 0);
+        assert_eq!(
+            base - free_mem(),
+            100 * MIB,
+            "freed, but still reserved by the graph memory pool"
+        );
+        ok(cu::cuGraphLaunch(exec, s));
+        assert_eq!(
+            graph_mem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
+            100 * MIB,
+            "a relaunch reuses the pool's memory"
+        );
+        ok(cu::cuMemFreeAsync(dptr, s));
+        ok(cu::cuGraphExecDestroy(exec));
+        ok(cu::cuGraphDestroy(g));
+        assert_eq!(base - free_mem(), 100 * MIB, "destroying keeps the pool");
+        ok(cu::cuDeviceGraphMemTrim(0));
+        assert_eq!(free_mem(), base, "trimmed back to the device");
+        assert_eq!(graph_mem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), 0);
+        assert_eq!(graph_mem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH), 100 * MIB);
+        assert_eq!(graph_mem(CU_GRAPH_MEM_ATTR_USED_MEM_HIGH), 100 * MIB);
+        let mut zero = 0u64;
+        ok(cu::cuDeviceSetGraphMemAttribute(
+            0,
+            CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH,
+            &mut zero as *mut u64 as *mut c_void,
+        ));
+        assert_eq!(graph_mem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH), 0);
+        let mut five = 5u64;
+        assert_eq!(
+            cu::cuDeviceSetGraphMemAttribute(
+                0,
+                CU_GRAPH_MEM_ATTR_USED_MEM_HIGH,
+                &mut five as *mut u64 as *mut c_void,
+            ),
+            CUDA_ERROR_INVALID_VALUE,
+            "a high watermark can only be reset to zero"
+        );
+    }
+}
+
+/// "During stream capture, this function results in the creation of an allocation node. In this
+/// case, the allocation is owned by the graph instead of the memory pool" (cuMemAllocAsync,
+/// CUDA driver API reference): the stream's pool does not grow, the device gives nothing at
+/// capture; a captured cuMemFreeAsync is a free node. Graphs that free what they allocate share
+/// the graph memory pool's memory between launches.
+#[test]
+fn a_captured_cumemallocasync_becomes_an_allocation_node_that_takes_nothing_at_capture() {
+    in_child!(
+        "a_captured_cumemallocasync_becomes_an_allocation_node_that_takes_nothing_at_capture"
+    );
+    setup();
+    use cu::CUgraphMem_attribute::*;
+    let base = free_mem();
+    // SAFETY: see the file-level note.
+    unsafe {
+        let mut s = null_mut();
+        ok(cu::cuStreamCreate(&mut s, 0));
+        ok(cu::cuStreamBeginCapture_v2(
+            s,
+            cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        ));
+        let mut p = 0;
+        ok(cu::cuMemAllocAsync(&mut p, 64 * MIB, s));
+        assert_ne!(p, 0);
+        let mut pool = null_mut();
+        ok(cu::cuDeviceGetDefaultMemPool(&mut pool, 0));
+        let mut reserved = 0u64;
+        ok(cu::cuMemPoolGetAttribute(
+            pool,
+            cu::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+            &mut reserved as *mut u64 as *mut c_void,
+        ));
+        assert_eq!(reserved, 0, "the stream's pool does not grow");
+        assert_eq!(free_mem(), base, "nothing taken at capture");
+        ok(cu::cuMemFreeAsync(p, s));
+        let mut g = null_mut();
+        ok(cu::cuStreamEndCapture(s, &mut g));
+        let mut count = 2;
+        let mut nodes = [null_mut(); 2];
+        ok(cu::cuGraphGetNodes(g, nodes.as_mut_ptr(), &mut count));
+        let mut types = [cu::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL; 2];
+        for i in 0..2 {
+            ok(cu::cuGraphNodeGetType(nodes[i], &mut types[i]));
+        }
+        assert_eq!(
+            types,
+            [
+                cu::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+                cu::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE
+            ]
+        );
+        let mut freed = 0;
+        ok(cu::cuGraphMemFreeNodeGetParams(nodes[1], &mut freed));
+        assert_eq!(freed, p);
+
+        let mut exec = null_mut();
+        ok(cu::cuGraphInstantiateWithFlags(&mut exec, g, 0));
+        assert_eq!(free_mem(), base);
+        for _ in 0..3 {
+            ok(cu::cuGraphLaunch(exec, s));
+        }
+        assert_eq!(
+            graph_mem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
+            64 * MIB,
+            "three launches of a graph that frees what it allocates share one reservation"
+        );
+        assert_eq!(base - free_mem(), 64 * MIB);
+        ok(cu::cuStreamSynchronize(s));
+        assert_eq!(graph_mem(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT), 0);
+        ok(cu::cuDeviceGraphMemTrim(0));
+        assert_eq!(free_mem(), base);
+    }
+}
+
+/// A launch (or upload) whose graph memory the device cannot give fails with
+/// CUDA_ERROR_OUT_OF_MEMORY and runs nothing: the documented lists name no error for it, and
+/// this is the driver's error for an allocation that fails (ROCm's HIP reports the same case
+/// as hipErrorOutOfMemory, ROCm/rocm-systems PR 7004). UNVERIFIED on a real GPU.
+#[test]
+fn a_graph_launch_the_device_cannot_back_fails_with_out_of_memory() {
+    in_child!("a_graph_launch_the_device_cannot_back_fails_with_out_of_memory");
+    setup();
+    use cu::CUgraphMem_attribute::*;
+    // SAFETY: see the file-level note.
+    unsafe {
+        let mut hog = 0;
+        ok(cu::cuMemAlloc_v2(&mut hog, free_mem() - GIB));
+        let base = free_mem();
+        let mut g = null_mut();
+        ok(cu::cuGraphCreate(&mut g, 0));
+        let (_, dptr) = alloc_node(g, 2 * GIB);
+        let mut exec = null_mut();
+        ok(cu::cuGraphInstantiateWithFlags(
+            &mut exec,
+            g,
+            cu::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH.0 as u64,
+        ));
+        let mut s = null_mut();
+        ok(cu::cuStreamCreate(&mut s, 0));
+        assert_eq!(cu::cuGraphUpload(exec, s), CUDA_ERROR_OUT_OF_MEMORY);
+        assert_eq!(cu::cuGraphLaunch(exec, s), CUDA_ERROR_OUT_OF_MEMORY);
+        assert_eq!(free_mem(), base, "a failed launch takes nothing");
+        assert_eq!(graph_mem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), 0);
+        assert_eq!(
+            cu::cuMemsetD8_v2(dptr, 1, 1),
+            CUDA_ERROR_INVALID_VALUE,
+            "not backed"
+        );
+        ok(cu::cuMemFree_v2(hog));
+        ok(cu::cuGraphUpload(exec, s));
+        assert_eq!(graph_mem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), 2 * GIB);
+        assert_eq!(
+            graph_mem(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
+            0,
+            "mapped, not live"
+        );
+        ok(cu::cuGraphLaunch(exec, s));
+        ok(cu::cuGraphLaunch(exec, s));
+        assert_eq!(
+            graph_mem(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
+            2 * GIB,
+            "AUTO_FREE_ON_LAUNCH freed the first launch's allocation"
+        );
+        ok(cu::cuCtxSynchronize());
+    }
+}

@@ -147,7 +147,7 @@ fn activate(h: usize) -> Res {
 fn deactivate(h: usize) -> Res {
     let c = contexts().get(h)?;
     c.alive.store(false, Release);
-    mem::free_context(h);
+    mem::free_context(h, c.dev);
     let overhead = c.overhead.swap(0, AcqRel);
     if overhead > 0 {
         let d = drv()?;
@@ -598,7 +598,7 @@ fn primary_reset(dev: CUdevice) -> Res {
     };
     if let Some(h) = h {
         crate::export_table::context_gone(h);
-        mem::free_context(h);
+        mem::free_context(h, i);
     }
     Ok(())
 }

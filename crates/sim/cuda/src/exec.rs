@@ -72,11 +72,7 @@ impl Stream {
         {
             let cap = self.capture.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(c) = cap.as_ref() {
-                c.nodes
-                    .nodes
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(node);
+                c.nodes.push(Op::Kernel(node.ns));
                 return Ok(());
             }
         }
@@ -134,12 +130,94 @@ struct Event {
     time: AtomicU64,
 }
 
+/// A graph node: a kernel (its run time), a memory-allocation node, or a memory-free node (the
+/// address it frees).
+#[derive(Clone)]
+enum Op {
+    Kernel(u64),
+    Alloc(Arc<NodeAlloc>),
+    Free(u64),
+}
+
+/// A memory-allocation node's allocation, shared by its graph and the graph's executable: its
+/// address is given back when both are gone (and the allocation is not live).
+struct NodeAlloc(Arc<mem::GraphAlloc>);
+
+impl Drop for NodeAlloc {
+    fn drop(&mut self) {
+        mem::graph_alloc_orphan(&self.0);
+    }
+}
+
 struct Graph {
-    nodes: Mutex<Vec<Node>>,
+    /// Node handles are `base + index + 1` (see `node_handle`).
+    base: usize,
+    nodes: Mutex<Vec<Op>>,
+}
+
+impl Graph {
+    fn push(&self, op: Op) -> usize {
+        let mut n = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        n.push(op);
+        node_handle(self.base, n.len() - 1)
+    }
+    fn len(&self) -> usize {
+        self.nodes.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
 }
 
 struct GraphExec {
-    nodes: Vec<Node>,
+    nodes: Vec<Op>,
+    /// CUgraphInstantiate_flags.
+    flags: u64,
+}
+
+/// Node handles: each graph gets a range of 2^32 values of its own, far above any address a
+/// registry handle (a heap pointer) can have, so that a node names its graph.
+const NODE_RANGE: usize = 1 << 32;
+const NODE_BASE: usize = 1 << 56;
+
+fn node_handle(base: usize, index: usize) -> usize {
+    base + index + 1
+}
+
+/// graph base -> graph handle.
+fn graph_bases() -> &'static Mutex<HashMap<usize, usize>> {
+    static M: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
+    M.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn new_graph() -> (usize, Arc<Graph>) {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let base = NODE_BASE + NEXT.fetch_add(1, Relaxed) * NODE_RANGE;
+    let (h, g) = graphs().insert(Graph {
+        base,
+        nodes: Mutex::new(Vec::new()),
+    });
+    graph_bases()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(base, h);
+    (h, g)
+}
+
+/// The node behind a node handle.
+fn node_of(h: CUgraphNode) -> Result<Op, CUresult> {
+    let h = h as usize;
+    let base =
+        h.checked_sub(NODE_BASE).ok_or(err::INVALID_VALUE)? / NODE_RANGE * NODE_RANGE + NODE_BASE;
+    let g = graph_bases()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&base)
+        .copied()
+        .ok_or(err::INVALID_VALUE)?;
+    let g = graphs().get(g)?;
+    let nodes = g.nodes.lock().unwrap_or_else(|e| e.into_inner());
+    (h - base)
+        .checked_sub(1)
+        .and_then(|i| nodes.get(i).cloned())
+        .ok_or(err::INVALID_VALUE)
 }
 
 fn streams() -> &'static Registry<Stream> {
@@ -372,9 +450,7 @@ fn begin_capture(h: CUstream, mode: i32, pt: bool) -> Res {
         return Err(err::ILLEGAL_STATE);
     }
     static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-    let (graph, nodes) = graphs().insert(Graph {
-        nodes: Mutex::new(Vec::new()),
-    });
+    let (graph, nodes) = new_graph();
     *cap = Some(Capture {
         id: NEXT_ID.fetch_add(1, Relaxed),
         graph,
@@ -433,14 +509,12 @@ fn capture_info(
     let Some(c) = cap.as_mut() else {
         return write(status, CU_STREAM_CAPTURE_STATUS_NONE);
     };
-    let n = c
-        .nodes
-        .nodes
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .len();
-    // Node handles are the graph's address + index (see `add_kernel_node`), 1-based.
-    c.deps[0] = c.graph + n;
+    let n = c.nodes.len();
+    c.deps[0] = if n > 0 {
+        node_handle(c.nodes.base, n - 1)
+    } else {
+        0
+    };
     let count = usize::from(n > 0);
     write(status, CU_STREAM_CAPTURE_STATUS_ACTIVE)?;
     write_opt(id, c.id)?;
@@ -513,7 +587,18 @@ fn instantiate_with_params(
     if params.flags & INSTANTIATE_FLAG_UPLOAD != 0 {
         stream(params.upload_stream, pt)?;
     }
-    let r = instantiate(exec, graph);
+    let r = instantiate_flags(exec, graph, params.flags).and_then(|x| {
+        if params.flags & INSTANTIATE_FLAG_UPLOAD == 0 {
+            return Ok(());
+        }
+        // The upload maps the graph's memory now; a device that cannot give it fails the call
+        // and the executable is not kept.
+        upload(&x).inspect_err(|_| {
+            if let Ok(h) = read(exec as *const CUgraphExec) {
+                let _ = execs().remove(h as usize);
+            }
+        })
+    });
     params.err_node_out = std::ptr::null_mut();
     params.result_out = i32::from(r.is_err());
     write(p, params)?;
@@ -532,23 +617,166 @@ fn is_capturing(h: CUstream, status: *mut i32, pt: bool) -> Res {
     )
 }
 
+/// Per device: the most the graph's allocations hold at once while it runs (`peak`), and what
+/// of that it frees again before it ends (`transient`).
+fn graph_memory(nodes: &[Op]) -> HashMap<usize, (u64, u64)> {
+    let mut m: HashMap<usize, (u64, u64, u64)> = HashMap::new(); // dev -> (now, peak, _)
+    let mut mine: HashMap<u64, (usize, u64)> = HashMap::new();
+    for op in nodes {
+        match op {
+            Op::Alloc(a) => {
+                let e = m.entry(a.0.dev).or_default();
+                e.0 += a.0.size;
+                e.1 = e.1.max(e.0);
+                mine.insert(a.0.addr, (a.0.dev, a.0.size));
+            }
+            Op::Free(addr) => {
+                if let Some((dev, size)) = mine.remove(addr) {
+                    let e = m.entry(dev).or_default();
+                    e.0 -= size;
+                }
+            }
+            Op::Kernel(_) => {}
+        }
+    }
+    m.into_iter()
+        .map(|(d, (now, peak, _))| (d, (peak, peak - now)))
+        .collect()
+}
+
+/// Maps the physical memory a graph's allocations need, as cuGraphUpload does (and a launch
+/// before it runs): the device's graph memory pool grows to cover them, or
+/// CUDA_ERROR_OUT_OF_MEMORY.
+fn upload(x: &GraphExec) -> Res {
+    for (dev, (peak, _)) in graph_memory(&x.nodes) {
+        mem::graph_reserve(dev, peak)?;
+    }
+    Ok(())
+}
+
+fn graph_upload(exec: CUgraphExec, h: CUstream, pt: bool) -> Res {
+    let x = execs().get(exec as usize)?;
+    stream(h, pt)?;
+    upload(&x)
+}
+
+/// A launch: "If any allocations created by hGraphExec remain unfreed (from a previous launch)
+/// and hGraphExec was not instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+/// the launch will fail with CUDA_ERROR_INVALID_VALUE" (cuGraphLaunch, CUDA driver API
+/// reference); with the flag, the launch frees them first. Then the graph's memory is mapped
+/// (`upload`); a device that cannot give it fails the launch with CUDA_ERROR_OUT_OF_MEMORY,
+/// nothing run. Then the nodes run in order: allocations become live, frees free them, kernels
+/// take the device's timeline.
 fn graph_launch(exec: CUgraphExec, h: CUstream, pt: bool) -> Res {
     let x = execs().get(exec as usize)?;
     let s = stream(h, pt)?;
-    for n in &x.nodes {
-        s.run(*n)?;
+    let allocs: Vec<&Arc<NodeAlloc>> = x
+        .nodes
+        .iter()
+        .filter_map(|op| match op {
+            Op::Alloc(a) => Some(a),
+            _ => None,
+        })
+        .collect();
+    if !allocs.is_empty() && s.capturing() {
+        return Err(err::STREAM_CAPTURE_UNSUPPORTED);
+    }
+    if allocs.iter().any(|a| a.0.live()) {
+        if x.flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH == 0 {
+            return Err(err::INVALID_VALUE);
+        }
+        for a in allocs.iter().filter(|a| a.0.live()) {
+            mem::graph_alloc_free(a.0.addr)?;
+        }
+    }
+    upload(&x)?;
+    let ch = match s.ctx.load(Relaxed) {
+        0 => ctx::current()?.0,
+        c => c,
+    };
+    for op in &x.nodes {
+        match op {
+            Op::Kernel(ns) => s.run(Node { ns: *ns })?,
+            Op::Alloc(a) => mem::graph_alloc_map(&a.0, ch)?,
+            Op::Free(addr) => mem::graph_alloc_free(*addr)?,
+        }
+    }
+    for (dev, (_, transient)) in graph_memory(&x.nodes) {
+        mem::graph_running(dev, s.done_at(), transient);
     }
     Ok(())
 }
 
 fn instantiate(exec: *mut CUgraphExec, graph: CUgraph) -> Res {
+    instantiate_flags(exec, graph, 0).map(|_| ())
+}
+
+fn instantiate_flags(
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    flags: u64,
+) -> Result<Arc<GraphExec>, CUresult> {
     let g = graphs().get(graph as usize)?;
     let nodes = g.nodes.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    if exec.is_null() {
+    if exec.is_null() || flags & !INSTANTIATE_FLAGS != 0 {
         return Err(err::INVALID_VALUE);
     }
-    let (x, _) = execs().insert(GraphExec { nodes });
-    write(exec, x as CUgraphExec)
+    let (x, xa) = execs().insert(GraphExec { nodes, flags });
+    write(exec, x as CUgraphExec)?;
+    Ok(xa)
+}
+
+/// Adds a node after checking the common arguments.
+fn add_node(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    op: impl FnOnce() -> Result<Op, CUresult>,
+) -> Res {
+    drv()?;
+    let g = graphs().get(graph as usize)?;
+    if node.is_null() || (ndeps > 0 && deps.is_null()) {
+        return Err(err::INVALID_VALUE);
+    }
+    let h = g.push(op()?);
+    write(node, h as CUgraphNode)
+}
+
+/// A memory-free node of `g` for `addr`: CUDA_ERROR_INVALID_VALUE for "an allocation twice in
+/// the same graph", "an address that was not returned by an allocation node", "an invalid
+/// address" (cuGraphAddMemFreeNode, CUDA driver API reference).
+fn free_op(g: &Graph, addr: u64) -> Result<Op, CUresult> {
+    mem::graph_alloc_at(addr).ok_or(err::INVALID_VALUE)?;
+    let nodes = g.nodes.lock().unwrap_or_else(|e| e.into_inner());
+    if nodes
+        .iter()
+        .any(|op| matches!(op, Op::Free(a) if *a == addr))
+    {
+        return Err(err::INVALID_VALUE);
+    }
+    Ok(Op::Free(addr))
+}
+
+/// cuMemAllocAsync / cuMemAllocFromPoolAsync on stream `s` while it is captured: an allocation
+/// node on device `dev` (None when `s` is not capturing).
+pub(crate) fn capture_alloc(s: &Stream, dev: usize, size: u64) -> Option<Result<u64, CUresult>> {
+    let cap = s.capture.lock().unwrap_or_else(|e| e.into_inner());
+    let c = cap.as_ref()?;
+    Some(mem::graph_alloc_new(dev, size).map(|a| {
+        let addr = a.addr;
+        c.nodes.push(Op::Alloc(Arc::new(NodeAlloc(a))));
+        addr
+    }))
+}
+
+/// cuMemFreeAsync on stream `s` while it is captured: a free node (None when not capturing).
+pub(crate) fn capture_free(s: &Stream, addr: u64) -> Option<Res> {
+    let cap = s.capture.lock().unwrap_or_else(|e| e.into_inner());
+    let c = cap.as_ref()?;
+    Some(free_op(&c.nodes, addr).map(|op| {
+        c.nodes.push(op);
+    }))
 }
 
 fn add_kernel_node(
@@ -572,10 +800,7 @@ fn add_kernel_node(
     check_dims(&dims, false, 0)?;
     // Kernel parameters are copied when the node is made, so the run time is fixed now.
     let ns = kernel_ns(&func, p.kernelParams, p.extra)?;
-    let mut nodes = g.nodes.lock().unwrap_or_else(|e| e.into_inner());
-    nodes.push(Node { ns });
-    // Node handles only need to be distinct and non-null: graph address + index.
-    write(node, (graph as usize + nodes.len()) as CUgraphNode)
+    write(node, g.push(Op::Kernel(ns)) as CUgraphNode)
 }
 
 fn host_func(
@@ -1089,7 +1314,7 @@ export! {
         if g.is_null() || flags != 0 {
             return Err(err::INVALID_VALUE);
         }
-        let (h, _) = graphs().insert(Graph { nodes: Mutex::new(Vec::new()) });
+        let (h, _) = new_graph();
         write(g, h as CUgraph)
     }
     fn cuGraphAddKernelNode(node: *mut CUgraphNode, g: CUgraph, deps: *const CUgraphNode, ndeps: usize, p: *const CUDA_KERNEL_NODE_PARAMS) {
@@ -1105,8 +1330,8 @@ export! {
     fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, g: CUgraph, _err_node: *mut CUgraphNode, _log: *mut c_char, _log_size: usize) {
         instantiate(exec, g)
     }
-    fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, g: CUgraph, _flags: u64) {
-        instantiate(exec, g)
+    fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, g: CUgraph, flags: u64) {
+        instantiate_flags(exec, g, flags).map(|_| ())
     }
     fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, g: CUgraph, p: *mut InstantiateParams) {
         instantiate_with_params(exec, g, p, false)
@@ -1120,20 +1345,83 @@ export! {
         drv()?;
         execs().remove(exec as usize).map(|_| ())
     }
+    /// The graph goes; its allocation nodes' addresses go when its executable is gone too.
     fn cuGraphDestroy(g: CUgraph) {
         drv()?;
-        graphs().remove(g as usize).map(|_| ())
+        let gr = graphs().remove(g as usize)?;
+        graph_bases().lock().unwrap_or_else(|e| e.into_inner()).remove(&gr.base);
+        Ok(())
+    }
+    fn cuGraphUpload(exec: CUgraphExec, s: CUstream) { graph_upload(exec, s, false) }
+    fn cuGraphUpload_ptsz(exec: CUgraphExec, s: CUstream) { graph_upload(exec, s, true) }
+    /// A memory-allocation node: an address now ("it returns the address of the allocation in
+    /// nodeParams.dptr. The allocation's address remains fixed across instantiations and
+    /// launches", CUDA driver API reference), memory only when the graph runs.
+    fn cuGraphAddMemAllocNode(node: *mut CUgraphNode, g: CUgraph, deps: *const CUgraphNode, ndeps: usize, p: *mut CUDA_MEM_ALLOC_NODE_PARAMS) {
+        add_node(node, g, deps, ndeps, || {
+            let mut params: CUDA_MEM_ALLOC_NODE_PARAMS = read(p as *const CUDA_MEM_ALLOC_NODE_PARAMS)?;
+            if params.poolProps.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+                return Err(err::INVALID_VALUE);
+            }
+            let (dev, _) = ctx::device(params.poolProps.location.id)?;
+            let a = mem::graph_alloc_new(dev, params.bytesize as u64)?;
+            params.dptr = a.addr as CUdeviceptr;
+            write(p, params)?;
+            Ok(Op::Alloc(Arc::new(NodeAlloc(a))))
+        })
+    }
+    fn cuGraphAddMemFreeNode(node: *mut CUgraphNode, g: CUgraph, deps: *const CUgraphNode, ndeps: usize, dptr: CUdeviceptr) {
+        let gr = graphs().get(g as usize)?;
+        add_node(node, g, deps, ndeps, || free_op(&gr, dptr as u64))
+    }
+    fn cuGraphMemAllocNodeGetParams(node: CUgraphNode, out: *mut CUDA_MEM_ALLOC_NODE_PARAMS) {
+        drv()?;
+        let Op::Alloc(a) = node_of(node)? else {
+            return Err(err::INVALID_VALUE);
+        };
+        let props = CUmemPoolProps {
+            allocType: CU_MEM_ALLOCATION_TYPE_PINNED,
+            handleTypes: 0,
+            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: a.0.dev as i32 },
+            win32SecurityAttributes: std::ptr::null_mut(),
+            maxSize: 0,
+            usage: 0,
+            reserved: [0; 54],
+        };
+        write(out, CUDA_MEM_ALLOC_NODE_PARAMS {
+            poolProps: props,
+            accessDescs: std::ptr::null(),
+            accessDescCount: 0,
+            bytesize: a.0.bytesize as usize,
+            dptr: a.0.addr as CUdeviceptr,
+        })
+    }
+    fn cuGraphMemFreeNodeGetParams(node: CUgraphNode, dptr: *mut CUdeviceptr) {
+        drv()?;
+        let Op::Free(addr) = node_of(node)? else {
+            return Err(err::INVALID_VALUE);
+        };
+        write(dptr, addr as CUdeviceptr)
+    }
+    /// `CUgraphNodeType` of a node the simulator makes: kernel, memory allocation, memory free.
+    fn cuGraphNodeGetType(node: CUgraphNode, ty: *mut i32) {
+        drv()?;
+        write(ty, match node_of(node)? {
+            Op::Kernel(_) => CU_GRAPH_NODE_TYPE_KERNEL,
+            Op::Alloc(_) => CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+            Op::Free(_) => CU_GRAPH_NODE_TYPE_MEM_FREE,
+        })
     }
     fn cuGraphGetNodes(g: CUgraph, nodes: *mut CUgraphNode, count: *mut usize) {
         drv()?;
         let gr = graphs().get(g as usize)?;
-        let n = gr.nodes.lock().unwrap_or_else(|e| e.into_inner()).len();
+        let n = gr.len();
         if nodes.is_null() {
             return write(count, n);
         }
         let want = read(count as *const usize)?;
         for i in 0..want.min(n) {
-            write(nodes.wrapping_add(i), (g as usize + i + 1) as CUgraphNode)?;
+            write(nodes.wrapping_add(i), node_handle(gr.base, i) as CUgraphNode)?;
         }
         write(count, want.min(n))
     }

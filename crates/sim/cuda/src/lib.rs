@@ -278,5 +278,5 @@ not_supported! {
     // calls none of them. Seen on the simulator with a breakpoint on dlsym during cublasCreate_v2
     // (PyTorch 2.8, nvidia-cublas-cu12 12.8.4.1).
     cuStreamWaitValue32 cuStreamBatchMemOp cuGraphKernelNodeGetParams
-    cuGraphExecKernelNodeSetParams cuGraphNodeGetType
+    cuGraphExecKernelNodeSetParams
 }

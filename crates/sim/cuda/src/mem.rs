@@ -21,6 +21,8 @@
 //!   file): it stays charged to its creator until the last handle to it, in any process, is
 //!   released and unmapped, as with the real driver; the creator notices at its next memory query
 //!   or full device. A creator that exits takes it with it (the real driver keeps it).
+//! - graph memory (memory-allocation nodes, and cuMemAllocAsync / cuMemAllocFromPoolAsync
+//!   captured from a stream, which become such nodes): see "graph memory" below.
 //! - v1 (32-bit) entry points: allocations live below 2 GiB (a 256 MiB arena), as a 32-bit
 //!   `CUdeviceptr_v1` requires.
 
@@ -55,6 +57,9 @@ enum Kind {
     /// A module's `__device__` / `__constant__` variable: the driver's, freed with the module
     /// (or its context), never by cuMemFree.
     ModuleGlobal,
+    /// A live allocation of a graph's memory-allocation node: backed by the device's graph
+    /// memory pool (which is what is charged), its address owned by the node.
+    Graph,
 }
 
 struct Alloc {
@@ -196,6 +201,10 @@ fn free(addr: u64, want: impl Fn(Kind) -> bool) -> Res {
 }
 
 fn release(addr: u64, rec: Alloc) {
+    if rec.kind == Kind::Graph {
+        graph_alloc_released(addr, rec.dirty.load(Relaxed));
+        return;
+    }
     if let Ok(a) = arena_for(rec.kind, rec.dev) {
         a.free(addr, rec.size, rec.dirty.load(Relaxed));
     }
@@ -231,8 +240,9 @@ pub(crate) fn module_global_live(addr: u64, ch: usize) -> bool {
         .is_some_and(|r| r.kind == Kind::ModuleGlobal && r.ctx == ch)
 }
 
-/// Frees everything a context owned (cuCtxDestroy, last primary release, primary reset).
-pub(crate) fn free_context(ch: usize) {
+/// Frees everything a context owned (cuCtxDestroy, last primary release, primary reset) on
+/// device `dev`.
+pub(crate) fn free_context(ch: usize, dev: usize) {
     let mine: Vec<(u64, Alloc)> = {
         let mut t = table().write().unwrap_or_else(|e| e.into_inner());
         let keys: Vec<u64> = t
@@ -255,6 +265,9 @@ pub(crate) fn free_context(ch: usize) {
     for d in devs {
         trim_pools_at_sync(d);
     }
+    // The context's graph memory goes with it: its live graph allocations were freed above, and
+    // what the device's graph memory pool still reserves is released (nothing runs any more).
+    graph_trim(dev);
     arrays().retain(|_, a| {
         if a.ctx == ch {
             uncharge(a.dev, a.charged);
@@ -523,6 +536,14 @@ fn alloc_from_pool(
     }
     let stream = exec::stream(s, pt)?;
     let pool = live_pool(pool_h)?;
+    // "During stream capture, this function results in the creation of an allocation node. In
+    // this case, the allocation is owned by the graph instead of the memory pool. The memory
+    // pool's properties are used to set the node's creation parameters" (cuMemAllocAsync and
+    // cuMemAllocFromPoolAsync, CUDA driver API reference): the pool grows by nothing, and the
+    // graph's memory is taken from the device's graph memory pool when the graph runs.
+    if let Some(r) = exec::capture_alloc(&stream, pool.dev, size as u64) {
+        return write(dptr, r?);
+    }
     let rounded = round_up(size as u64, ALIGN);
     pool.take(rounded)?;
     let ch = ctx::current()?.0;
@@ -542,8 +563,263 @@ fn alloc_async(dptr: *mut CUdeviceptr, size: usize, s: CUstream, pt: bool) -> Re
 }
 
 fn free_async(dptr: CUdeviceptr, s: CUstream, pt: bool) -> Res {
-    exec::stream(s, pt)?;
+    let stream = exec::stream(s, pt)?;
+    // "During stream capture, this function results in the creation of a free node"
+    // (cuMemFreeAsync, CUDA driver API reference): nothing is freed now.
+    if let Some(r) = exec::capture_free(&stream, dptr) {
+        return r;
+    }
     free(dptr, |_| true)
+}
+
+// ---- graph memory ----------------------------------------------------------------------------
+//
+// The CUDA Programming Guide, "Graph Memory Nodes" (CUDA 12/13; sections cited by number):
+// - a memory-allocation node's address is fixed when the node is made and "remains fixed across
+//   instantiations and launches" (cuGraphAddMemAllocNode); making it takes no physical memory;
+// - "Physical memory cannot be allocated or mapped during graph instantiation because the stream
+//   in which the graph will execute is unknown. Mapping is done instead during graph launch.
+//   Calling cudaGraphUpload can separate out the cost of allocation from the launch by performing
+//   all mappings for that graph immediately" (16.5.1);
+// - the memory comes from a per-device graph memory pool ("cudaDeviceGraphMemTrim operates on a
+//   different pool from cudaMemPoolTrimTo(). The graph memory pool is not exposed to the stream
+//   ordered memory allocator", 16.6) which keeps it reserved after the graph completes:
+//   "destroying a graph which contains memory nodes (even if their allocations are free) will
+//   not immediately return physical memory to the OS"; cuDeviceGraphMemTrim "will unmap and
+//   release any physical memory reserved by graph memory nodes that is not actively in use.
+//   Allocations that have not been freed and graphs that are scheduled or running are
+//   considered to be actively using the physical memory" (16.6);
+// - graphs launched one after another share physical memory (16.4.2), so the pool grows only
+//   when what is live now plus what a launch allocates exceeds what it reserves.
+// The pool reserves in GRANULARITY steps (as stream-ordered pools do here; the real driver's step
+// is not documented). Its reserve is charged to the device and to this process; its attributes
+// (cuDeviceGetGraphMemAttribute) answer from the figures below: "used" is what live graph
+// allocations and graphs still running hold, "reserved" what the pool holds.
+
+/// The address of one memory-allocation node.
+pub(crate) struct GraphAlloc {
+    pub addr: u64,
+    /// Rounded to ALIGN, as every allocation here.
+    pub size: u64,
+    /// What the node asked for (CUDA_MEM_ALLOC_NODE_PARAMS.bytesize).
+    pub bytesize: u64,
+    pub dev: usize,
+    st: Mutex<GraphAllocState>,
+}
+
+#[derive(Default)]
+struct GraphAllocState {
+    /// Backed by the pool and usable (between the node's execution and its free).
+    live: bool,
+    /// The node's graph is gone: the address goes back when the allocation is freed.
+    orphan: bool,
+}
+
+impl GraphAlloc {
+    pub fn live(&self) -> bool {
+        self.st.lock().unwrap_or_else(|e| e.into_inner()).live
+    }
+}
+
+#[derive(Default)]
+struct GraphPool {
+    reserved: u64,
+    reserved_high: u64,
+    /// Bytes of live graph allocations.
+    live: u64,
+    used_high: u64,
+    /// Graph launches still running: (when they end, the bytes they allocate and free inside).
+    running: Vec<(u64, u64)>,
+}
+
+impl GraphPool {
+    /// What is actively in use now: live allocations and graphs still running.
+    fn in_use(&mut self) -> u64 {
+        let now = now_ns();
+        self.running.retain(|&(end, _)| end > now);
+        self.live + self.running.iter().map(|&(_, b)| b).sum::<u64>()
+    }
+}
+
+fn graph_pools() -> &'static Vec<Mutex<GraphPool>> {
+    static P: OnceLock<Vec<Mutex<GraphPool>>> = OnceLock::new();
+    P.get_or_init(|| {
+        (0..cuvisor_sim::model::MAX_DEVICES)
+            .map(|_| Mutex::new(GraphPool::default()))
+            .collect()
+    })
+}
+
+fn graph_pool(dev: usize) -> std::sync::MutexGuard<'static, GraphPool> {
+    graph_pools()[dev].lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Every node's allocation, by address (for free nodes, frees outside the graph, params).
+fn graph_allocs() -> &'static Mutex<BTreeMap<u64, Arc<GraphAlloc>>> {
+    static M: OnceLock<Mutex<BTreeMap<u64, Arc<GraphAlloc>>>> = OnceLock::new();
+    M.get_or_init(|| Mutex::new(BTreeMap::new()))
+}
+
+/// A new memory-allocation node's address on device `dev`: address space only, no memory.
+pub(crate) fn graph_alloc_new(dev: usize, bytesize: u64) -> Result<Arc<GraphAlloc>, CUresult> {
+    if bytesize == 0 {
+        return Err(err::INVALID_VALUE);
+    }
+    let size = bytesize
+        .checked_add(ALIGN - 1)
+        .map(|n| n / ALIGN * ALIGN)
+        .ok_or(err::OUT_OF_MEMORY)?;
+    let addr = arena(dev)?.alloc(size).ok_or(err::OUT_OF_MEMORY)?;
+    let a = Arc::new(GraphAlloc {
+        addr,
+        size,
+        bytesize,
+        dev,
+        st: Mutex::new(GraphAllocState::default()),
+    });
+    graph_allocs()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(addr, a.clone());
+    Ok(a)
+}
+
+/// The memory-allocation node whose allocation starts at `addr`.
+pub(crate) fn graph_alloc_at(addr: u64) -> Option<Arc<GraphAlloc>> {
+    graph_allocs()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&addr)
+        .cloned()
+}
+
+/// Makes sure device `dev`'s graph memory pool holds what is in use now plus `more` bytes,
+/// growing it (charged to the device) if need be: CUDA_ERROR_OUT_OF_MEMORY when the device
+/// cannot give it, with nothing changed.
+pub(crate) fn graph_reserve(dev: usize, more: u64) -> Res {
+    let mut p = graph_pool(dev);
+    let want = p.in_use().saturating_add(more);
+    if want > p.reserved {
+        let grow = round_up(want - p.reserved, GRANULARITY);
+        charge(dev, grow)?;
+        p.reserved += grow;
+        p.reserved_high = p.reserved_high.max(p.reserved);
+    }
+    Ok(())
+}
+
+/// A launch whose graph allocates and frees `bytes` inside itself, running until `end`: those
+/// bytes stay in use (and unreleasable by a trim) until it ends.
+pub(crate) fn graph_running(dev: usize, end: u64, bytes: u64) {
+    if bytes > 0 {
+        let mut p = graph_pool(dev);
+        p.running.push((end, bytes));
+        let used = p.live + p.running.iter().map(|&(_, b)| b).sum::<u64>();
+        p.used_high = p.used_high.max(used);
+    }
+}
+
+/// The allocation node ran: its memory, from the pool (reserved by `graph_reserve` before), is
+/// now a live allocation of context `ch`. INVALID_VALUE if it still is (the launch's caller
+/// checks that first).
+pub(crate) fn graph_alloc_map(a: &GraphAlloc, ch: usize) -> Res {
+    {
+        let mut st = a.st.lock().unwrap_or_else(|e| e.into_inner());
+        if st.live {
+            return Err(err::INVALID_VALUE);
+        }
+        st.live = true;
+    }
+    {
+        let mut p = graph_pool(a.dev);
+        p.live += a.size;
+        let used = p.live + p.running.iter().map(|&(_, b)| b).sum::<u64>();
+        p.used_high = p.used_high.max(used);
+    }
+    let rec = Alloc {
+        size: a.size,
+        charged: 0,
+        dev: a.dev,
+        ctx: ch,
+        kind: Kind::Graph,
+        dirty: AtomicBool::new(false),
+    };
+    table()
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(a.addr, rec);
+    Ok(())
+}
+
+/// A free node ran, or the program freed a live graph allocation (cuMemFree, cuMemFreeAsync).
+pub(crate) fn graph_alloc_free(addr: u64) -> Res {
+    free(addr, |k| k == Kind::Graph)
+}
+
+/// What `release` does for a graph allocation: the pool keeps the memory (reserved), the address
+/// stays the node's unless its graph is gone.
+fn graph_alloc_released(addr: u64, dirty: bool) {
+    let Some(a) = graph_alloc_at(addr) else {
+        return;
+    };
+    let orphan = {
+        let mut st = a.st.lock().unwrap_or_else(|e| e.into_inner());
+        st.live = false;
+        st.orphan
+    };
+    {
+        let mut p = graph_pool(a.dev);
+        p.live = p.live.saturating_sub(a.size);
+    }
+    if orphan {
+        graph_alloc_forget(&a, dirty);
+    }
+}
+
+fn graph_alloc_forget(a: &GraphAlloc, dirty: bool) {
+    graph_allocs()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&a.addr);
+    if let Ok(ar) = arena(a.dev) {
+        ar.free(a.addr, a.size, dirty);
+    }
+}
+
+/// The node's graph was destroyed: its address goes back now, or when a live allocation of it
+/// is freed ("The application must explicitly free the unfreed memory", 16.3.4).
+pub(crate) fn graph_alloc_orphan(a: &GraphAlloc) {
+    let live = {
+        let mut st = a.st.lock().unwrap_or_else(|e| e.into_inner());
+        st.orphan = true;
+        st.live
+    };
+    if !live {
+        graph_alloc_forget(a, true);
+    }
+}
+
+/// cuDeviceGraphMemTrim, and a context's teardown: what the pool reserves beyond what is in use
+/// goes back to the device.
+pub(crate) fn graph_trim(dev: usize) {
+    let mut p = graph_pool(dev);
+    let keep = round_up(p.in_use(), GRANULARITY).min(p.reserved);
+    let excess = p.reserved - keep;
+    if excess > 0 {
+        p.reserved = keep;
+        uncharge(dev, excess);
+    }
+}
+
+fn graph_attribute(dev: usize, attr: c_int) -> Result<u64, CUresult> {
+    let mut p = graph_pool(dev);
+    Ok(match attr {
+        CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT => p.in_use(),
+        CU_GRAPH_MEM_ATTR_USED_MEM_HIGH => p.used_high,
+        CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT => p.reserved,
+        CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH => p.reserved_high,
+        _ => return Err(err::INVALID_VALUE),
+    })
 }
 
 // ---- VMM ----------------------------------------------------------------------------------------
@@ -1139,6 +1415,33 @@ export! {
                     s.used_high = s.used;
                 }
             }
+            _ => return Err(err::INVALID_VALUE),
+        }
+        Ok(())
+    }
+    /// "Free unused memory that was cached on the specified device for use with graphs back to
+    /// the OS. Blocks which are not in use by a graph that is either currently executing or
+    /// scheduled to execute are freed" (CUDA driver API reference).
+    fn cuDeviceGraphMemTrim(dev: CUdevice) {
+        let (d, _) = ctx::device(dev)?;
+        graph_trim(d);
+        Ok(())
+    }
+    fn cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: c_int, value: *mut c_void) {
+        let (d, _) = ctx::device(dev)?;
+        write(value as *mut u64, graph_attribute(d, attr)?)
+    }
+    /// Only the high watermarks can be set, and only to zero ("High watermark can only be reset
+    /// to zero", CUDA driver API reference).
+    fn cuDeviceSetGraphMemAttribute(dev: CUdevice, attr: c_int, value: *mut c_void) {
+        let (d, _) = ctx::device(dev)?;
+        if read(value as *const u64)? != 0 {
+            return Err(err::INVALID_VALUE);
+        }
+        let mut p = graph_pool(d);
+        match attr {
+            CU_GRAPH_MEM_ATTR_USED_MEM_HIGH => p.used_high = 0,
+            CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH => p.reserved_high = 0,
             _ => return Err(err::INVALID_VALUE),
         }
         Ok(())

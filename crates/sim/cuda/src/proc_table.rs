@@ -815,6 +815,31 @@ pub static PROC_TABLE: &[ProcEntry] = &[
     },
     ProcEntry { base: "cuGraphExecDestroy", versions: &[(10000, "cuGraphExecDestroy")], per_thread: &[] },
     ProcEntry { base: "cuGraphDestroy", versions: &[(10000, "cuGraphDestroy")], per_thread: &[] },
+    // ---- graph memory (CUDA 11.4: `PFN_cuGraphAddMemAllocNode_v11040` and its siblings in
+    // cudaTypedefs.h {TD}; one ABI each, none per-thread) ----
+    ProcEntry { base: "cuGraphAddMemAllocNode", versions: &[(11040, "cuGraphAddMemAllocNode")], per_thread: &[] },
+    ProcEntry { base: "cuGraphAddMemFreeNode", versions: &[(11040, "cuGraphAddMemFreeNode")], per_thread: &[] },
+    ProcEntry {
+        base: "cuGraphMemAllocNodeGetParams",
+        versions: &[(11040, "cuGraphMemAllocNodeGetParams")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphMemFreeNodeGetParams",
+        versions: &[(11040, "cuGraphMemFreeNodeGetParams")],
+        per_thread: &[],
+    },
+    ProcEntry { base: "cuDeviceGraphMemTrim", versions: &[(11040, "cuDeviceGraphMemTrim")], per_thread: &[] },
+    ProcEntry {
+        base: "cuDeviceGetGraphMemAttribute",
+        versions: &[(11040, "cuDeviceGetGraphMemAttribute")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuDeviceSetGraphMemAttribute",
+        versions: &[(11040, "cuDeviceSetGraphMemAttribute")],
+        per_thread: &[],
+    },
     // ---- IPC ----
     ProcEntry { base: "cuIpcGetMemHandle", versions: &[(4010, "cuIpcGetMemHandle")], per_thread: &[] },
     ProcEntry {
