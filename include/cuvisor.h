@@ -106,7 +106,7 @@ extern "C" {
 #define CUVISOR_LEDGER_FILE "ledger"
 #define CUVISOR_MAX_DEVICES 16
 #define CUVISOR_MAX_PROCS 1024
-#define CUVISOR_MAX_SHARES 256
+#define CUVISOR_MAX_SHARES 4096
 
 /* cuvisor_device_entry.state */
 #define CUVISOR_DEV_EMPTY 0

@@ -30,7 +30,7 @@ pub const VERSION: u32 = 4;
 pub const MAX_DEVICES: usize = 16;
 pub const MAX_PROCS: usize = 1024;
 /// Share entries (memory that outlives its allocating process while another holds it).
-pub const MAX_SHARES: usize = 256;
+pub const MAX_SHARES: usize = 4096;
 pub const FILE_NAME: &str = "ledger";
 
 /// Device entry states.
@@ -756,26 +756,22 @@ impl Ledger {
             if st == SHARE_FREE || (st != SHARE_RECLAIMING && self.share_held(i)) {
                 continue;
             }
-            match st {
+            if st == SHARE_CLAIMING {
                 // A claimer that died before its lock was seen (it held no bytes yet).
-                SHARE_CLAIMING => {
-                    let _ = s
-                        .state
-                        .compare_exchange(SHARE_CLAIMING, SHARE_FREE, AcqRel, Relaxed);
-                }
-                SHARE_LIVE | SHARE_RECLAIMING => {
-                    if st == SHARE_RECLAIMING
-                        || s.state
-                            .compare_exchange(SHARE_LIVE, SHARE_RECLAIMING, AcqRel, Relaxed)
-                            .is_ok()
-                    {
-                        // A RECLAIMING one found under the flock: its reclaimer died half way.
-                        unsure |= self.drain_share(s) || st == SHARE_RECLAIMING;
-                        s.key.store(0, Relaxed);
-                        s.state.store(SHARE_FREE, Release);
-                    }
-                }
-                _ => {}
+                let _ = s
+                    .state
+                    .compare_exchange(SHARE_CLAIMING, SHARE_FREE, AcqRel, Relaxed);
+                continue;
+            }
+            // A RECLAIMING one found under the flock: its reclaimer died half way.
+            if st == SHARE_RECLAIMING
+                || s.state
+                    .compare_exchange(SHARE_LIVE, SHARE_RECLAIMING, AcqRel, Relaxed)
+                    .is_ok()
+            {
+                unsure |= self.drain_share(s) || st == SHARE_RECLAIMING;
+                s.key.store(0, Relaxed);
+                s.state.store(SHARE_FREE, Release);
             }
         }
         unsure

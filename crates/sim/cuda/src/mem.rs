@@ -859,12 +859,6 @@ fn mem_info() -> Result<(u64, u64), CUresult> {
     Ok((total.saturating_sub(used), total))
 }
 
-/// `CUipcMemHandle`: 64 opaque bytes, passed by value.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUipcMemHandle {
-    pub reserved: [u8; 64],
-}
 const IPC_MAGIC: u64 = 0x4356_4950_4331_0001;
 
 export! {
