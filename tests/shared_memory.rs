@@ -98,7 +98,10 @@ fn recv_fd(sock: i32) -> i32 {
         msg.msg_controllen = control.len() as _;
         assert_eq!(libc::recvmsg(sock, &mut msg, 0), 1, "recvmsg");
         let c = libc::CMSG_FIRSTHDR(&msg);
-        assert!(!c.is_null() && (*c).cmsg_type == libc::SCM_RIGHTS, "no descriptor came");
+        assert!(
+            !c.is_null() && (*c).cmsg_type == libc::SCM_RIGHTS,
+            "no descriptor came"
+        );
         std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const i32)
     }
 }
@@ -244,7 +247,11 @@ fn ipc_importer() {
         ok(cu::cuIpcOpenMemHandle_v2(&mut a, handle, 1));
         ok(cu::cuIpcOpenMemHandle_v2(&mut b, handle, 1));
         assert_eq!(a, b, "opened again in one context: the same pointer");
-        assert_eq!(free_mem(), before, "opening takes nothing from this container");
+        assert_eq!(
+            free_mem(),
+            before,
+            "opening takes nothing from this container"
+        );
         say("opened");
         wait_for_parent();
         ok(cu::cuIpcCloseMemHandle(a));
@@ -362,7 +369,11 @@ fn a_vmm_handle_passed_as_an_fd_stays_charged_to_the_exporter_after_it_exits() {
     exporter.go();
     exporter.passed();
     // The exporter is gone; the importer still maps the memory, which the driver keeps.
-    assert_eq!(physical(&state), SIZE, "the memory lives on in the importer");
+    assert_eq!(
+        physical(&state),
+        SIZE,
+        "the memory lives on in the importer"
+    );
     assert_eq!(
         ledger_used(&ledger),
         vec![SIZE],
@@ -415,7 +426,11 @@ fn an_ipc_import_in_the_same_container_keeps_the_charge_after_the_exporter_exits
     importer.go();
     importer.expect("closed");
     assert_eq!(physical(&state), 0);
-    assert_eq!(ledger_used(&ledger), vec![0], "the last close gives it back");
+    assert_eq!(
+        ledger_used(&ledger),
+        vec![0],
+        "the last close gives it back"
+    );
     importer.go();
     importer.passed();
 }
@@ -434,7 +449,11 @@ fn an_ipc_import_in_another_container_is_charged_to_no_one_but_the_exporter() {
     let mut importer = Side::start(NAME, "ipc-importer", &state, &theirs, &[("HANDLE", &hex)]);
     importer.expect("opened");
     assert_eq!(ledger_used(&ours), vec![SIZE], "the exporter's container");
-    assert_eq!(ledger_used(&theirs), vec![0], "the importer's is charged nothing");
+    assert_eq!(
+        ledger_used(&theirs),
+        vec![0],
+        "the importer's is charged nothing"
+    );
     importer.go();
     importer.expect("closed once");
     assert_eq!(
@@ -449,7 +468,11 @@ fn an_ipc_import_in_another_container_is_charged_to_no_one_but_the_exporter() {
     exporter.go();
     exporter.passed();
     assert_eq!(physical(&state), SIZE, "still open in the other container");
-    assert_eq!(ledger_used(&theirs), vec![0], "and still charged nothing there");
+    assert_eq!(
+        ledger_used(&theirs),
+        vec![0],
+        "and still charged nothing there"
+    );
     importer.go();
     importer.expect("closed");
     assert_eq!(physical(&state), 0, "the last close frees it");

@@ -313,7 +313,9 @@ impl Shared {
                 continue;
             }
             if !lease::try_hold(f, MAX_PROCS + i, true).unwrap_or(false) {
-                let _ = e.state.compare_exchange(SHARED_CLAIMING, SHARED_FREE, AcqRel, Relaxed);
+                let _ = e
+                    .state
+                    .compare_exchange(SHARED_CLAIMING, SHARED_FREE, AcqRel, Relaxed);
                 continue;
             }
             let generation = e.generation.fetch_add(1, AcqRel) + 1;
@@ -340,9 +342,8 @@ impl Shared {
         let Some(e) = self.layout.shared.get(i) else {
             return false;
         };
-        let live = || {
-            e.state.load(Acquire) == SHARED_LIVE && e.generation.load(Acquire) == generation
-        };
+        let live =
+            || e.state.load(Acquire) == SHARED_LIVE && e.generation.load(Acquire) == generation;
         if self.holds(i) {
             return live();
         }
@@ -381,7 +382,9 @@ impl Shared {
                 continue;
             }
             if st == SHARED_CLAIMING {
-                let _ = e.state.compare_exchange(SHARED_CLAIMING, SHARED_FREE, AcqRel, Relaxed);
+                let _ = e
+                    .state
+                    .compare_exchange(SHARED_CLAIMING, SHARED_FREE, AcqRel, Relaxed);
                 continue;
             }
             if e.state

@@ -594,12 +594,18 @@ fn phys_drop_if_unused(h: usize, p: &Phys) {
     if !(refs == 0 && maps == 0 && phys().remove(h).is_ok()) {
         return;
     }
-    let fd = std::mem::replace(&mut *p.export_fd.lock().unwrap_or_else(|e| e.into_inner()), -1);
+    let fd = std::mem::replace(
+        &mut *p.export_fd.lock().unwrap_or_else(|e| e.into_inner()),
+        -1,
+    );
     if fd >= 0 {
         // SAFETY: closing our own copy of the exported file (importers hold their own).
         unsafe { libc::close(fd) };
     }
-    match (*p.share.lock().unwrap_or_else(|e| e.into_inner()), p.charged_dev) {
+    match (
+        *p.share.lock().unwrap_or_else(|e| e.into_inner()),
+        p.charged_dev,
+    ) {
         (Some((i, _)), _) => unref_share(i),
         (None, Some(dev)) => uncharge(dev, p.size),
         (None, None) => {}
@@ -654,7 +660,12 @@ const RECORD_LEN: usize = 96;
 
 /// A memfd naming shared entry (i, generation) of `size` bytes on `dev`: what an exported
 /// descriptor carries to whoever imports it (SCM_RIGHTS, pidfd_getfd).
-fn export_file(dev: Option<usize>, size: u64, i: usize, generation: u64) -> Result<c_int, CUresult> {
+fn export_file(
+    dev: Option<usize>,
+    size: u64,
+    i: usize,
+    generation: u64,
+) -> Result<c_int, CUresult> {
     let record = format!(
         "cuvisor-sim-vmm {} {size} {i} {generation}\n",
         dev.map(|d| d as i64).unwrap_or(-1)
@@ -1345,8 +1356,10 @@ export! {
 }
 
 /// Opened IPC handles of this process: (entry, generation, context) -> (pointer, references).
-fn ipc_opened() -> &'static Mutex<HashMap<(usize, u64, usize), (u64, u32)>> {
-    static O: OnceLock<Mutex<HashMap<(usize, u64, usize), (u64, u32)>>> = OnceLock::new();
+type Opened = HashMap<(usize, u64, usize), (u64, u32)>;
+
+fn ipc_opened() -> &'static Mutex<Opened> {
+    static O: OnceLock<Mutex<Opened>> = OnceLock::new();
     O.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
@@ -1390,7 +1403,11 @@ fn ipc_open(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle) -> Res {
             return Err(e);
         }
     };
-    if let Some(r) = table().write().unwrap_or_else(|e| e.into_inner()).get_mut(&a) {
+    if let Some(r) = table()
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_mut(&a)
+    {
         r.share = Some((i, generation));
     }
     opened.insert((i, generation, ch), (a, 1));
