@@ -1309,7 +1309,7 @@ export! {
             }
         };
         let mut h = CUipcMemHandle { reserved: [0; 64] };
-        let words = [IPC_MAGIC, std::process::id() as u64, r.dev as u64, r.size, dptr, i as u64, generation];
+        let words = [IPC_MAGIC, process_token(), r.dev as u64, r.size, dptr, i as u64, generation];
         for (k, v) in words.iter().enumerate() {
             h.reserved[k * 8..k * 8 + 8].copy_from_slice(&v.to_le_bytes());
         }
@@ -1355,6 +1355,22 @@ export! {
     fn cuMipmappedArrayDestroy(a: CUmipmappedArray) { destroy_array(a as usize) }
 }
 
+/// Names this process in IPC handles, machine-wide: pids repeat across pid namespaces (two
+/// containers' processes are often both pid 1), so a handle carries this instead.
+fn process_token() -> u64 {
+    static T: OnceLock<u64> = OnceLock::new();
+    *T.get_or_init(|| {
+        let mut v = 0u64;
+        // SAFETY: getrandom writes at most 8 bytes into `v`, which we own.
+        let n = unsafe { libc::getrandom(&mut v as *mut u64 as *mut c_void, 8, 0) };
+        if n == 8 && v != 0 {
+            v
+        } else {
+            (std::process::id() as u64) << 32 | now_ns() & 0xffff_ffff
+        }
+    })
+}
+
 /// Opened IPC handles of this process: (entry, generation, context) -> (pointer, references).
 type Opened = HashMap<(usize, u64, usize), (u64, u32)>;
 
@@ -1382,7 +1398,7 @@ fn ipc_open(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle) -> Res {
     if word(0) != IPC_MAGIC || pdptr.is_null() {
         return Err(err::INVALID_VALUE);
     }
-    if word(1) == std::process::id() as u64 {
+    if word(1) == process_token() {
         return Err(err::INVALID_CONTEXT); // a process cannot open its own IPC handle
     }
     let dev = word(2) as usize;
