@@ -1383,7 +1383,8 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// Run by `killed_at_every_step` in a child process: one charge, one free and one reclaim,
+    /// Run by `killed_at_every_step` in a child process: one charge, one free, one share and
+    /// one reclaim,
     /// killed at the kill point CUVISOR_TEST_KILL_AT.
     #[test]
     #[ignore = "a child process of killed_at_every_step, not a test of its own"]
@@ -1397,13 +1398,14 @@ mod tests {
         let p = l.claim_proc(pid, start).unwrap();
         l.try_charge(d, p, 1000).unwrap();
         l.uncharge(d, p, 400);
+        l.share_open(d, p, 200, 42).unwrap(); // held until this process ends
         l.reclaim_dead(); // the victim's slot
         l.release_proc(p);
     }
 
     #[test]
     fn killed_at_every_step_nothing_leaks_for_good() {
-        for at in 0..=8u32 {
+        for at in 0..=9u32 {
             let dir = temp_dir(&format!("kill{at}"));
             let l = Ledger::open_dir(&dir).unwrap();
             let d = l.device_for([9; 16], 1 << 30).unwrap();
