@@ -223,6 +223,11 @@ impl Quota {
     /// or allocated before cuvisor was loaded).
     pub fn release(&self, table: &Table, key: u64) -> bool {
         match table.remove(key) {
+            // An IPC-exported pointer (see `shared`): its charge is its share's.
+            Some((_, 0)) => {
+                self.shared.freed(key, self);
+                true
+            }
             Some((e, bytes)) => {
                 self.uncharge(e, bytes);
                 true
