@@ -48,6 +48,10 @@
  *      slot i holds an open-file-description lock (F_OFD_SETLK) on byte (1 << 40) + i of the
  *      file for as long as it lives. F_OFD_GETLK with F_WRLCK over that byte (or over all
  *      CUVISOR_MAX_PROCS of them) tells, without waiting, whether it (any process) is alive.
+ *   6. Shares: memory whose allocating process may be gone while another process of the
+ *      container still holds it. A LIVE share's bytes are part of its device's `used`, in no
+ *      process slot; it is held while any process holds a lock on its byte (see
+ *      cuvisor_share_entry).
  *
  * Example (prints each GPU's UUID, limit and use; give it the state directory):
  *
@@ -97,11 +101,12 @@ extern "C" {
 
 /* "CUVLEDG1" in a little-endian word. */
 #define CUVISOR_LEDGER_MAGIC UINT64_C(0x314744454C565543)
-#define CUVISOR_LEDGER_VERSION 3
+#define CUVISOR_LEDGER_VERSION 4
 /* The ledger's file name inside the state directory. */
 #define CUVISOR_LEDGER_FILE "ledger"
 #define CUVISOR_MAX_DEVICES 16
 #define CUVISOR_MAX_PROCS 1024
+#define CUVISOR_MAX_SHARES 4096
 
 /* cuvisor_device_entry.state */
 #define CUVISOR_DEV_EMPTY 0
@@ -110,6 +115,14 @@ extern "C" {
 
 /* cuvisor_proc_entry.pid of a slot whose owner died and whose charges are being given back. */
 #define CUVISOR_PID_RECLAIMING UINT32_C(0xFFFFFFFF)
+
+/* cuvisor_share_entry.state */
+#define CUVISOR_SHARE_FREE 0
+#define CUVISOR_SHARE_CLAIMING 1 /* being claimed: no bytes yet */
+#define CUVISOR_SHARE_LIVE 2
+#define CUVISOR_SHARE_RECLAIMING 3 /* nobody held it: its bytes are being given back */
+/* cuvisor_share_entry.key that every import of the container matches. */
+#define CUVISOR_SHARE_ANY_KEY UINT64_C(0xFFFFFFFFFFFFFFFF)
 
 /* The bytes of cuvisor_device_entry.used and cuvisor_proc_entry.charged[i] (low 48 bits). */
 #define CUVISOR_BYTES_MASK UINT64_C(0xFFFFFFFFFFFF)
@@ -144,11 +157,24 @@ typedef struct cuvisor_proc_entry {
     uint64_t charged[CUVISOR_MAX_DEVICES]; /* atomic each; & CUVISOR_BYTES_MASK: bytes held */
 } cuvisor_proc_entry;
 
+/* Memory of the container that outlives the process that allocated it while other processes of
+ * the container hold it (exported VMM allocations, IPC-exported pointers). Its holders keep an
+ * open-file-description read lock on byte (1 << 40) + CUVISOR_MAX_PROCS + its index; `used`
+ * counts its bytes until nobody holds one. */
+typedef struct cuvisor_share_entry {
+    uint32_t state; /* atomic; CUVISOR_SHARE_FREE, _CLAIMING, _LIVE or _RECLAIMING */
+    uint32_t device; /* atomic; index into devices[] */
+    uint64_t key; /* atomic; what importers recognise the memory by (informational) */
+    uint64_t bytes; /* atomic; & CUVISOR_BYTES_MASK: bytes charged; high 16 bits as charged[] */
+    uint64_t _reserved;
+} cuvisor_share_entry;
+
 /* The whole file. */
 typedef struct cuvisor_ledger {
     cuvisor_ledger_header header;
     cuvisor_device_entry devices[CUVISOR_MAX_DEVICES];
     cuvisor_proc_entry procs[CUVISOR_MAX_PROCS];
+    cuvisor_share_entry shares[CUVISOR_MAX_SHARES];
 } cuvisor_ledger;
 
 /*

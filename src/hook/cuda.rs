@@ -10,14 +10,16 @@
 //! give nothing back by themselves; synchronization points, trims, threshold changes, context
 //! teardown and memory queries settle the pools' charges down to what they still reserve.
 //!
-//! VMM memory that was exported (cuMemExportToShareableHandle) stays charged until the process
-//! exits: an imported copy, here or in another process, keeps it alive after the exporter's
-//! release, and no call tells when the last copy is gone.
+//! Memory shared between processes (VMM handles exported as file descriptors or fabric handles,
+//! legacy IPC handles) is charged once, to the container that allocated it, for as long as a
+//! process of that container holds it: the rules are in `quota::shared`; here the driver's
+//! answers are turned into the keys both sides know the memory by.
 
 use super::hooks;
 use super::{procaddr, Lib, Real};
 use crate::quota::modules::Gone;
 use crate::quota::pools::{Denial, Destroy, PoolDriver};
+use crate::quota::shared::{self, Exported, Via};
 use crate::quota::{charged_size, Quota, Refusal};
 use crate::Mode;
 use cuvisor_cuda_abi::cuda::*;
@@ -48,6 +50,11 @@ hooks! {
     Cuda cuCtxSynchronize() => ctx_synchronized;
     Cuda cuCtxSynchronize_v2(ctx: CUcontext) => synchronized;
     Cuda cuMemExportToShareableHandle(out: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int, flags: u64) => mem_export;
+    Cuda cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os: *mut c_void, kind: c_int) => mem_import;
+    Cuda cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: CUdeviceptr) => ipc_get;
+    Cuda cuIpcOpenMemHandle_v2(dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) => ipc_open;
+    Cuda cuIpcOpenMemHandle(dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) => ipc_open;
+    Cuda cuIpcCloseMemHandle(dptr: CUdeviceptr) => ipc_close;
     Cuda cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) => mem_create;
     Cuda cuMemRelease(handle: CUmemGenericAllocationHandle) => mem_release;
     Cuda cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) => mem_retain;
@@ -251,10 +258,12 @@ fn released(key: u64, free: impl FnOnce() -> u32, handles: bool) -> u32 {
         return free();
     };
     let r = free();
-    if r == SUCCESS {
-        q.uncharge(e, bytes);
-    } else {
+    if r != SUCCESS {
         q.record(table, key, e, bytes);
+    } else if bytes == 0 && !handles {
+        q.shared.freed(key, &**q); // IPC-exported: its charge is a share's (see `ipc_get`)
+    } else {
+        q.uncharge(e, bytes);
     }
     r
 }
@@ -739,10 +748,34 @@ fn mem_create(
     }
 }
 
-/// An exported handle's memory lives while any imported copy does (cuMemRelease: freed when
-/// all handles, shareable counterparts included, are released), in this process or another, and
-/// nothing tells the exporter when the last copy goes: its charge stays until the process
-/// exits. Taking it out of the handle table is all it takes: no release or unmap finds it.
+/// The key a shareable handle is known by in every process that has it (see `quota::shared`):
+/// a POSIX descriptor by the file it is (its device and inode, which SCM_RIGHTS and
+/// pidfd_getfd carry over), a fabric handle by its 64 bytes. 0 for other kinds.
+fn shareable_key(kind: c_int, fd: Option<c_int>, bytes: *const u8) -> u64 {
+    match kind {
+        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR => fd.map_or(0, |fd| {
+            // SAFETY: libc::stat is plain data, for which zero bytes are a valid value.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: fstat on a descriptor number (any value: a bad one is EBADF) into a stat
+            // buffer we own.
+            if unsafe { libc::fstat(fd, &mut st) } == 0 {
+                shared::file_key(st.st_dev, st.st_ino)
+            } else {
+                0
+            }
+        }),
+        CU_MEM_HANDLE_TYPE_FABRIC => {
+            read(bytes as *const [u8; CU_IPC_HANDLE_SIZE]).map_or(0, |b| shared::bytes_key(&b))
+        }
+        _ => 0,
+    }
+}
+
+/// An exported handle's memory lives while any handle, mapping or exported descriptor of it
+/// does, in any process (cuMemRelease, cuMemExportToShareableHandle): its charge moves to a
+/// share of the container, held by this process until it exits and by the importers of the
+/// container while they hold it (`quota::shared`). Taken out of the handle table, the charge is
+/// given back by no release or unmap of this process.
 fn mem_export(
     real: impl Fn(*mut c_void, CUmemGenericAllocationHandle, c_int, u64) -> u32,
     out: *mut c_void,
@@ -752,7 +785,93 @@ fn mem_export(
 ) -> u32 {
     let r = real(out, h, kind, flags);
     if let (SUCCESS, Mode::Enforce(q)) = (r, crate::mode()) {
-        q.pin_exported(h);
+        let key = shareable_key(kind, read(out as *const c_int), out as *const u8);
+        // No room for a share: the charge stays with this process until it exits.
+        let _: Exported = q.shared.export_vmm(h, q.handles.remove(h), key, &**q);
+    }
+    r
+}
+
+/// An import of memory the container allocated holds its share while the imported handle or a
+/// mapping of it lives; another container's memory is charged nothing here. The share is held
+/// before the driver imports, so that its last other holder cannot give the charge back while
+/// the import is under way.
+fn mem_import(
+    real: impl Fn(*mut CUmemGenericAllocationHandle, *mut c_void, c_int) -> u32,
+    out: *mut CUmemGenericAllocationHandle,
+    os: *mut c_void,
+    kind: c_int,
+) -> u32 {
+    let Mode::Enforce(q) = crate::mode() else {
+        return real(out, os, kind);
+    };
+    let fd = c_int::try_from(os as usize).ok();
+    let held = q
+        .shared
+        .before_import(shareable_key(kind, fd, os as *const u8), &**q);
+    let r = real(out, os, kind);
+    match (r, read(out)) {
+        (SUCCESS, Some(h)) => q.shared.imported(Via::Vmm, h, held, &**q),
+        _ => q.shared.not_imported(held, &**q),
+    }
+    r
+}
+
+/// Legacy IPC: the exported pointer's charge moves to a share of the container, held by this
+/// process until it frees the pointer (by the driver's contract every importer has closed it by
+/// then) and by the container's importers until their last close. Its record stays, with 0
+/// bytes, so that its free lets the share go (`released`).
+fn ipc_get(
+    real: impl Fn(*mut CUipcMemHandle, CUdeviceptr) -> u32,
+    handle: *mut CUipcMemHandle,
+    dptr: CUdeviceptr,
+) -> u32 {
+    let r = real(handle, dptr);
+    let (SUCCESS, Mode::Enforce(q), Some(hd)) = (r, crate::mode(), read(handle)) else {
+        return r;
+    };
+    let key = shared::bytes_key(&hd.reserved);
+    match q.ptrs.remove(dptr) {
+        Some((e, bytes)) if bytes > 0 => {
+            match q.shared.export_ipc(dptr, Some((e, bytes)), key, &**q) {
+                Exported::Shared => q.record(&q.ptrs, dptr, e, 0),
+                // No room for a share: a plain allocation still, given back at its free.
+                _ => q.record(&q.ptrs, dptr, e, bytes),
+            }
+        }
+        Some((e, _)) => {
+            q.record(&q.ptrs, dptr, e, 0);
+            let _ = q.shared.export_ipc(dptr, None, key, &**q);
+        }
+        None => {}
+    }
+    r
+}
+
+fn ipc_open(
+    real: impl Fn(*mut CUdeviceptr, CUipcMemHandle, c_uint) -> u32,
+    dptr: *mut CUdeviceptr,
+    handle: CUipcMemHandle,
+    flags: c_uint,
+) -> u32 {
+    let Mode::Enforce(q) = crate::mode() else {
+        return real(dptr, handle, flags);
+    };
+    let held = q
+        .shared
+        .before_import(shared::bytes_key(&handle.reserved), &**q);
+    let r = real(dptr, handle, flags);
+    match (r, read(dptr)) {
+        (SUCCESS, Some(p)) => q.shared.imported(Via::Ipc, p, held, &**q),
+        _ => q.shared.not_imported(held, &**q),
+    }
+    r
+}
+
+fn ipc_close(real: impl Fn(CUdeviceptr) -> u32, dptr: CUdeviceptr) -> u32 {
+    let r = real(dptr);
+    if let (SUCCESS, Mode::Enforce(q)) = (r, crate::mode()) {
+        q.shared.import_gone(Via::Ipc, dptr, &**q);
     }
     r
 }
@@ -790,6 +909,13 @@ fn mem_release(
             }
             return r;
         }
+        if q.shared.is_import(Via::Vmm, h) {
+            let r = real(h);
+            if r == SUCCESS {
+                q.shared.import_gone(Via::Vmm, h, &**q);
+            }
+            return r;
+        }
     }
     released(h, || real(h), true)
 }
@@ -804,15 +930,17 @@ fn mem_map(
 ) -> u32 {
     let r = real(ptr, size, offset, h, flags);
     if let (SUCCESS, Mode::Enforce(q)) = (r, crate::mode()) {
-        // Only handles this process charged (not imports, not host memory).
-        if q.handles.get(h).is_some() {
+        // Handles this process charged, and imports (which hold a share while mapped); not
+        // host memory.
+        if q.handles.get(h).is_some() || q.shared.is_import(Via::Vmm, h) {
             q.mappings.lock().map(ptr, size as u64, h);
         }
     }
     r
 }
 
-/// Unmapping the last mapping of a released handle frees its memory: its charge goes back. The
+/// Unmapping the last mapping of a released handle frees its memory: its charge goes back (an
+/// import's: its hold on the share goes). The
 /// record is taken out before the driver call (as in `released`), so a handle value the driver
 /// hands out again right after cannot be confused with it.
 fn mem_unmap(real: impl Fn(CUdeviceptr, usize) -> u32, ptr: CUdeviceptr, size: usize) -> u32 {
@@ -828,8 +956,11 @@ fn mem_unmap(real: impl Fn(CUdeviceptr, usize) -> u32, ptr: CUdeviceptr, size: u
     let r = real(ptr, size);
     if r == SUCCESS {
         m.unmap(ptr, size as u64);
-        for (e, bytes) in freed.into_iter().filter_map(|(_, c)| c) {
-            q.uncharge(e, bytes);
+        for (h, charge) in freed {
+            match charge {
+                Some((e, bytes)) => q.uncharge(e, bytes),
+                None => q.shared.import_gone(Via::Vmm, h, &**q), // an import's last mapping
+            }
         }
     } else {
         for (h, (e, bytes)) in freed.into_iter().filter_map(|(h, c)| Some((h, c?))) {

@@ -7,6 +7,7 @@
 pub mod modules;
 pub mod graph;
 pub mod pools;
+pub mod shared;
 pub mod table;
 pub mod vmm;
 
@@ -55,7 +56,29 @@ pub struct Quota {
     pub images: modules::Images,
     /// CUDA graph memory: each device's graph memory pool, charged by what it reserves.
     pub graph: graph::GraphMem,
+    /// Memory shared with other processes (exported, imported) and the container's shares of
+    /// the ledger this process holds.
+    pub shared: shared::Shared,
     last_refusal_log: AtomicU64,
+}
+
+/// The ledger, as the rules of `shared` see it: this process's holds on the container's shares.
+impl shared::Holds for Quota {
+    fn open(&self, e: usize, bytes: u64, key: u64) -> Option<usize> {
+        let slot = self.proc_slot.load(Relaxed);
+        (slot != NO_SLOT)
+            .then(|| self.ledger.share_open(e, slot, bytes, key))
+            .flatten()
+    }
+    fn hold(&self, key: u64) -> Vec<usize> {
+        self.ledger.share_hold(key)
+    }
+    fn widen(&self, share: usize, key: u64) {
+        self.ledger.share_widen(share, key)
+    }
+    fn let_go(&self, share: usize) {
+        self.ledger.share_let_go(share)
+    }
 }
 
 /// A refused allocation, with what the message needs.
@@ -91,6 +114,7 @@ impl Quota {
             pools: pools::Pools::new(),
             images: modules::Images::default(),
             graph: graph::GraphMem::default(),
+            shared: shared::Shared::default(),
             last_refusal_log: AtomicU64::new(0),
         })
     }
@@ -101,6 +125,7 @@ impl Quota {
     /// slot leased through the parent's description would look dead to the parent, and the
     /// parent's to the child.
     pub fn after_fork(&self) {
+        self.shared.forget();
         let (pid, start) = cuvisor_shm::process::me();
         if let Err(e) = self.ledger.after_fork() {
             self.proc_slot.store(NO_SLOT, Relaxed);
@@ -124,6 +149,9 @@ impl Quota {
         if slot != NO_SLOT && self.ledger.procs()[slot].pid.load(Relaxed) == std::process::id() {
             self.ledger.release_proc(slot);
         }
+        // The shares this process held: given back now if nobody else holds them (the kernel
+        // would drop the locks at exit anyway, but nobody would look until later).
+        self.ledger.share_let_go_all();
     }
 
     /// The ledger entry of CUDA device `ordinal`; `uuid` asks the driver for its UUID the first
@@ -203,6 +231,11 @@ impl Quota {
     /// or allocated before cuvisor was loaded).
     pub fn release(&self, table: &Table, key: u64) -> bool {
         match table.remove(key) {
+            // An IPC-exported pointer (see `shared`): its charge is its share's.
+            Some((_, 0)) => {
+                self.shared.freed(key, self);
+                true
+            }
             Some((e, bytes)) => {
                 self.uncharge(e, bytes);
                 true
@@ -211,7 +244,8 @@ impl Quota {
         }
     }
 
-    /// VMM handle `h` was exported: an imported copy (in this process or another) keeps its
+    /// VMM handle `h` was retained (cuMemRetainAllocationHandle), or exported when the ledger
+    /// had no room for a share: an imported copy (in this process or another) keeps its
     /// memory alive after any release here, and no call tells when the last copy is gone. Its
     /// charge is taken out of the handle table, so no release or unmap gives it back: it stays
     /// charged until the process exits (see `vmm`).

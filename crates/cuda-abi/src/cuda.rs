@@ -241,6 +241,19 @@ pub const CU_MEM_ATTACH_GLOBAL: u32 = 1;
 pub const CU_MEM_ATTACH_HOST: u32 = 2;
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+/// `CUmemAllocationHandleType`: a POSIX file descriptor (`int`), and a fabric handle
+/// (`CUmemFabricHandle`, 64 bytes).
+pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 1;
+pub const CU_MEM_HANDLE_TYPE_FABRIC: c_int = 8;
+/// Bytes of a `CUipcMemHandle` and of a `CUmemFabricHandle` (`CU_IPC_HANDLE_SIZE`).
+pub const CU_IPC_HANDLE_SIZE: usize = 64;
+
+/// `CUipcMemHandle`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUipcMemHandle {
+    pub reserved: [u8; CU_IPC_HANDLE_SIZE],
+}
 pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_int = 0;
 pub const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: c_int = 1;
 pub const CU_MEM_ACCESS_FLAGS_PROT_NONE: c_int = 0;

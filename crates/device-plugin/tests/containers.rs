@@ -388,6 +388,97 @@ fn two_containers_of_two_uids_share_the_gpus_compute_coordinator() {
     }
 }
 
+/// Legacy CUDA IPC across two containers of two uids: the exporting tenant allocates 1 GiB and
+/// writes its IPC handle to the shared directory; the other opens it twice. The importer is
+/// charged nothing, its opens and closes neither double nor remove the exporter's charge, and
+/// when the exporter exits first the memory lives on (the driver keeps it for the open
+/// handle) until the importer's last close.
+#[test]
+fn ipc_get_and_open_across_containers_charge_the_exporter_alone() {
+    if !container::usable("ipc_get_and_open_across_containers_charge_the_exporter_alone") {
+        return;
+    }
+    let node = Node::new("ipc");
+    let (ra, rb) = (node.allocate(0..4), node.allocate(4..8));
+    let handle = "/run/cuvisor-test/handle";
+    let exporter = ["id", "alloc", "1024", "ipcget", handle, "info"];
+    let exporter = exporter
+        .iter()
+        .chain(&["wait", "/run/cuvisor-test/go", "info"]);
+    let exporter: Vec<&str> = exporter.copied().collect();
+    let importer = [
+        "id",
+        "wait",
+        handle,
+        "ipcopen",
+        handle,
+        "ipcopen",
+        handle,
+        "info",
+        "wait",
+        "/run/cuvisor-test/go2",
+        "ipcclose",
+        "info",
+        "wait",
+        "/run/cuvisor-test/go3",
+        "ipcclose",
+        "info",
+    ];
+    let mut a = Container::start(&node.spec(&ra, 1000, &exporter)).unwrap();
+    a.wait_for("ipcget ", LIMIT).unwrap();
+    let mut b = Container::start(&node.spec(&rb, 2000, &importer)).unwrap();
+    let opened = b.wait_for("info ", LIMIT).unwrap();
+    assert!(
+        opened.contains(&format!("info free {} total {}", 4 * GIB, 4 * GIB)),
+        "the importer's container is charged nothing:\n{opened}"
+    );
+    assert_eq!(node.used(), GIB, "the memory is there once");
+    node.go("go");
+    let a = a.wait(LIMIT).unwrap();
+    assert!(a.success(), "{a}");
+    assert_eq!(
+        after_id(&a.stdout),
+        [
+            "alloc 1024 0",
+            "ipcget 0",
+            &format!("info free {} total {}", 3 * GIB, 4 * GIB),
+            "waited /run/cuvisor-test/go",
+            &format!("info free {} total {}", 3 * GIB, 4 * GIB),
+            "done",
+        ],
+        "the exporter is charged 1 GiB, before and after the importer's opens:\n{a}"
+    );
+    assert_eq!(
+        node.used(),
+        GIB,
+        "the exporter exited; the importer holds it open"
+    );
+    node.go("go2");
+    b.wait_for("ipcclose 0", LIMIT).unwrap();
+    assert_eq!(node.used(), GIB, "one reference left");
+    node.go("go3");
+    let b = b.wait(LIMIT).unwrap();
+    assert!(b.success(), "{b}");
+    assert_eq!(
+        after_id(&b.stdout),
+        [
+            format!("waited {handle}").as_str(),
+            "ipcopen 0",
+            "ipcopen 0",
+            &format!("info free {} total {}", 4 * GIB, 4 * GIB),
+            "waited /run/cuvisor-test/go2",
+            "ipcclose 0",
+            &format!("info free {} total {}", 4 * GIB, 4 * GIB),
+            "waited /run/cuvisor-test/go3",
+            "ipcclose 0",
+            &format!("info free {} total {}", 4 * GIB, 4 * GIB),
+            "done",
+        ],
+        "{b}"
+    );
+    assert_eq!(node.used(), 0, "the last close freed it");
+}
+
 /// A tenant holding its whole quota (3 units) is killed with its container (`runc kill KILL`:
 /// its pid namespace ends); a new container of the same allocation, whose tenant has the same
 /// pid in its own namespace, gets the whole quota again: the dead tenant's charge is given back.

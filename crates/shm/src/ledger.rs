@@ -10,6 +10,13 @@
 //! up. The only lock is `flock` on the file while it is first initialised, which the kernel
 //! drops if its holder dies.
 //!
+//! Shared memory (exported VMM handles, legacy IPC exports) outlives the process that
+//! allocated it when another process holds it. Its charge then moves from the allocating
+//! process's slot to a *share* entry of the container, which no process owns: each process of
+//! the container that holds the memory holds a shared lease lock on the share's byte, and the
+//! charge goes back once nobody holds one (every holder let go, or died). See
+//! `src/quota/shared.rs` of the library for who holds what, and when.
+//!
 //! The layout is mirrored in `include/cuvisor.h`; bump [`VERSION`] on any change.
 
 use crate::mapped::{self, Access, Flock, Mapped};
@@ -19,9 +26,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 
 /// "CUVLEDG1"
 pub const MAGIC: u64 = 0x3147_4445_4c56_5543;
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 pub const MAX_DEVICES: usize = 16;
 pub const MAX_PROCS: usize = 1024;
+/// Share entries (memory that outlives its allocating process while another holds it).
+pub const MAX_SHARES: usize = 4096;
 pub const FILE_NAME: &str = "ledger";
 
 /// Device entry states.
@@ -31,6 +40,17 @@ pub const DEV_READY: u32 = 2;
 
 /// A process slot whose owner died and whose charges are being given back.
 pub const PID_RECLAIMING: u32 = u32::MAX;
+
+/// Share entry states.
+pub const SHARE_FREE: u32 = 0;
+/// Being claimed: its claimer takes its lease, then makes it LIVE.
+pub const SHARE_CLAIMING: u32 = 1;
+pub const SHARE_LIVE: u32 = 2;
+/// Nobody held it: its charge is being given back.
+pub const SHARE_RECLAIMING: u32 = 3;
+/// A share key that any import in the container matches (the memory was exported under more
+/// than one key: erring toward counting, any import may be it).
+pub const SHARE_ANY_KEY: u64 = u64::MAX;
 
 /// `DeviceEntry::used` and `ProcEntry::charged` keep bytes in their low 48 bits (256 TiB); the
 /// high 16 bits count changes (`used`) or operations in flight (`charged`).
@@ -118,11 +138,30 @@ impl ProcEntry {
     }
 }
 
+/// Memory of the container that outlives the process that allocated it while others hold it
+/// (an exported VMM allocation, an IPC-exported pointer). Held by whoever holds the shared
+/// lease lock on byte [`lease::BASE`] + [`MAX_PROCS`] + its index.
+#[repr(C)]
+pub struct ShareEntry {
+    /// SHARE_FREE, SHARE_CLAIMING, SHARE_LIVE, SHARE_RECLAIMING.
+    pub state: AtomicU32,
+    /// The device entry charged.
+    pub device: AtomicU32,
+    /// What an importer recognises the memory by (see the library's `quota::shared`); 0: none
+    /// yet, [`SHARE_ANY_KEY`]: every import.
+    pub key: AtomicU64,
+    /// Bytes charged, in the low 48 bits; the high 16 count operations in flight (as a
+    /// process slot's `charged`).
+    pub bytes: AtomicU64,
+    pub _reserved: u64,
+}
+
 #[repr(C)]
 pub struct Layout {
     pub header: Header,
     pub devices: [DeviceEntry; MAX_DEVICES],
     pub procs: [ProcEntry; MAX_PROCS],
+    pub shares: [ShareEntry; MAX_SHARES],
 }
 
 // SAFETY: atomics and integers only; zero bytes are a file not yet initialised.
@@ -153,6 +192,9 @@ pub struct Ledger {
     /// threads from reclaiming, and from claiming a device entry, at the same time.
     reclaiming: std::sync::Mutex<()>,
     claiming: std::sync::Mutex<()>,
+    /// Share entries whose lease lock this open file description holds (one bit each): our own
+    /// locks never conflict with us, so a reclaimer must know them apart.
+    holding: [AtomicU64; MAX_SHARES / 64],
 }
 
 fn check(l: &Layout) -> Result<(), String> {
@@ -225,6 +267,7 @@ impl Ledger {
             own: AtomicUsize::new(usize::MAX),
             reclaiming: std::sync::Mutex::new(()),
             claiming: std::sync::Mutex::new(()),
+            holding: std::array::from_fn(|_| AtomicU64::new(0)),
         })
     }
 
@@ -349,6 +392,9 @@ impl Ledger {
     /// parent's; the child takes a description of its own before it claims a slot.
     pub fn after_fork(&self) -> std::io::Result<()> {
         self.own.store(usize::MAX, Relaxed);
+        for w in &self.holding {
+            w.store(0, Relaxed); // the parent's description holds those, not ours
+        }
         self.map.reopen_own()
     }
 
@@ -550,10 +596,204 @@ impl Ledger {
                 n += 1;
             }
         }
+        unsure |= self.reclaim_shares();
         if unsure {
             self.repair();
         }
         n
+    }
+
+    // ---- shares: memory that outlives its allocating process while others hold it ----------
+
+    /// The lease lock index of share entry `i` (after the process slots').
+    fn share_lease(i: usize) -> usize {
+        MAX_PROCS + i
+    }
+
+    pub fn shares(&self) -> &[ShareEntry] {
+        &self.layout().shares
+    }
+
+    /// Whether this open file description holds share `i`'s lock.
+    pub fn holds_share(&self, i: usize) -> bool {
+        self.holding[i / 64].load(Acquire) & (1 << (i % 64)) != 0
+    }
+
+    fn note_holding(&self, i: usize, on: bool) {
+        let bit = 1u64 << (i % 64);
+        if on {
+            self.holding[i / 64].fetch_or(bit, AcqRel);
+        } else {
+            self.holding[i / 64].fetch_and(!bit, AcqRel);
+        }
+    }
+
+    /// Moves `bytes` that slot `p` holds on device entry `d` into a new share entry known by
+    /// `key`, which this description then holds. None when every share entry is taken (the
+    /// charge then stays the slot's, given back when the process ends).
+    ///
+    /// Callers in one process serialise their share calls (they share one description, and so
+    /// one lock per share).
+    pub fn share_open(&self, d: usize, p: usize, bytes: u64, key: u64) -> Option<usize> {
+        let f = self.map.file();
+        for pass in 0..2 {
+            for (i, s) in self.layout().shares.iter().enumerate() {
+                if s.state.load(Acquire) != SHARE_FREE
+                    || s.state
+                        .compare_exchange(SHARE_FREE, SHARE_CLAIMING, AcqRel, Relaxed)
+                        .is_err()
+                {
+                    continue;
+                }
+                // The lock before LIVE: a LIVE share whose lock nobody holds is dead.
+                if !lease::try_hold(f, Self::share_lease(i), true).unwrap_or(false) {
+                    let _ = s
+                        .state
+                        .compare_exchange(SHARE_CLAIMING, SHARE_FREE, AcqRel, Relaxed);
+                    continue;
+                }
+                s.device.store(d as u32, Relaxed);
+                s.key.store(key, Relaxed);
+                if s.state
+                    .compare_exchange(SHARE_CLAIMING, SHARE_LIVE, AcqRel, Relaxed)
+                    .is_err()
+                {
+                    // A reclaimer took it back before our lock was seen.
+                    lease::release(f, Self::share_lease(i));
+                    continue;
+                }
+                self.note_holding(i, true);
+                // The slot lets go (marking the move in flight), the share takes the bytes, the
+                // mark goes: a kill in between leaves the mark, and the next reclaim repairs
+                // `used` from the sums (which count shares) rather than lose or double them.
+                let slot = &self.layout().procs[p].charged[d];
+                let prev = slot.fetch_add(TOP_ONE.wrapping_sub(bytes), AcqRel);
+                let mut took = bytes;
+                if prev & BYTES_MASK < bytes {
+                    took = prev & BYTES_MASK;
+                    slot.fetch_add(bytes - took, AcqRel);
+                }
+                step(9);
+                s.bytes.fetch_add(took, AcqRel);
+                slot.fetch_sub(TOP_ONE, AcqRel);
+                return Some(i);
+            }
+            if pass == 0 {
+                self.reclaim_dead();
+            }
+        }
+        None
+    }
+
+    /// Makes this description a holder of every live share known by `key` (or by
+    /// [`SHARE_ANY_KEY`]); returns them (those it held already included).
+    pub fn share_hold(&self, key: u64) -> Vec<usize> {
+        let f = self.map.file();
+        let mut held = Vec::new();
+        if key == 0 {
+            return held;
+        }
+        for (i, s) in self.layout().shares.iter().enumerate() {
+            let matches = |s: &ShareEntry| {
+                s.state.load(Acquire) == SHARE_LIVE
+                    && matches!(s.key.load(Acquire), k if k == key || k == SHARE_ANY_KEY)
+            };
+            if !matches(s) {
+                continue;
+            }
+            if self.holds_share(i) {
+                held.push(i);
+                continue;
+            }
+            if !lease::try_hold(f, Self::share_lease(i), true).unwrap_or(false) {
+                continue;
+            }
+            // Still the same live share now that our lock is in place (a reclaimer that saw no
+            // lock may have taken it meanwhile).
+            if matches(s) {
+                self.note_holding(i, true);
+                held.push(i);
+            } else {
+                lease::release(f, Self::share_lease(i));
+            }
+        }
+        held
+    }
+
+    /// The memory of share `i` was exported again under another key: any import of the
+    /// container may be it from now on (erring toward counting).
+    pub fn share_widen(&self, i: usize, key: u64) {
+        let s = &self.layout().shares[i];
+        let _ = s.key.fetch_update(AcqRel, Acquire, |k| match k {
+            0 => Some(key),
+            k if k == key => None,
+            _ => Some(SHARE_ANY_KEY),
+        });
+    }
+
+    /// This description no longer holds share `i`; if nobody else does, its charge goes back.
+    pub fn share_let_go(&self, i: usize) {
+        if !self.holds_share(i) {
+            return;
+        }
+        self.note_holding(i, false);
+        lease::release(self.map.file(), Self::share_lease(i));
+        self.reclaim_dead();
+    }
+
+    /// Lets go of every share this description holds (a normal exit).
+    pub fn share_let_go_all(&self) {
+        for i in 0..MAX_SHARES {
+            if self.holds_share(i) {
+                self.note_holding(i, false);
+                lease::release(self.map.file(), Self::share_lease(i));
+            }
+        }
+        self.reclaim_dead();
+    }
+
+    /// Whether share `i` is held by anyone (this description included).
+    pub fn share_held(&self, i: usize) -> bool {
+        self.holds_share(i) || lease::held(self.map.file(), Self::share_lease(i), 1).unwrap_or(true)
+    }
+
+    /// Gives a dead share's bytes back to its device: taken and marked in one swap, so that a
+    /// reclaimer killed half way leaves a mark for the repair. True when it was marked already.
+    fn drain_share(&self, s: &ShareEntry) -> bool {
+        let v = s.bytes.swap(TOP_ONE, AcqRel);
+        let d = (s.device.load(Acquire) as usize).min(MAX_DEVICES - 1);
+        sub_used(&self.layout().devices[d].used, v & BYTES_MASK);
+        s.bytes.fetch_sub(TOP_ONE, AcqRel);
+        v & !BYTES_MASK != 0
+    }
+
+    /// Under the file's flock: gives back the shares nobody holds. True when a repair is due.
+    fn reclaim_shares(&self) -> bool {
+        let mut unsure = false;
+        for (i, s) in self.layout().shares.iter().enumerate() {
+            let st = s.state.load(Acquire);
+            if st == SHARE_FREE || (st != SHARE_RECLAIMING && self.share_held(i)) {
+                continue;
+            }
+            if st == SHARE_CLAIMING {
+                // A claimer that died before its lock was seen (it held no bytes yet).
+                let _ = s
+                    .state
+                    .compare_exchange(SHARE_CLAIMING, SHARE_FREE, AcqRel, Relaxed);
+                continue;
+            }
+            // A RECLAIMING one found under the flock: its reclaimer died half way.
+            if st == SHARE_RECLAIMING
+                || s.state
+                    .compare_exchange(SHARE_LIVE, SHARE_RECLAIMING, AcqRel, Relaxed)
+                    .is_ok()
+            {
+                unsure |= self.drain_share(s) || st == SHARE_RECLAIMING;
+                s.key.store(0, Relaxed);
+                s.state.store(SHARE_FREE, Release);
+            }
+        }
+        unsure
     }
 
     /// Sets each device's `used` to the sum of what the slots hold, when that sum can be had
@@ -573,6 +813,13 @@ impl Ledger {
                     let c = s.charged[d].load(Acquire);
                     busy |= c & !BYTES_MASK != 0;
                     sum += c & BYTES_MASK;
+                }
+                for s in self.layout().shares.iter() {
+                    if s.device.load(Acquire) as usize == d {
+                        let b = s.bytes.load(Acquire);
+                        busy |= b & !BYTES_MASK != 0;
+                        sum += b & BYTES_MASK;
+                    }
                 }
                 if busy || e.used.load(Acquire) != before {
                     std::thread::yield_now();
@@ -909,6 +1156,58 @@ mod tests {
     }
 
     #[test]
+    fn a_share_stays_charged_while_any_description_holds_it_and_goes_with_the_last() {
+        let dir = temp_dir("share");
+        let l = Ledger::open_dir(&dir).unwrap();
+        let d = l.device_for([14; 16], 1000).unwrap();
+        // The exporter: a process (description) of its own that charges 600 and shares them.
+        let exporter = Ledger::open_dir(&dir).unwrap();
+        let p = exporter.claim_proc(1, 1).unwrap();
+        exporter.try_charge(d, p, 600).unwrap();
+        let s = exporter.share_open(d, p, 600, 77).unwrap();
+        assert_eq!(
+            exporter.procs()[p].charged_bytes(d),
+            0,
+            "moved out of the slot"
+        );
+        assert_eq!(l.device(d).used_bytes(), 600);
+        // An importer of the same container, another description, finds it by its key only.
+        let importer = Ledger::open_dir(&dir).unwrap();
+        assert!(importer.share_hold(78).is_empty(), "another key");
+        assert_eq!(importer.share_hold(77), vec![s]);
+        // The exporter dies: its slot goes, the share stays (the importer holds it).
+        drop(exporter);
+        eventually("the exporter's lease is gone", || !l.proc_alive(p));
+        l.reclaim_dead();
+        assert_eq!(l.device(d).used_bytes(), 600, "still held by the importer");
+        assert!(l.try_charge(d, l.claim_proc(2, 2).unwrap(), 401).is_err());
+        // The importer lets go: nobody holds it, the charge goes back.
+        importer.share_let_go(s);
+        assert_eq!(l.device(d).used_bytes(), 0);
+        assert_eq!(l.shares()[s].state.load(Relaxed), SHARE_FREE);
+        // A holder that dies (its description closed) lets go as well.
+        let exporter = Ledger::open_dir(&dir).unwrap();
+        let p = exporter.claim_proc(3, 3).unwrap();
+        exporter.try_charge(d, p, 300).unwrap();
+        let s = exporter.share_open(d, p, 300, 5).unwrap();
+        exporter.share_widen(s, 6);
+        assert_eq!(
+            l.shares()[s].key.load(Relaxed),
+            SHARE_ANY_KEY,
+            "two keys: any import"
+        );
+        let importer = Ledger::open_dir(&dir).unwrap();
+        assert_eq!(importer.share_hold(1234), vec![s]);
+        drop(exporter);
+        drop(importer);
+        eventually("both gone", || !l.share_held(s));
+        l.reclaim_dead();
+        assert_eq!(l.device(d).used_bytes(), 0);
+        assert_eq!(sum_slots(&l, d), 0);
+        cleanup(&l);
+    }
+
+    #[test]
     fn a_forked_child_takes_a_lease_of_its_own() {
         let dir = temp_dir("fork");
         let l = Ledger::open_dir(&dir).unwrap();
@@ -938,13 +1237,15 @@ mod tests {
         assert!(Snapshot::read(&dir).is_err());
         std::fs::remove_file(dir.join(FILE_NAME)).unwrap();
         drop(Ledger::open_dir(&dir).unwrap());
-        // The right magic and version 4: once a use after munmap (SIGSEGV) while reporting it.
+        // The right magic and another version: once a use after munmap (SIGSEGV) while
+        // reporting it.
         let mut bytes = std::fs::read(dir.join(FILE_NAME)).unwrap();
-        bytes[8..12].copy_from_slice(&4u32.to_ne_bytes());
+        bytes[8..12].copy_from_slice(&(VERSION + 1).to_ne_bytes());
         std::fs::write(dir.join(FILE_NAME), &bytes).unwrap();
         let e = Ledger::open_dir(&dir).err().unwrap();
-        assert!(e.contains("version 4"), "{e}");
-        assert!(Snapshot::read(&dir).err().unwrap().contains("version 4"));
+        let other = format!("version {}", VERSION + 1);
+        assert!(e.contains(&other), "{e}");
+        assert!(Snapshot::read(&dir).err().unwrap().contains(&other));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -1101,7 +1402,8 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// Run by `killed_at_every_step` in a child process: one charge, one free and one reclaim,
+    /// Run by `killed_at_every_step` in a child process: one charge, one free, one share and
+    /// one reclaim,
     /// killed at the kill point CUVISOR_TEST_KILL_AT.
     #[test]
     #[ignore = "a child process of killed_at_every_step, not a test of its own"]
@@ -1115,13 +1417,14 @@ mod tests {
         let p = l.claim_proc(pid, start).unwrap();
         l.try_charge(d, p, 1000).unwrap();
         l.uncharge(d, p, 400);
+        l.share_open(d, p, 200, 42).unwrap(); // held until this process ends
         l.reclaim_dead(); // the victim's slot
         l.release_proc(p);
     }
 
     #[test]
     fn killed_at_every_step_nothing_leaks_for_good() {
-        for at in 0..=8u32 {
+        for at in 0..=9u32 {
             let dir = temp_dir(&format!("kill{at}"));
             let l = Ledger::open_dir(&dir).unwrap();
             let d = l.device_for([9; 16], 1 << 30).unwrap();

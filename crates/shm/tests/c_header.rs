@@ -10,7 +10,7 @@
 //! in the header's comment) using nothing but the header.
 
 use cuvisor_shm::coordinator::{self, Board, BoardHeader, Entry, State};
-use cuvisor_shm::ledger::{self, DeviceEntry, Header, Layout, Ledger, ProcEntry};
+use cuvisor_shm::ledger::{self, DeviceEntry, Header, Layout, Ledger, ProcEntry, ShareEntry};
 use std::collections::{BTreeMap, BTreeSet};
 use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
@@ -73,6 +73,7 @@ macro_rules! rust_struct {
 fn rust_structs() -> Vec<Struct> {
     const D: usize = ledger::MAX_DEVICES;
     const P: usize = ledger::MAX_PROCS;
+    const S: usize = ledger::MAX_SHARES;
     vec![
         rust_struct!(Header => "cuvisor_ledger_header" {
             magic: AtomicU64 => "uint64_t",
@@ -101,10 +102,18 @@ fn rust_structs() -> Vec<Struct> {
             pid_ns: AtomicU64 => "uint64_t",
             charged: [AtomicU64; D] => "uint64_t[CUVISOR_MAX_DEVICES]",
         }),
+        rust_struct!(ShareEntry => "cuvisor_share_entry" {
+            state: AtomicU32 => "uint32_t",
+            device: AtomicU32 => "uint32_t",
+            key: AtomicU64 => "uint64_t",
+            bytes: AtomicU64 => "uint64_t",
+            _reserved: u64 => "uint64_t",
+        }),
         rust_struct!(Layout => "cuvisor_ledger" {
             header: Header => "cuvisor_ledger_header",
             devices: [DeviceEntry; D] => "cuvisor_device_entry[CUVISOR_MAX_DEVICES]",
             procs: [ProcEntry; P] => "cuvisor_proc_entry[CUVISOR_MAX_PROCS]",
+            shares: [ShareEntry; S] => "cuvisor_share_entry[CUVISOR_MAX_SHARES]",
         }),
         rust_struct!(BoardHeader => "cuvisor_board_header" {
             magic: u64 => "uint64_t",
@@ -161,6 +170,33 @@ fn rust_defines() -> BTreeMap<&'static str, (&'static str, String)> {
         (
             "MAX_PROCS",
             ("CUVISOR_MAX_PROCS", ledger::MAX_PROCS.to_string()),
+        ),
+        (
+            "MAX_SHARES",
+            ("CUVISOR_MAX_SHARES", ledger::MAX_SHARES.to_string()),
+        ),
+        (
+            "SHARE_FREE",
+            ("CUVISOR_SHARE_FREE", ledger::SHARE_FREE.to_string()),
+        ),
+        (
+            "SHARE_CLAIMING",
+            ("CUVISOR_SHARE_CLAIMING", ledger::SHARE_CLAIMING.to_string()),
+        ),
+        (
+            "SHARE_LIVE",
+            ("CUVISOR_SHARE_LIVE", ledger::SHARE_LIVE.to_string()),
+        ),
+        (
+            "SHARE_RECLAIMING",
+            (
+                "CUVISOR_SHARE_RECLAIMING",
+                ledger::SHARE_RECLAIMING.to_string(),
+            ),
+        ),
+        (
+            "SHARE_ANY_KEY",
+            ("CUVISOR_SHARE_ANY_KEY", ledger::SHARE_ANY_KEY.to_string()),
         ),
         (
             "FILE_NAME",
@@ -798,7 +834,7 @@ fn the_header_compiles_as_cpp() {
     std::fs::write(
         &src,
         "#include <cstddef>\n#include \"cuvisor.h\"\n\
-         static_assert(sizeof(cuvisor_ledger) == offsetof(cuvisor_ledger, procs) + sizeof(cuvisor_proc_entry) * CUVISOR_MAX_PROCS, \"layout\");\n\
+         static_assert(sizeof(cuvisor_ledger) == offsetof(cuvisor_ledger, shares) + sizeof(cuvisor_share_entry) * CUVISOR_MAX_SHARES, \"layout\");\n\
          extern \"C\" int cuvisor_header_cpp_check(const cuvisor_ledger *l) {\n\
              return __atomic_load_n(&l->header.magic, __ATOMIC_ACQUIRE) == CUVISOR_LEDGER_MAGIC;\n\
          }\n",

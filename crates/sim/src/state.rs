@@ -7,7 +7,10 @@
 //!   faults (XID events, NVLinks down, allocations that must fail);
 //! - per process: a slot (pid + start time) with its memory per device and its own busy buckets,
 //!   so NVML can list processes and a process that dies (SIGKILL included) gives its memory back
-//!   when anyone next looks.
+//!   when anyone next looks;
+//! - memory shared between processes (exported VMM allocations, IPC-exported allocations): an
+//!   entry that no process owns, counted in its device's use until no live process holds it
+//!   (each holder keeps a lease lock on the entry's byte, which the kernel drops when it dies).
 
 use crate::model::{Model, MAX_DEVICES};
 use cuvisor_shm::lease;
@@ -16,8 +19,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 pub const MAGIC: u64 = 0x4355_5653_494d_0001; // "CUVSIM" v1
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 pub const MAX_PROCS: usize = 256;
+/// Allocations shared between processes at once.
+pub const MAX_SHARED: usize = 1024;
 /// Width of one utilization bucket.
 pub const BUCKET_NS: u64 = 10_000_000;
 /// Device history: 1024 buckets of 10 ms = 10.24 s.
@@ -81,11 +86,30 @@ pub struct ProcSlot {
 
 const RECLAIMING: u32 = u32::MAX;
 
+/// Shared-memory entry states.
+const SHARED_FREE: u32 = 0;
+const SHARED_CLAIMING: u32 = 1;
+const SHARED_LIVE: u32 = 2;
+const SHARED_RECLAIMING: u32 = 3;
+
+/// Device memory shared between processes: it lives (and counts in `mem_used`) while any live
+/// process holds it, whoever allocated it. Holders keep a shared lease lock on byte
+/// `MAX_PROCS + index` of the lease range.
+#[repr(C)]
+pub struct SharedMem {
+    pub state: AtomicU32,
+    pub dev: AtomicU32,
+    pub bytes: AtomicU64,
+    /// Bumped at every claim, so that a handle naming an earlier life of the entry is refused.
+    pub generation: AtomicU64,
+}
+
 #[repr(C)]
 pub struct Layout {
     pub header: Header,
     pub devices: [DeviceShared; MAX_DEVICES],
     pub procs: [ProcSlot; MAX_PROCS],
+    pub shared: [SharedMem; MAX_SHARED],
 }
 
 /// The mapped state. Lives for the life of the process once attached.
@@ -102,6 +126,9 @@ pub struct Shared {
     layout: &'static Layout,
     pub path: PathBuf,
     map: &'static Mapped<Layout>,
+    /// Shared-memory entries whose lease this process holds (its own locks never conflict with
+    /// it, so it must know them apart).
+    holding: [AtomicU64; MAX_SHARED / 64],
 }
 
 /// CLOCK_MONOTONIC in ns: one clock for every process on the machine.
@@ -138,7 +165,7 @@ pub fn default_state_path(model: &Model) -> PathBuf {
         std::env::temp_dir()
     };
     dir.join(format!(
-        "cuvisor-sim-{uid}-{:016x}.state",
+        "cuvisor-sim-{uid}-{:016x}-v{LAYOUT_VERSION}.state",
         model.fingerprint()
     ))
 }
@@ -187,6 +214,7 @@ impl Shared {
             layout: map,
             map,
             path: path.to_path_buf(),
+            holding: std::array::from_fn(|_| AtomicU64::new(0)),
         })
     }
 
@@ -241,13 +269,135 @@ impl Shared {
         None
     }
 
-    /// Gives a slot back (normal process exit): its memory returns to the devices.
+    /// Gives a slot back (normal process exit): its memory returns to the devices, and the
+    /// shared memory it held is let go.
     pub fn release_slot(&self, i: usize) {
         let s = &self.layout.procs[i];
         self.drain_slot(s);
         s.start_time.store(0, Relaxed);
         s.pid.store(0, Release);
         lease::release(self.map.file(), i);
+        for e in 0..MAX_SHARED {
+            if self.holds(e) {
+                self.note_holding(e, false);
+                lease::release(self.map.file(), MAX_PROCS + e);
+            }
+        }
+        self.reclaim_shared();
+    }
+
+    fn holds(&self, e: usize) -> bool {
+        self.holding[e / 64].load(Acquire) & (1 << (e % 64)) != 0
+    }
+
+    fn note_holding(&self, e: usize, on: bool) {
+        let bit = 1u64 << (e % 64);
+        if on {
+            self.holding[e / 64].fetch_or(bit, AcqRel);
+        } else {
+            self.holding[e / 64].fetch_and(!bit, AcqRel);
+        }
+    }
+
+    /// Moves `bytes` of device `d` charged to process slot `slot` into a new shared entry,
+    /// which this process then holds. Returns (entry, generation); None when all are taken.
+    /// The slot lets go before the entry takes the bytes: a process killed in between leaves
+    /// the device over-counted, never under.
+    pub fn share_open(&self, slot: usize, d: usize, bytes: u64) -> Option<(usize, u64)> {
+        let f = self.map.file();
+        for (i, e) in self.layout.shared.iter().enumerate() {
+            if e.state
+                .compare_exchange(SHARED_FREE, SHARED_CLAIMING, AcqRel, Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            if !lease::try_hold(f, MAX_PROCS + i, true).unwrap_or(false) {
+                let _ = e
+                    .state
+                    .compare_exchange(SHARED_CLAIMING, SHARED_FREE, AcqRel, Relaxed);
+                continue;
+            }
+            let generation = e.generation.fetch_add(1, AcqRel) + 1;
+            e.dev.store(d as u32, Relaxed);
+            e.bytes.store(0, Relaxed);
+            if e.state
+                .compare_exchange(SHARED_CLAIMING, SHARED_LIVE, AcqRel, Relaxed)
+                .is_err()
+            {
+                lease::release(f, MAX_PROCS + i);
+                continue;
+            }
+            self.note_holding(i, true);
+            saturating_sub(&self.layout.procs[slot].mem[d], bytes);
+            e.bytes.fetch_add(bytes, AcqRel);
+            return Some((i, generation));
+        }
+        None
+    }
+
+    /// Makes this process a holder of entry `i` if it is still the shared memory of generation
+    /// `generation`; false when that memory is gone.
+    pub fn share_hold(&self, i: usize, generation: u64) -> bool {
+        let Some(e) = self.layout.shared.get(i) else {
+            return false;
+        };
+        let live =
+            || e.state.load(Acquire) == SHARED_LIVE && e.generation.load(Acquire) == generation;
+        if self.holds(i) {
+            return live();
+        }
+        if !live() || !lease::try_hold(self.map.file(), MAX_PROCS + i, true).unwrap_or(false) {
+            return false;
+        }
+        if live() {
+            self.note_holding(i, true);
+            true
+        } else {
+            lease::release(self.map.file(), MAX_PROCS + i);
+            false
+        }
+    }
+
+    /// This process no longer holds entry `i`; the last holder's letting go frees the memory.
+    pub fn share_let_go(&self, i: usize) {
+        if i < MAX_SHARED && self.holds(i) {
+            self.note_holding(i, false);
+            lease::release(self.map.file(), MAX_PROCS + i);
+            self.reclaim_shared();
+        }
+    }
+
+    /// Frees the shared memory that no live process holds. Returns how much went.
+    pub fn reclaim_shared(&self) -> usize {
+        let f = self.map.file();
+        let mut n = 0;
+        for (i, e) in self.layout.shared.iter().enumerate() {
+            let st = e.state.load(Acquire);
+            if st == SHARED_FREE
+                || st == SHARED_RECLAIMING
+                || self.holds(i)
+                || lease::held(f, MAX_PROCS + i, 1).unwrap_or(true)
+            {
+                continue;
+            }
+            if st == SHARED_CLAIMING {
+                let _ = e
+                    .state
+                    .compare_exchange(SHARED_CLAIMING, SHARED_FREE, AcqRel, Relaxed);
+                continue;
+            }
+            if e.state
+                .compare_exchange(SHARED_LIVE, SHARED_RECLAIMING, AcqRel, Relaxed)
+                .is_ok()
+            {
+                let d = (e.dev.load(Acquire) as usize).min(MAX_DEVICES - 1);
+                saturating_sub(&self.layout.devices[d].mem_used, e.bytes.swap(0, AcqRel));
+                e.state.store(SHARED_FREE, Release);
+                n += 1;
+            }
+        }
+        n
     }
 
     fn drain_slot(&self, s: &ProcSlot) {
@@ -286,7 +436,7 @@ impl Shared {
                 n += 1;
             }
         }
-        n
+        n + self.reclaim_shared()
     }
 
     /// Live processes with their slots.

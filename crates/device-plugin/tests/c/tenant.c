@@ -10,6 +10,10 @@
  *   procs        "procs N used B"  the driver's NVML process list: N processes, B bytes in all
  *   launch N     "launch N R"      N 1 ms kernels (the simulator's sim_busy), then a synchronize
  *   wait PATH    "waited PATH"     once PATH exists (at most 120 s, then exit 3)
+ *   ipcget PATH  "ipcget R"        cuIpcGetMemHandle of the last allocation kept, its 64 bytes
+ *                                  written to PATH (through a rename: whole or not at all)
+ *   ipcopen PATH "ipcopen R"       cuIpcOpenMemHandle_v2 of the handle in PATH; kept on success
+ *   ipcclose     "ipcclose R"      cuIpcCloseMemHandle of the last pointer opened
  *   hold         "holding"         then sleeps until killed
  *
  * Exit status 0 unless the driver cannot be set up (1) or a step is malformed (2). */
@@ -51,6 +55,12 @@ int main(int argc, char **argv) {
     CUresult (*launchKernel)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
                              void **, void **) = sym(cuda, "cuLaunchKernel");
     CUresult (*synchronize)(void) = sym(cuda, "cuCtxSynchronize");
+    typedef struct { char reserved[64]; } CUipcMemHandle;
+    CUresult (*ipcGet)(CUipcMemHandle *, CUdeviceptr) = sym(cuda, "cuIpcGetMemHandle");
+    CUresult (*ipcOpen)(CUdeviceptr *, CUipcMemHandle, unsigned) = sym(cuda, "cuIpcOpenMemHandle_v2");
+    CUresult (*ipcClose)(CUdeviceptr) = sym(cuda, "cuIpcCloseMemHandle");
+    static CUdeviceptr opened[64];
+    int n_opened = 0;
     void *ctx;
     OK(cuInit(0));
     OK(retain(&ctx, 0));
@@ -111,6 +121,33 @@ int main(int argc, char **argv) {
                 nanosleep(&tick, NULL);
             }
             printf("waited %s\n", path);
+        } else if (strcmp(op, "ipcget") == 0 && i + 1 < argc) {
+            const char *path = argv[++i];
+            CHECK(n > 0, "ipcget: nothing allocated");
+            CUipcMemHandle h;
+            CUresult r = ipcGet(&h, kept[n - 1]);
+            if (r == 0) {
+                char tmp[4096];
+                snprintf(tmp, sizeof tmp, "%s.tmp", path);
+                FILE *f = fopen(tmp, "wb");
+                CHECK(f != NULL && fwrite(&h, sizeof h, 1, f) == 1 && fclose(f) == 0, "writing %s", tmp);
+                CHECK(rename(tmp, path) == 0, "renaming %s", tmp);
+            }
+            printf("ipcget %d\n", r);
+        } else if (strcmp(op, "ipcopen") == 0 && i + 1 < argc) {
+            const char *path = argv[++i];
+            CUipcMemHandle h;
+            FILE *f = fopen(path, "rb");
+            CHECK(f != NULL && fread(&h, sizeof h, 1, f) == 1, "reading %s", path);
+            fclose(f);
+            CHECK(n_opened < 64, "too many opens");
+            CUdeviceptr p = 0;
+            CUresult r = ipcOpen(&p, h, 1);
+            if (r == 0) opened[n_opened++] = p;
+            printf("ipcopen %d\n", r);
+        } else if (strcmp(op, "ipcclose") == 0) {
+            CHECK(n_opened > 0, "ipcclose: nothing opened");
+            printf("ipcclose %d\n", ipcClose(opened[--n_opened]));
         } else if (strcmp(op, "hold") == 0) {
             printf("holding\n");
             for (;;) pause();

@@ -16,11 +16,17 @@
 //!   back when the handle is released and no longer mapped. Two mappings of one handle do not
 //!   share bytes in the simulator.
 //! - arrays and mipmapped arrays: charged by their element size, not addressable for copies.
-//! - IPC and shareable-handle imports: new mappings of someone else's memory, charged nothing.
-//!   Exported VMM memory is reference counted across processes (the count lives in the exported
-//!   file): it stays charged to its creator until the last handle to it, in any process, is
-//!   released and unmapped, as with the real driver; the creator notices at its next memory query
-//!   or full device. A creator that exits takes it with it (the real driver keeps it).
+//! - memory shared between processes (VMM allocations exported as POSIX file descriptors,
+//!   allocations exported with cuIpcGetMemHandle): at its first export its charge moves out of
+//!   the creator's process slot into an entry of the shared state that no process owns
+//!   (`cuvisor_sim::state::SharedMem`), held by every process that has a handle, a mapping or an
+//!   opened IPC pointer to it; the memory goes when the last holder lets go or dies, whoever
+//!   created it (see `phys_drop_if_unused` and `ipc_open` for the driver documentation this
+//!   follows). Imports charge nothing new. Not modelled: an exported descriptor that no process
+//!   has imported keeps the real driver's memory alive (cuMemExportToShareableHandle: "Once all
+//!   shareable handles are closed and the allocation is released, the allocated memory
+//!   referenced will be released back to the OS"); here only handles, mappings and opened IPC
+//!   pointers do.
 //! - graph memory (memory-allocation nodes, and cuMemAllocAsync / cuMemAllocFromPoolAsync
 //!   captured from a stream, which become such nodes): see "graph memory" below.
 //! - v1 (32-bit) entry points: allocations live below 2 GiB (a 256 MiB arena), as a 32-bit
@@ -32,9 +38,9 @@ use crate::{drv, export, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::arena::{round_up, Arena, ALIGN};
 use cuvisor_sim::state::now_ns;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 /// Granularity of cuMemCreate / cuMemAddressReserve and of pool growth.
@@ -64,8 +70,12 @@ enum Kind {
 
 struct Alloc {
     size: u64,
-    /// Bytes charged to the device for this allocation (0 for mappings and imports).
+    /// Bytes charged to the device for this allocation (0 for mappings and imports, and once
+    /// the allocation is shared: see `share`).
     charged: u64,
+    /// The shared-memory entry (index, generation) this allocation holds: an IPC-exported
+    /// allocation of this process, or an opened IPC handle.
+    share: Option<(usize, u64)>,
     dev: usize,
     ctx: usize,
     kind: Kind,
@@ -127,9 +137,6 @@ fn charge(dev: usize, bytes: u64) -> Res {
     if d.sim.shared.reclaim_dead() > 0 && d.sim.shared.charge(d.slot, dev, bytes, cap) {
         return Ok(());
     }
-    if collect_lingering() > 0 && d.sim.shared.charge(d.slot, dev, bytes, cap) {
-        return Ok(());
-    }
     Err(err::OUT_OF_MEMORY)
 }
 
@@ -173,6 +180,7 @@ fn alloc_on(
     let rec = Alloc {
         size: rounded,
         charged,
+        share: None,
         dev,
         ctx: ch,
         kind,
@@ -215,8 +223,12 @@ fn release(addr: u64, rec: Alloc) {
                 finish_destroyed(p, &pool);
             }
         }
-        Kind::Mapped(_) | Kind::Ipc => {}
+        Kind::Mapped(_) => {}
+        _ if rec.share.is_some() => {}
         _ => uncharge(rec.dev, rec.charged),
+    }
+    if let Some((i, _)) = rec.share {
+        unref_share(i);
     }
 }
 
@@ -739,6 +751,7 @@ pub(crate) fn graph_alloc_map(a: &GraphAlloc, ch: usize) -> Res {
     let rec = Alloc {
         size: a.size,
         charged: 0,
+        share: None,
         dev: a.dev,
         ctx: ch,
         kind: Kind::Graph,
@@ -832,9 +845,11 @@ struct Phys {
     /// (handles of this process still to be released, mappings): the handle cuMemCreate or an
     /// import gave, and each cuMemRetainAllocationHandle of it.
     st: Mutex<(u32, u32)>,
-    /// Once the memory was exported (and for every import of it): the count of live handles to
-    /// it in all processes, kept in the exported file itself.
-    shared: Mutex<Option<SharedRefs>>,
+    /// Once the memory was exported (and for every import of it): its shared-memory entry
+    /// (index, generation), which holds the charge instead of this process.
+    share: Mutex<Option<(usize, u64)>>,
+    /// The exported file (a memfd naming the entry) that exports hand out duplicates of.
+    export_fd: Mutex<c_int>,
 }
 
 fn phys() -> &'static Registry<Phys> {
@@ -849,169 +864,106 @@ fn phys() -> &'static Registry<Phys> {
 /// process imports a shareable handle, it needs to pair it with cuMemRelease for the handle to
 /// be freed." (CUDA Driver API, Virtual Memory Management, cuMemRelease; also
 /// https://nvidia.github.io/cuda-python/ cuda.bindings.driver.cuMemRelease). A handle of this
-/// process goes when it is released and unmapped; the memory goes when the last handle to it,
-/// in any process, has gone.
+/// process goes when it is released and unmapped; shared memory goes when the last process
+/// holding it lets go (or dies), whichever process created it.
 fn phys_drop_if_unused(h: usize, p: &Phys) {
     let (refs, maps) = *p.st.lock().unwrap_or_else(|e| e.into_inner());
     if !(refs == 0 && maps == 0 && phys().remove(h).is_ok()) {
         return;
     }
-    let shared = p.shared.lock().unwrap_or_else(|e| e.into_inner()).take();
-    match (shared, p.charged_dev) {
+    let fd = std::mem::replace(
+        &mut *p.export_fd.lock().unwrap_or_else(|e| e.into_inner()),
+        -1,
+    );
+    if fd >= 0 {
+        // SAFETY: closing our own copy of the exported file (importers hold their own).
+        unsafe { libc::close(fd) };
+    }
+    match (
+        *p.share.lock().unwrap_or_else(|e| e.into_inner()),
+        p.charged_dev,
+    ) {
+        (Some((i, _)), _) => unref_share(i),
         (None, Some(dev)) => uncharge(dev, p.size),
         (None, None) => {}
-        (Some(refs), owner) => {
-            let last = refs.release();
-            if let Some(dev) = owner {
-                if last {
-                    uncharge(dev, p.size);
-                } else {
-                    // Imported elsewhere: the memory lives on, charged to us, its creator.
-                    lingering()
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push((dev, p.size, refs));
-                }
-            }
-            if last {
-                collect_lingering();
-            }
+    }
+}
+
+/// How many of this process's handles and pointers hold each shared-memory entry: the entry's
+/// lease is one lock per process, taken with the first and dropped with the last.
+fn share_refs() -> &'static Mutex<HashMap<usize, u32>> {
+    static R: OnceLock<Mutex<HashMap<usize, u32>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// One more holder in this process of entry `i` (generation `generation`); false when that
+/// memory is gone.
+fn ref_share(i: usize, generation: u64) -> Result<(), CUresult> {
+    let d = drv()?;
+    let mut r = share_refs().lock().unwrap_or_else(|e| e.into_inner());
+    if !d.sim.shared.share_hold(i, generation) {
+        return Err(err::INVALID_VALUE);
+    }
+    *r.entry(i).or_insert(0) += 1;
+    Ok(())
+}
+
+fn unref_share(i: usize) {
+    let Ok(d) = drv() else { return };
+    let mut r = share_refs().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(n) = r.get_mut(&i) {
+        *n -= 1;
+        if *n == 0 {
+            r.remove(&i);
+            d.sim.shared.share_let_go(i);
         }
     }
 }
 
-/// Memory this process created, released, and still imported somewhere: (device, bytes, refs).
-fn lingering() -> &'static Mutex<Vec<(usize, u64, SharedRefs)>> {
-    static L: OnceLock<Mutex<Vec<(usize, u64, SharedRefs)>>> = OnceLock::new();
-    L.get_or_init(|| Mutex::new(Vec::new()))
+/// Moves `bytes` charged to this process on `dev` into a new shared entry held by it.
+fn open_share(dev: usize, bytes: u64) -> Result<(usize, u64), CUresult> {
+    let d = drv()?;
+    let mut r = share_refs().lock().unwrap_or_else(|e| e.into_inner());
+    let (i, generation) = d
+        .sim
+        .shared
+        .share_open(d.slot, dev, bytes)
+        .ok_or(err::OUT_OF_MEMORY)?;
+    *r.entry(i).or_insert(0) += 1;
+    Ok((i, generation))
 }
 
-/// Gives back the memory whose last handle (in another process, or an import here) has gone.
-/// The creator learns it when it next looks (memory info, an allocation that does not fit):
-/// until then the simulator counts it, on the safe side. A creator that exits takes its memory
-/// with it, imported or not (a simplification: the real driver keeps it for the importer).
-fn collect_lingering() -> usize {
-    let gone: Vec<(usize, u64)> = {
-        let mut l = lingering().lock().unwrap_or_else(|e| e.into_inner());
-        let mut gone = Vec::new();
-        l.retain(|(dev, size, refs)| {
-            let alive = refs.count() > 0;
-            if !alive {
-                gone.push((*dev, *size));
-            }
-            alive
-        });
-        gone
-    };
-    for &(dev, size) in &gone {
-        uncharge(dev, size);
+const RECORD_LEN: usize = 96;
+
+/// A memfd naming shared entry (i, generation) of `size` bytes on `dev`: what an exported
+/// descriptor carries to whoever imports it (SCM_RIGHTS, pidfd_getfd).
+fn export_file(
+    dev: Option<usize>,
+    size: u64,
+    i: usize,
+    generation: u64,
+) -> Result<c_int, CUresult> {
+    let record = format!(
+        "cuvisor-sim-vmm {} {size} {i} {generation}\n",
+        dev.map(|d| d as i64).unwrap_or(-1)
+    );
+    if record.len() > RECORD_LEN {
+        return Err(err::UNKNOWN);
     }
-    gone.len()
-}
-
-/// The live-handle count of exported memory, in a page of the exported memfd that every process
-/// holding a handle to the memory maps.
-struct SharedRefs {
-    page: usize,
-    /// The exporter's memfd (exports hand out duplicates of it); -1 in an importer.
-    fd: c_int,
-}
-
-const RECORD_LEN: usize = 64;
-const PAGE: usize = 4096;
-
-impl SharedRefs {
-    /// A new exported file for (dev, size), counting one handle: the exporter's.
-    fn create(dev: Option<usize>, size: u64) -> Result<SharedRefs, CUresult> {
-        let record = format!(
-            "cuvisor-sim-vmm {} {}\n",
-            dev.map(|d| d as i64).unwrap_or(-1),
-            size
-        );
-        if record.len() > RECORD_LEN {
-            return Err(err::UNKNOWN);
-        }
-        // SAFETY: memfd_create with a static NUL-terminated name; we own the returned fd.
-        let fd = unsafe { libc::memfd_create(c"cuvisor-sim-vmm".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(err::UNKNOWN);
-        }
-        // SAFETY: fd is ours; record is a live buffer of the given length.
-        let ok = unsafe {
-            libc::ftruncate(fd, PAGE as libc::off_t) == 0
-                && libc::pwrite(fd, record.as_ptr() as *const c_void, record.len(), 0)
-                    == record.len() as isize
-        };
-        let refs = if ok { Self::map(fd) } else { None };
-        match refs {
-            Some(mut r) => {
-                r.counter().store(1, Release);
-                r.fd = fd;
-                Ok(r)
-            }
-            None => {
-                // SAFETY: closing our own fd.
-                unsafe { libc::close(fd) };
-                Err(err::UNKNOWN)
-            }
-        }
+    // SAFETY: memfd_create with a static NUL-terminated name; we own the returned fd.
+    let fd = unsafe { libc::memfd_create(c"cuvisor-sim-vmm".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(err::UNKNOWN);
     }
-
-    /// Maps the count page of an exported file (the caller's fd stays the caller's).
-    fn map(fd: c_int) -> Option<SharedRefs> {
-        // SAFETY: a fresh shared mapping of one page of a regular file; checked for failure.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                PAGE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        (p != libc::MAP_FAILED).then_some(SharedRefs {
-            page: p as usize,
-            fd: -1,
-        })
+    // SAFETY: fd is ours; record is a live buffer of the given length.
+    if unsafe { libc::pwrite(fd, record.as_ptr() as *const c_void, record.len(), 0) }
+        != record.len() as isize
+    {
+        // SAFETY: closing our own fd.
+        unsafe { libc::close(fd) };
+        return Err(err::UNKNOWN);
     }
-
-    fn counter(&self) -> &AtomicU32 {
-        // SAFETY: `page` is a live page-aligned shared mapping of PAGE bytes until `drop`; the
-        // offset is 4-byte aligned and inside it; the file is zero-filled past the record.
-        unsafe { &*((self.page + RECORD_LEN) as *const AtomicU32) }
-    }
-
-    fn count(&self) -> u32 {
-        self.counter().load(Acquire)
-    }
-
-    /// One more handle, unless the memory is already gone (the count reached 0).
-    fn retain(&self) -> bool {
-        self.counter()
-            .fetch_update(AcqRel, Acquire, |n| (n > 0).then(|| n + 1))
-            .is_ok()
-    }
-
-    /// One handle fewer; true when it was the last.
-    fn release(&self) -> bool {
-        self.counter()
-            .fetch_update(AcqRel, Acquire, |n| n.checked_sub(1))
-            == Ok(1)
-    }
-}
-
-impl Drop for SharedRefs {
-    fn drop(&mut self) {
-        // SAFETY: unmapping the page this value mapped and closing the fd it owns (if any);
-        // nothing else refers to either.
-        unsafe {
-            libc::munmap(self.page as *mut c_void, PAGE);
-            if self.fd >= 0 {
-                libc::close(self.fd);
-            }
-        }
-    }
+    Ok(fd)
 }
 
 fn reservations() -> &'static Mutex<BTreeMap<u64, u64>> {
@@ -1128,19 +1080,12 @@ fn reclaim_now_and_then() {
 fn mem_info() -> Result<(u64, u64), CUresult> {
     let (_, c) = ctx::current()?;
     reclaim_now_and_then();
-    collect_lingering();
     let d = drv()?;
     let total = d.sim.model.devices[c.dev].memory;
     let used = d.sim.shared.device(c.dev).mem_used.load(Acquire);
     Ok((total.saturating_sub(used), total))
 }
 
-/// `CUipcMemHandle`: 64 opaque bytes, passed by value.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUipcMemHandle {
-    pub reserved: [u8; 64],
-}
 const IPC_MAGIC: u64 = 0x4356_4950_4331_0001;
 
 export! {
@@ -1473,7 +1418,7 @@ export! {
         if let Some(d) = dev {
             charge(d, size as u64)?;
         }
-        let (h, _) = phys().insert(Phys { charged_dev: dev, dev, size: size as u64, st: Mutex::new((1, 0)), shared: Mutex::new(None) });
+        let (h, _) = phys().insert(Phys { charged_dev: dev, dev, size: size as u64, st: Mutex::new((1, 0)), share: Mutex::new(None), export_fd: Mutex::new(-1) });
         write(handle, h as u64)
     }
     fn cuMemRelease(handle: CUmemGenericAllocationHandle) {
@@ -1553,7 +1498,7 @@ export! {
         }
         p.st.lock().unwrap_or_else(|e| e.into_inner()).1 += 1;
         let ch = ctx::current().map(|c| c.0).unwrap_or(0);
-        t.insert(ptr, Alloc { size: size as u64, charged: 0, dev: p.dev.unwrap_or(0), ctx: ch, kind: Kind::Mapped(handle as usize), dirty: AtomicBool::new(false) });
+        t.insert(ptr, Alloc { size: size as u64, charged: 0, share: None, dev: p.dev.unwrap_or(0), ctx: ch, kind: Kind::Mapped(handle as usize), dirty: AtomicBool::new(false) });
         Ok(())
     }
     fn cuMemUnmap(ptr: CUdeviceptr, size: usize) {
@@ -1595,21 +1540,27 @@ export! {
     fn cuMemExportToShareableHandle(out: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int, _flags: u64) {
         drv()?;
         let p = phys().get(handle as usize)?;
-        if kind != 1 {
-            return Err(err::NOT_SUPPORTED); // only CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        if kind != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
+            return Err(err::NOT_SUPPORTED);
         }
-        // The fd carries (device, size) and the live-handle count to whoever imports it, across
-        // processes (SCM_RIGHTS). Every export of one handle shares one file.
-        let mut sh = p.shared.lock().unwrap_or_else(|e| e.into_inner());
-        if sh.is_none() {
-            *sh = Some(SharedRefs::create(p.dev, p.size)?);
-        }
-        let own = sh.as_ref().map_or(-1, |s| s.fd);
-        if own < 0 {
-            return Err(err::INVALID_VALUE); // an imported handle: re-export is not modelled
+        // The first export makes the memory shared: its charge leaves this process for an entry
+        // that lives while any process holds the memory. Every export of one handle hands out a
+        // duplicate of one file naming that entry.
+        let mut share = p.share.lock().unwrap_or_else(|e| e.into_inner());
+        let (i, generation) = match *share {
+            Some(s) => s,
+            None => {
+                let s = open_share(p.dev.unwrap_or(0), if p.charged_dev.is_some() { p.size } else { 0 })?;
+                *share = Some(s);
+                s
+            }
+        };
+        let mut own = p.export_fd.lock().unwrap_or_else(|e| e.into_inner());
+        if *own < 0 {
+            *own = export_file(p.dev, p.size, i, generation)?;
         }
         // SAFETY: duplicating our own open memfd; the caller owns the new descriptor.
-        let fd = unsafe { libc::fcntl(own, libc::F_DUPFD_CLOEXEC, 0) };
+        let fd = unsafe { libc::fcntl(*own, libc::F_DUPFD_CLOEXEC, 0) };
         if fd < 0 {
             return Err(err::UNKNOWN);
         }
@@ -1617,7 +1568,7 @@ export! {
     }
     fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, kind: c_int) {
         drv()?;
-        if kind != 1 || handle.is_null() {
+        if kind != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || handle.is_null() {
             return Err(err::INVALID_VALUE);
         }
         let fd = os_handle as usize as c_int;
@@ -1630,37 +1581,47 @@ export! {
         if parts.next() != Some("cuvisor-sim-vmm") {
             return Err(err::INVALID_VALUE);
         }
-        let dev: i64 = parts.next().and_then(|x| x.parse().ok()).ok_or(err::INVALID_VALUE)?;
-        let size: u64 = parts.next().and_then(|x| x.parse().ok()).ok_or(err::INVALID_VALUE)?;
-        let refs = SharedRefs::map(fd).ok_or(err::INVALID_VALUE)?;
-        if !refs.retain() {
-            return Err(err::INVALID_VALUE); // every handle to it is gone: so is the memory
-        }
-        // Imported memory is the exporter's: nothing new is charged, but it lives while this
-        // handle does.
+        let mut num = || parts.next().and_then(|x| x.parse::<i64>().ok()).ok_or(err::INVALID_VALUE);
+        let (dev, size, i, generation) = (num()?, num()?, num()?, num()?);
+        // Imported memory is the exporter's: nothing new is charged, but this process holds it
+        // (every handle to it gone: so is the memory, and the import fails).
+        ref_share(i as usize, generation as u64)?;
         let (h, _) = phys().insert(Phys {
             charged_dev: None,
             dev: usize::try_from(dev).ok(),
-            size,
+            size: size as u64,
             st: Mutex::new((1, 0)),
-            shared: Mutex::new(Some(refs)),
+            share: Mutex::new(Some((i as usize, generation as u64))),
+            export_fd: Mutex::new(-1),
         });
         write(handle, h as u64)
     }
 
+    /// The first export makes the allocation shared: its charge leaves this process for an
+    /// entry that the allocation and every opened handle to it hold (see `ipc_open`).
     fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: CUdeviceptr) {
         drv()?;
-        let t = table().read().unwrap_or_else(|e| e.into_inner());
-        let r = t.get(&dptr).filter(|r| matches!(r.kind, Kind::Device | Kind::V1)).ok_or(err::INVALID_VALUE)?;
+        let mut t = table().write().unwrap_or_else(|e| e.into_inner());
+        let r = t.get_mut(&dptr).filter(|r| matches!(r.kind, Kind::Device | Kind::V1)).ok_or(err::INVALID_VALUE)?;
+        let (i, generation) = match r.share {
+            Some(s) => s,
+            None => {
+                let s = open_share(r.dev, r.charged)?;
+                r.charged = 0;
+                r.share = Some(s);
+                s
+            }
+        };
         let mut h = CUipcMemHandle { reserved: [0; 64] };
-        for (i, v) in [IPC_MAGIC, std::process::id() as u64, r.dev as u64, r.size, dptr].iter().enumerate() {
-            h.reserved[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        let words = [IPC_MAGIC, process_token(), r.dev as u64, r.size, dptr, i as u64, generation];
+        for (k, v) in words.iter().enumerate() {
+            h.reserved[k * 8..k * 8 + 8].copy_from_slice(&v.to_le_bytes());
         }
         write(handle, h)
     }
     fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, _flags: c_uint) { ipc_open(pdptr, handle) }
     fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, _flags: c_uint) { ipc_open(pdptr, handle) }
-    fn cuIpcCloseMemHandle(dptr: CUdeviceptr) { free(dptr, |k| k == Kind::Ipc) }
+    fn cuIpcCloseMemHandle(dptr: CUdeviceptr) { ipc_close(dptr) }
 
     fn cuArrayCreate_v2(out: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) {
         let d: CUDA_ARRAY_DESCRIPTOR = read(desc)?;
@@ -1689,6 +1650,37 @@ export! {
     fn cuMipmappedArrayDestroy(a: CUmipmappedArray) { destroy_array(a as usize) }
 }
 
+/// Names this process in IPC handles, machine-wide: pids repeat across pid namespaces (two
+/// containers' processes are often both pid 1), so a handle carries this instead.
+fn process_token() -> u64 {
+    static T: OnceLock<u64> = OnceLock::new();
+    *T.get_or_init(|| {
+        let mut v = 0u64;
+        // SAFETY: getrandom writes at most 8 bytes into `v`, which we own.
+        let n = unsafe { libc::getrandom(&mut v as *mut u64 as *mut c_void, 8, 0) };
+        if n == 8 && v != 0 {
+            v
+        } else {
+            (std::process::id() as u64) << 32 | now_ns() & 0xffff_ffff
+        }
+    })
+}
+
+/// Opened IPC handles of this process: (entry, generation, context) -> (pointer, references).
+type Opened = HashMap<(usize, u64, usize), (u64, u32)>;
+
+fn ipc_opened() -> &'static Mutex<Opened> {
+    static O: OnceLock<Mutex<Opened>> = OnceLock::new();
+    O.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// cuIpcOpenMemHandle: "If the memory handle has already been opened by the current context,
+/// the reference count on the handle is incremented by 1 and the existing device pointer is
+/// returned." The opened memory is the exporter's allocation and charges nothing new; it lives
+/// while it is open here, even after the exporter freed it (documented as undefined behaviour:
+/// "Calling cuMemFree on an exported memory region before calling cuIpcCloseMemHandle in the
+/// importing context will result in undefined behavior") or exited (undocumented; on NVIDIA
+/// the memory is reported released at the importer's cuIpcCloseMemHandle, ROCm/hip#3580).
 fn ipc_open(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle) -> Res {
     let (ch, _) = ctx::current()?;
     let word = |i: usize| {
@@ -1701,13 +1693,52 @@ fn ipc_open(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle) -> Res {
     if word(0) != IPC_MAGIC || pdptr.is_null() {
         return Err(err::INVALID_VALUE);
     }
-    if word(1) == std::process::id() as u64 {
+    if word(1) == process_token() {
         return Err(err::INVALID_CONTEXT); // a process cannot open its own IPC handle
     }
     let dev = word(2) as usize;
     if dev >= drv()?.sim.model.devices.len() {
         return Err(err::INVALID_VALUE);
     }
-    let a = alloc_on(dev, ch, word(3), Kind::Ipc, Some(0))?;
+    let (i, generation) = (word(5) as usize, word(6));
+    let mut opened = ipc_opened().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((a, n)) = opened.get_mut(&(i, generation, ch)) {
+        *n += 1;
+        return write(pdptr, *a);
+    }
+    ref_share(i, generation)?; // the allocation is gone (freed, and nobody else holds it)
+    let a = match alloc_on(dev, ch, word(3), Kind::Ipc, Some(0)) {
+        Ok(a) => a,
+        Err(e) => {
+            unref_share(i);
+            return Err(e);
+        }
+    };
+    if let Some(r) = table()
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_mut(&a)
+    {
+        r.share = Some((i, generation));
+    }
+    opened.insert((i, generation, ch), (a, 1));
     write(pdptr, a)
+}
+
+/// cuIpcCloseMemHandle: "Decrements the reference count of the memory returned by
+/// cuIpcOpenMemHandle by 1. When the reference count reaches 0, this API unmaps the memory."
+fn ipc_close(dptr: CUdeviceptr) -> Res {
+    drv()?;
+    let mut opened = ipc_opened().lock().unwrap_or_else(|e| e.into_inner());
+    let Some((k, (_, n))) = opened.iter_mut().find(|(_, (a, _))| *a == dptr) else {
+        return Err(err::INVALID_VALUE);
+    };
+    *n -= 1;
+    if *n > 0 {
+        return Ok(());
+    }
+    let k = *k;
+    opened.remove(&k);
+    drop(opened);
+    free(dptr, |k| k == Kind::Ipc)
 }
