@@ -49,6 +49,12 @@
 //! [cleanup]
 //! grace_seconds = 300                    # an allocation younger than this is never removed
 //! interval_seconds = 60
+//!
+//! [ledger_dir]                           # each memory allocation's ledger directory
+//! mount = "tmpfs"                        # a tmpfs of its own, bounded (needs CAP_SYS_ADMIN);
+//!                                        # "none": a plain directory, unbounded (ledger_dir.rs)
+//! size = "1Mi"                           # the tmpfs's size= (the ledger is ~150 KiB)
+//! inodes = 64                            # the tmpfs's nr_inodes=
 //! ```
 
 use crate::registry::Kind;
@@ -78,6 +84,8 @@ pub struct Config {
     pub topology: Weights,
     pub health: Health,
     pub cleanup: Cleanup,
+    /// Each memory allocation's ledger directory (`crate::ledger_dir`).
+    pub ledger_dir: crate::ledger_dir::LedgerDir,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -165,6 +173,7 @@ impl Default for Config {
             topology: Weights::default(),
             health: Health::default(),
             cleanup: Cleanup::default(),
+            ledger_dir: Default::default(),
         }
     }
 }
@@ -412,6 +421,7 @@ impl Config {
         if self.cleanup.interval_seconds == 0 {
             return err("cleanup.interval_seconds = 0: must be at least 1".into());
         }
+        self.ledger_dir.validate().map_err(ConfigError)?;
         Ok(())
     }
 

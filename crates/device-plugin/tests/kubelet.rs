@@ -36,6 +36,7 @@ struct Scratch(PathBuf);
 impl Scratch {
     fn new(tag: &str) -> Scratch {
         let p = std::env::temp_dir().join(format!("cuvisor-dp-{tag}-{}", std::process::id()));
+        cuvisor_device_plugin::ledger_dir::detach_all_under(&p);
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(p.join("dp")).unwrap();
         // A fake /dev: the nodes Allocate hands out must exist on the "host".
@@ -58,6 +59,8 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
+        // A plugin killed with allocations leaves their ledger directories' tmpfs mounted.
+        cuvisor_device_plugin::ledger_dir::detach_all_under(&self.0);
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
