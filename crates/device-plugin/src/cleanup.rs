@@ -387,7 +387,10 @@ mod tests {
         );
         assert!(registry.view().is_empty(), "both left the registry at once");
         assert!(!dirs[1].exists());
-        assert_eq!(rest, vec![("00000000000000a1".to_string(), Reason::Retried)]);
+        assert_eq!(
+            rest,
+            vec![("00000000000000a1".to_string(), Reason::Retried)]
+        );
         assert!(!dirs[0].exists(), "finished at a later sweep");
         assert!(stats.given_up_total() >= 1);
         assert_eq!(stats.pending(), 0);

@@ -131,11 +131,8 @@ impl LedgerDir {
     /// The tmpfs's mount data.
     fn data(&self) -> Result<CString, String> {
         let size = self.validate()?;
-        CString::new(format!(
-            "size={size},nr_inodes={},mode=1777",
-            self.inodes
-        ))
-        .map_err(|e| e.to_string())
+        CString::new(format!("size={size},nr_inodes={},mode=1777", self.inodes))
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -238,7 +235,10 @@ fn unescape(s: &str) -> std::path::PathBuf {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
             i += 4;
         } else {

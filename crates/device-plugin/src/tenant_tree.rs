@@ -244,7 +244,11 @@ impl Walk {
                     return Ok(());
                 };
                 drop(done.dir);
-                match fs::unlinkat(parent.dir.fd().map_err(|e| e.to_string())?, &done.name, AtFlags::REMOVEDIR) {
+                match fs::unlinkat(
+                    parent.dir.fd().map_err(|e| e.to_string())?,
+                    &done.name,
+                    AtFlags::REMOVEDIR,
+                ) {
                     Ok(()) => {
                         self.done.entries += 1;
                         parent.progress = true;
@@ -602,7 +606,10 @@ pub(crate) mod tests {
         std::fs::write(state.join("ledger"), b"on the mount").unwrap();
         let g = remove(&tree, &Bounds::default()).unwrap_err();
         assert!(g.reason.contains("a mount point"), "{g}");
-        assert_eq!(std::fs::read(state.join("ledger")).unwrap(), b"on the mount");
+        assert_eq!(
+            std::fs::read(state.join("ledger")).unwrap(),
+            b"on the mount"
+        );
         rustix::mount::unmount(&state, rustix::mount::UnmountFlags::DETACH).unwrap();
         remove(&tree, &Bounds::default()).unwrap();
         assert!(!tree.exists());

@@ -478,9 +478,8 @@ fn a_ledger_claiming_a_1_tib_limit_does_not_change_the_granted_quota_in_metrics(
     let text = Metrics::new(reg.view(), PodCache::new()).render();
     check_format(&text);
     let uuid = metrics::uuid_string(UUID_A);
-    let labels = format!(
-        "{{namespace=\"\",pod=\"\",container=\"\",gpu_uuid=\"{uuid}\",allocation=\"c1\"}}"
-    );
+    let labels =
+        format!("{{namespace=\"\",pod=\"\",container=\"\",gpu_uuid=\"{uuid}\",allocation=\"c1\"}}");
     for line in [
         format!("cuvisor_container_memory_limit_bytes{labels} {GIB}\n"),
         format!("cuvisor_container_memory_claimed_limit_bytes{labels} {TIB}\n"),
@@ -489,7 +488,8 @@ fn a_ledger_claiming_a_1_tib_limit_does_not_change_the_granted_quota_in_metrics(
         assert!(text.contains(&line), "missing {line}in\n{text}");
     }
     assert_eq!(
-        text.matches("cuvisor_container_memory_limit_bytes{").count(),
+        text.matches("cuvisor_container_memory_limit_bytes{")
+            .count(),
         1,
         "one granted limit per container and GPU\n{text}"
     );
