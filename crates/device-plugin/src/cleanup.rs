@@ -20,10 +20,40 @@
 //!
 //! Whole-GPU allocations have no ledger: only a [`Liveness`] answer (or kubelet reusing their
 //! devices, see [`crate::registry`]) removes them.
+//!
+//! A directory is removed by [`crate::ledger_dir::retire`]: its record, its tmpfs, then what is
+//! left by [`crate::tenant_tree`]'s bounded walk, never recursion (a tenant's 100 000-level tree
+//! once overflowed the sweeper's stack and aborted the plugin at every restart). A directory not
+//! removed within the walk's bounds is given up on for now: one log line, counted in
+//! [`CleanupStats`] (the metrics endpoint shows it), and tried again at every later sweep,
+//! whatever its age, while the other allocations are removed as usual. Sweeps run on a thread
+//! of their own (`main.rs`), so none of it takes time from the gRPC service.
 
 use crate::registry::{Allocation, Kind, Registry, ALLOCATIONS, RECORD};
-use std::path::Path;
+use crate::tenant_tree::Bounds;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// What the sweeper could not finish, for the metrics endpoint.
+#[derive(Debug, Default)]
+pub struct CleanupStats {
+    given_up: AtomicU64,
+    pending: AtomicU64,
+}
+
+impl CleanupStats {
+    /// Removals given up on (a directory given up on at three sweeps counts three times).
+    pub fn given_up_total(&self) -> u64 {
+        self.given_up.load(Relaxed)
+    }
+    /// Directories waiting for a later sweep now.
+    pub fn pending(&self) -> u64 {
+        self.pending.load(Relaxed)
+    }
+}
 
 /// Whether an allocation's container still exists, from a source such as kubelet's
 /// PodResources API.
@@ -40,6 +70,8 @@ pub enum Reason {
     Liveness,
     /// A directory that the registry no longer holds (superseded, or no record).
     Orphan,
+    /// A directory given up on at an earlier sweep (over the walk's bounds), finished now.
+    Retried,
 }
 
 /// Applies the rules to the registry and the state root's directories.
@@ -49,6 +81,11 @@ pub struct Sweeper {
     liveness: Option<Box<dyn Liveness>>,
     /// The host's coordinators' directory, whose boards follow the registry (`coord`).
     coord_dir: Option<std::path::PathBuf>,
+    /// What one directory's removal may take at one sweep.
+    bounds: Bounds,
+    /// Directories given up on, by allocation id: tried again at every sweep.
+    pending: Mutex<BTreeMap<String, PathBuf>>,
+    stats: Arc<CleanupStats>,
 }
 
 fn age(created_unix: u64) -> Duration {
@@ -73,7 +110,49 @@ impl Sweeper {
             grace,
             liveness: None,
             coord_dir: None,
+            bounds: Bounds::default(),
+            pending: Mutex::default(),
+            stats: Arc::default(),
         }
+    }
+
+    /// What one directory's removal may take at one sweep (default: [`Bounds::default`]).
+    pub fn with_bounds(mut self, bounds: Bounds) -> Sweeper {
+        self.bounds = bounds;
+        self
+    }
+
+    /// The counters the metrics endpoint shows.
+    pub fn stats(&self) -> Arc<CleanupStats> {
+        self.stats.clone()
+    }
+
+    /// Removes directory `dir` of allocation `id`, or gives up on it for now: true when it is
+    /// gone. The first give-up of a directory is logged, every one counted.
+    fn retire(&self, id: &str, dir: &Path) -> bool {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let gone = match crate::ledger_dir::retire(dir, &self.bounds) {
+            Ok(_) => {
+                if pending.remove(id).is_some() {
+                    eprintln!(
+                        "cuvisor-device-plugin: allocation {id}: {} removed at last",
+                        dir.display()
+                    );
+                }
+                true
+            }
+            Err(g) => {
+                self.stats.given_up.fetch_add(1, Relaxed);
+                if pending.insert(id.to_string(), dir.to_path_buf()).is_none() {
+                    eprintln!(
+                        "cuvisor-device-plugin: allocation {id}: {g}; tried again at every sweep"
+                    );
+                }
+                false
+            }
+        };
+        self.stats.pending.store(pending.len() as u64, Relaxed);
+        gone
     }
 
     /// Also takes off coordinator board entries no allocation holds any more, at each sweep.
@@ -110,14 +189,29 @@ impl Sweeper {
         (!has_live_process(&ledger)).then_some(Reason::NoLiveProcesses)
     }
 
-    /// One pass: removes what is over; returns (id, reason) of each removal.
+    /// One pass: removes what is over; returns (id, reason) of each directory removed. An
+    /// allocation that is over leaves the registry at once, even when its directory is given up
+    /// on for now.
     pub fn sweep(&self) -> Vec<(String, Reason)> {
         let mut removed = Vec::new();
+        let retry: Vec<(String, PathBuf)> = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(id, dir)| (id.clone(), dir.clone()))
+            .collect();
+        for (id, dir) in retry {
+            if self.retire(&id, &dir) {
+                removed.push((id, Reason::Retried));
+            }
+        }
         for a in self.registry.view().list() {
             if let Some(r) = self.verdict(&a) {
                 self.registry.remove(&a.id);
-                let _ = std::fs::remove_dir_all(&a.dir);
-                removed.push((a.id, r));
+                if self.retire(&a.id, &a.dir) {
+                    removed.push((a.id, r));
+                }
             }
         }
         // Directories the registry does not hold (superseded allocations), past the grace
@@ -128,7 +222,12 @@ impl Sweeper {
         if let Ok(rd) = std::fs::read_dir(root) {
             for e in rd.flatten() {
                 let id = e.file_name().to_string_lossy().into_owned();
-                if view.get(&id).is_some() {
+                let tried = self
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains_key(&id);
+                if view.get(&id).is_some() || tried {
                     continue;
                 }
                 let dir = e.path();
@@ -139,8 +238,10 @@ impl Sweeper {
                     .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                     .map(|d| d.as_secs())
                     .unwrap_or(0);
-                if age(created) >= self.grace && !has_live_process(&dir.join("state")) {
-                    let _ = std::fs::remove_dir_all(&dir);
+                if age(created) >= self.grace
+                    && !has_live_process(&dir.join("state"))
+                    && self.retire(&id, &dir)
+                {
                     removed.push((id, Reason::Orphan));
                 }
             }
@@ -225,6 +326,74 @@ mod tests {
         }
         assert_eq!(sweeper.verdict(&a), Some(Reason::NoLiveProcesses));
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// The attack: a tenant makes its ledger directory 100 000 levels deep. The sweep's
+    /// `remove_dir_all` recursed once per level and overflowed its thread's stack (2 MiB, as
+    /// tokio's workers have): the plugin aborted, and again at every restart. Now the tree is
+    /// removed by the bounded walk on a thread of that size, the other allocation at the same
+    /// sweep; over its time bound the tree is given up on, counted, and finished at later sweeps.
+    #[test]
+    fn a_deep_tree_in_a_tenants_ledger_dir_neither_crashes_nor_blocks_the_sweep() {
+        let s = crate::tenant_tree::tests::FastScratch::new("sweep-deep");
+        let registry = Registry::open(&s.0).unwrap();
+        let mut dirs = Vec::new();
+        for id in ["00000000000000a1", "00000000000000b2"] {
+            let dir = registry.root().join(id);
+            std::fs::create_dir_all(dir.join("state")).unwrap();
+            std::fs::write(dir.join("limits.conf"), b"").unwrap();
+            registry
+                .insert(Allocation {
+                    id: id.into(),
+                    kind: Kind::Memory,
+                    resource: "cuvisor.io/gpu-memory".into(),
+                    device_ids: vec![format!("u-{id}")],
+                    gpus: vec![],
+                    ledger_dir: Some(dir.join("state")),
+                    dir: dir.clone(),
+                    created_unix: 0,
+                })
+                .unwrap();
+            dirs.push(dir);
+        }
+        crate::tenant_tree::tests::deep_tree(&dirs[0].join("state"), 100_000);
+        let sweeper = Sweeper::new(registry.clone(), Duration::ZERO).with_bounds(Bounds {
+            max_time: Duration::from_millis(200),
+            ..Bounds::default()
+        });
+        let stats = sweeper.stats();
+        let (first, rest) = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || {
+                let t = std::time::Instant::now();
+                let first = sweeper.sweep();
+                assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+                let mut rest = Vec::new();
+                for _ in 0..200 {
+                    if sweeper.pending.lock().unwrap().is_empty() {
+                        break;
+                    }
+                    rest.extend(sweeper.sweep());
+                }
+                (first, rest)
+            })
+            .unwrap()
+            .join()
+            .expect("the sweep's thread died");
+        assert_eq!(
+            first,
+            vec![("00000000000000b2".to_string(), Reason::NoLiveProcesses)],
+            "the other allocation goes at the first sweep"
+        );
+        assert!(registry.view().is_empty(), "both left the registry at once");
+        assert!(!dirs[1].exists());
+        assert_eq!(
+            rest,
+            vec![("00000000000000a1".to_string(), Reason::Retried)]
+        );
+        assert!(!dirs[0].exists(), "finished at a later sweep");
+        assert!(stats.given_up_total() >= 1);
+        assert_eq!(stats.pending(), 0);
     }
 
     #[test]

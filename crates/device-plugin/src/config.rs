@@ -49,6 +49,12 @@
 //! [cleanup]
 //! grace_seconds = 300                    # an allocation younger than this is never removed
 //! interval_seconds = 60
+//!
+//! [ledger_dir]                           # each memory allocation's ledger directory
+//! mount = "tmpfs"                        # a tmpfs of its own, bounded (needs CAP_SYS_ADMIN);
+//!                                        # "none": a plain directory, unbounded (ledger_dir.rs)
+//! size = "1Mi"                           # the tmpfs's size= (the ledger is ~150 KiB)
+//! inodes = 64                            # the tmpfs's nr_inodes=
 //! ```
 
 use crate::registry::Kind;
@@ -78,6 +84,8 @@ pub struct Config {
     pub topology: Weights,
     pub health: Health,
     pub cleanup: Cleanup,
+    /// Each memory allocation's ledger directory (`crate::ledger_dir`).
+    pub ledger_dir: crate::ledger_dir::LedgerDir,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -165,6 +173,7 @@ impl Default for Config {
             topology: Weights::default(),
             health: Health::default(),
             cleanup: Cleanup::default(),
+            ledger_dir: Default::default(),
         }
     }
 }
@@ -250,8 +259,20 @@ impl std::error::Error for ConfigError {}
 
 impl Config {
     /// Reads and checks a configuration file.
+    ///
+    /// The file must be a regular file of at most [`MAX_FILE_BYTES`]: it is opened without
+    /// blocking (`O_NONBLOCK`: a FIFO with no writer does not hang the plugin), checked with
+    /// `fstat` on the open descriptor (a FIFO, a device such as `/dev/zero`, a directory or a
+    /// socket is refused at once, naming its kind) and read at most one byte past the bound (a
+    /// file that grows while read is refused, not read without end).
+    ///
+    /// Symbolic links are followed: `--config` is given by the operator, and a Kubernetes
+    /// ConfigMap volume is a chain of them (`config.toml -> ..data/config.toml`, `..data ->
+    /// ..2024_..._01`), which kubelet swaps atomically on an update. No tenant can write the
+    /// config's directory (it is the plugin's own mount), so following a link there trusts no
+    /// one the operator did not; what the link leads to is held to the same checks.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
+        let text = read_bounded(path, MAX_FILE_BYTES)
             .map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
         Config::parse(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
     }
@@ -400,6 +421,7 @@ impl Config {
         if self.cleanup.interval_seconds == 0 {
             return err("cleanup.interval_seconds = 0: must be at least 1".into());
         }
+        self.ledger_dir.validate().map_err(ConfigError)?;
         Ok(())
     }
 
@@ -417,6 +439,55 @@ impl Config {
             .clone()
             .unwrap_or_else(|| self.state_root.join("coord"))
     }
+}
+
+/// The largest configuration file read (the example in deploy/ is under 2 KiB).
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// The text of `path`, if it is a regular file of at most `max` bytes of UTF-8: opened without
+/// blocking, checked on the descriptor, read at most `max + 1` bytes.
+fn read_bounded(path: &Path, max: u64) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let m = f.metadata().map_err(|e| format!("fstat: {e}"))?;
+    let t = m.file_type();
+    let kind = if t.is_file() {
+        None
+    } else if t.is_fifo() {
+        Some("a FIFO")
+    } else if t.is_char_device() {
+        Some("a character device")
+    } else if t.is_block_device() {
+        Some("a block device")
+    } else if t.is_dir() {
+        Some("a directory")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else {
+        Some("not a regular file")
+    };
+    if let Some(kind) = kind {
+        return Err(format!(
+            "{kind}, not a regular file: refused without reading it"
+        ));
+    }
+    let too_big = || format!("larger than {max} bytes (the most a configuration file may be)");
+    if m.len() > max {
+        return Err(too_big());
+    }
+    let mut bytes = Vec::with_capacity(m.len() as usize);
+    f.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > max {
+        return Err(too_big());
+    }
+    String::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_string())
 }
 
 /// DOMAIN/NAME, as kubelet accepts for an extended resource.
@@ -556,6 +627,83 @@ mod tests {
         );
         let e = Config::parse(&pr).unwrap_err().0;
         assert!(e.starts_with("pod_resources.socket: "), "{e}");
+    }
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("cuvisor-cfg-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// Loads `path` on another thread: the error, or a panic if it takes over a second (the
+    /// thread is left behind: a hang must fail the test, not hold it).
+    fn load_within_a_second(path: &Path) -> String {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.to_path_buf();
+        std::thread::spawn(move || {
+            let _ = tx.send(Config::load(&p).map(|_| ()));
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(1)) {
+            Ok(r) => r.expect_err("refused").0,
+            Err(_) => panic!("Config::load({}) still running after 1 s", path.display()),
+        }
+    }
+
+    #[test]
+    fn a_config_that_is_a_fifo_is_refused_within_a_second() {
+        let d = scratch("fifo");
+        let fifo = d.join("config.toml");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        let e = load_within_a_second(&fifo);
+        assert!(e.contains("a FIFO, not a regular file"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_config_that_is_dev_zero_is_refused_unread() {
+        let e = load_within_a_second(Path::new("/dev/zero"));
+        assert!(
+            e.starts_with("/dev/zero: a character device, not a regular file"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_oversized_config_is_refused_with_the_bound() {
+        let d = scratch("big");
+        let p = d.join("config.toml");
+        // Valid TOML all the way (comments): only its size is wrong.
+        let line = format!("# {}\n", "x".repeat(1000));
+        std::fs::write(&p, line.repeat((MAX_FILE_BYTES as usize) / line.len() + 1)).unwrap();
+        let e = load_within_a_second(&p);
+        assert!(e.contains("larger than 1048576 bytes"), "{e}");
+        // At the bound it is read.
+        std::fs::write(&p, line.repeat((MAX_FILE_BYTES as usize) / line.len())).unwrap();
+        assert_eq!(Config::load(&p).unwrap(), Config::default());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_configmap_style_symlink_chain_is_followed() {
+        let d = scratch("cm");
+        std::fs::create_dir_all(d.join("..2024_01_01")).unwrap();
+        std::fs::write(d.join("..2024_01_01/config.toml"), "metrics_port = 0\n").unwrap();
+        std::os::unix::fs::symlink("..2024_01_01", d.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/config.toml", d.join("config.toml")).unwrap();
+        assert_eq!(
+            Config::load(&d.join("config.toml")).unwrap().metrics_port,
+            0
+        );
+        // A link to a special file is refused like the file itself.
+        std::os::unix::fs::symlink("/dev/zero", d.join("zero.toml")).unwrap();
+        let e = load_within_a_second(&d.join("zero.toml"));
+        assert!(e.contains("a character device"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //!   read-only at the fixed path the library prefers over its environment
 //!   (`cuvisor_shm::CONTAINER_LIMITS`); `memory.<GPU UUID> = units x unit size` per GPU,
 //!   `state_dir` and `coord_dir` as the container sees them;
-//! - `state/`: the container's ledger directory, mounted read-write at `container.state_dir`;
+//! - `state/`: the container's ledger directory, mounted read-write at `container.state_dir`:
+//!   a tmpfs of its own, bounded in size and inodes (`[ledger_dir]`, see `ledger_dir`);
 //!
 //! and per GPU, with a compute policy other than `none`: an entry on the GPU's coordinator board
 //! (`coord`), its state file mounted read-write at `<container.coord_own_dir>/gpu-<UUID hex>`
@@ -169,6 +170,8 @@ pub fn memory(
     let result = (|| {
         let state = dir.join(STATE);
         shared_dir(&state)?;
+        // A tmpfs of its own, so that what the tenant writes there is bounded (ledger_dir).
+        crate::ledger_dir::prepare(&state, &cfg.ledger_dir)?;
         let c = &cfg.container;
         let mut own_mounts = Vec::new();
         let mut shares = Vec::new();
@@ -250,7 +253,7 @@ pub fn memory(
     if result.is_err() {
         let uuids: Vec<String> = units.keys().map(|g| inv.gpus()[*g].uuid.clone()).collect();
         crate::coord::release_all(&cfg.host_coord_dir(), &uuids, &id);
-        let _ = std::fs::remove_dir_all(&dir);
+        let _ = crate::ledger_dir::retire(&dir, &crate::tenant_tree::Bounds::default());
     }
     result
 }

@@ -7,8 +7,11 @@
 //! - [`inventory`]: the devices each resource advertises (whole GPUs, memory units).
 //! - [`plan`]: GetPreferredAllocation and Allocate's placement rules (best fit, spans).
 //! - [`inject`]: what Allocate puts into a container (files written on the host + the response).
+//! - [`ledger_dir`]: each memory allocation's ledger directory, a size-limited tmpfs of its own.
 //! - [`registry`]: what has been allocated (kept on disk under the state root).
 //! - [`cleanup`]: removing the host directories of allocations whose container is gone.
+//! - [`tenant_tree`]: the one walk over a tree a tenant could write: iterative, by directory
+//!   descriptor, bounded in depth, entries and time, never following a link or crossing a mount.
 //! - [`server`]: the gRPC servers, registration with kubelet, re-registration on restart; the
 //!   start-up check that each ListAndWatch response fits in the 4 MiB kubelet receives
 //!   ([`server::check_list_sizes`], [`api::KUBELET_MAX_MESSAGE`]).
@@ -42,9 +45,11 @@ pub mod config;
 pub mod coord;
 pub mod inject;
 pub mod inventory;
+pub mod ledger_dir;
 pub mod plan;
 pub mod registry;
 pub mod server;
+pub mod tenant_tree;
 pub mod topology;
 
 use std::collections::HashMap;

@@ -14,7 +14,8 @@
 //!
 //! Runs: the health monitor (NVML XIDs and NVLink, a thread of its own) feeding ListAndWatch;
 //! the kubelet gRPC servers; the PodResources cache (`[pod_resources]`) for pod labels and the
-//! sweeper's liveness rule; the metrics endpoint (`metrics_port`, 0: none); the sweeper.
+//! sweeper's liveness rule; the metrics endpoint (`metrics_port`, 0: none); the sweeper (a
+//! thread of its own).
 
 use clap::Parser;
 use cuvisor_device_plugin::cleanup::Sweeper;
@@ -158,13 +159,20 @@ fn main() {
                     .refresh(pr.socket.clone(), Duration::from_secs(pr.refresh_seconds)),
             );
         }
+        let mut sweeper =
+            Sweeper::new(plugin.registry_mut().clone(), grace).with_coord_dir(cfg.host_coord_dir());
+        if !pr.socket.as_os_str().is_empty() {
+            sweeper = sweeper.with_liveness(Box::new(pods.clone()));
+        }
+        let cleanup = sweeper.stats();
         if cfg.metrics_port != 0 {
             let listener = TcpListener::bind(("0.0.0.0", cfg.metrics_port))
                 .await
                 .map_err(|e| format!("metrics port {}: {e}", cfg.metrics_port))?;
             let m = Metrics::new(plugin.registry(), pods.clone())
                 .with_health(health_rx)
-                .with_scorer(scorer);
+                .with_scorer(scorer)
+                .with_cleanup(cleanup);
             eprintln!(
                 "cuvisor-device-plugin: metrics on http://{}/metrics",
                 listener
@@ -173,19 +181,17 @@ fn main() {
             );
             tokio::spawn(metrics::serve(listener, Arc::new(m)));
         }
-        let mut sweeper =
-            Sweeper::new(plugin.registry_mut().clone(), grace).with_coord_dir(cfg.host_coord_dir());
-        if !pr.socket.as_os_str().is_empty() {
-            sweeper = sweeper.with_liveness(Box::new(pods));
-        }
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(interval).await;
+        // The sweeper on a thread of its own: its walks over tenant trees, bounded as they
+        // are, take no time from the runtime's workers that serve kubelet.
+        std::thread::Builder::new()
+            .name("cuvisor-sweeper".into())
+            .spawn(move || loop {
+                std::thread::sleep(interval);
                 for (id, why) in sweeper.sweep() {
                     eprintln!("cuvisor-device-plugin: removed allocation {id} ({why:?})");
                 }
-            }
-        });
+            })
+            .map_err(|e| format!("the sweeper's thread: {e}"))?;
         plugin
             .run(async {
                 use tokio::signal::unix::{signal, SignalKind};

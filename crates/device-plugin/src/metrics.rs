@@ -2,24 +2,32 @@
 //!
 //! Per container and GPU (labels `namespace`, `pod`, `container` from kubelet's PodResources
 //! API — empty while it has not answered — plus `gpu_uuid` and `allocation`, the plugin's id
-//! for the Allocate), read from the container's ledger (`crates/shm`'s `Ledger`):
+//! for the Allocate). Two sources, never mixed: the plugin's own records (the registry: what
+//! Allocate granted), and the container's ledger (`crates/shm`'s `Ledger`), which the
+//! container writes: every figure from it is a **claim**, shown as written, never trusted, and
+//! its HELP line says so.
 //!
-//! | metric | type | from the ledger |
+//! | metric | type | source |
 //! |---|---|---|
-//! | `cuvisor_container_memory_used_bytes` | gauge | `used` |
-//! | `cuvisor_container_memory_limit_bytes` | gauge | `limit` (the quota; before the container's first CUDA process, the allocation's quota) |
-//! | `cuvisor_container_memory_peak_bytes` | gauge | `peak` |
-//! | `cuvisor_container_memory_denied_total` | counter | `denied` (allocations refused) |
-//! | `cuvisor_container_gpu_seconds_total` | counter | `gpu_ns` (GPU time used) |
-//! | `cuvisor_container_throttled_seconds_total` | counter | `throttled_ns` (held back by the share) |
-//! | `cuvisor_container_launches_total` | counter | `launches` |
+//! | `cuvisor_container_memory_limit_bytes` | gauge | **granted**: the quota Allocate gave, from the registry |
+//! | `cuvisor_container_memory_claimed_limit_bytes` | gauge | claim: the ledger's `limit` as written |
+//! | `cuvisor_container_memory_used_bytes` | gauge | claim: `used` |
+//! | `cuvisor_container_memory_peak_bytes` | gauge | claim: `peak` |
+//! | `cuvisor_container_memory_denied_total` | counter | claim: `denied` (allocations refused) |
+//! | `cuvisor_container_gpu_seconds_total` | counter | claim: `gpu_ns` (GPU time used) |
+//! | `cuvisor_container_throttled_seconds_total` | counter | claim: `throttled_ns` (held back by the share) |
+//! | `cuvisor_container_launches_total` | counter | claim: `launches` |
 //!
-//! Per GPU (`gpu_uuid`): `cuvisor_gpu_memory_used_bytes`, `cuvisor_gpu_memory_quota_bytes`
-//! (sum of the quotas handed out), `cuvisor_gpu_memory_denied_total`, `cuvisor_gpu_seconds_total`,
-//! `cuvisor_gpu_throttled_seconds_total`, `cuvisor_gpu_allocations` (live allocations on it),
-//! `cuvisor_gpu_healthy` (1/0, from the health checker). Per resource: `cuvisor_allocations`.
-//! And `cuvisor_allocation_topology_score`, a histogram of the topology score (0..1, the
-//! allocator's weighted total) of every multi-GPU allocation, observed once per allocation.
+//! Per GPU (`gpu_uuid`): `cuvisor_gpu_memory_quota_bytes` (granted: the sum of the quotas
+//! handed out), `cuvisor_gpu_allocations` (live allocations on it), `cuvisor_gpu_healthy` (1/0,
+//! from the health checker); sums of the containers' claims: `cuvisor_gpu_memory_used_bytes`,
+//! `cuvisor_gpu_memory_denied_total`, `cuvisor_gpu_seconds_total`,
+//! `cuvisor_gpu_throttled_seconds_total`. Per resource: `cuvisor_allocations`. The sweeper
+//! (`cleanup`): `cuvisor_cleanup_given_up_total` (removals of an allocation's directory given up
+//! on for now, over the walk's bounds) and `cuvisor_cleanup_pending_directories` (directories
+//! waiting for a later sweep). And `cuvisor_allocation_topology_score`, a histogram of the
+//! topology score (0..1, the allocator's weighted total) of every multi-GPU allocation, observed
+//! once per allocation.
 //!
 //! PromQL (the seeds' "topology match" monitoring query, and memory against quota):
 //!
@@ -97,6 +105,7 @@ pub struct Metrics {
     health: Option<HealthReceiver>,
     scorer: Option<Scorer>,
     scores: Mutex<(Histogram, HashSet<String>)>,
+    cleanup: Option<Arc<crate::cleanup::CleanupStats>>,
 }
 
 impl Metrics {
@@ -107,7 +116,14 @@ impl Metrics {
             health: None,
             scorer: None,
             scores: Mutex::new((Histogram::default(), HashSet::new())),
+            cleanup: None,
         }
+    }
+
+    /// The sweeper's counters (`Sweeper::stats`).
+    pub fn with_cleanup(mut self, c: Arc<crate::cleanup::CleanupStats>) -> Metrics {
+        self.cleanup = Some(c);
+        self
     }
 
     pub fn with_health(mut self, h: HealthReceiver) -> Metrics {
@@ -168,7 +184,7 @@ impl Metrics {
                 (a, o)
             })
             .collect();
-        render(&rows, &health, &hist)
+        render(&rows, &health, &hist, self.cleanup.as_deref())
     }
 }
 
@@ -288,41 +304,47 @@ pub fn render(
     rows: &[(Allocation, Owner)],
     health: &crate::HealthMap,
     scores: &Histogram,
+    cleanup: Option<&crate::cleanup::CleanupStats>,
 ) -> String {
     let mut c_used = Family::new(
         "cuvisor_container_memory_used_bytes",
         "gauge",
-        "GPU memory the container holds now, per GPU.",
+        "Claimed by the container's ledger (container-written, not verified): GPU memory it holds now, per GPU.",
     );
     let mut c_limit = Family::new(
         "cuvisor_container_memory_limit_bytes",
         "gauge",
-        "The container's GPU memory quota, per GPU.",
+        "The GPU memory quota the plugin granted the container, per GPU (the plugin's own record).",
+    );
+    let mut c_claimed_limit = Family::new(
+        "cuvisor_container_memory_claimed_limit_bytes",
+        "gauge",
+        "Claimed by the container's ledger (container-written, not verified): its limit as written there, per GPU.",
     );
     let mut c_peak = Family::new(
         "cuvisor_container_memory_peak_bytes",
         "gauge",
-        "The most GPU memory the container has held at once, per GPU.",
+        "Claimed by the container's ledger (container-written, not verified): the most GPU memory it held at once, per GPU.",
     );
     let mut c_denied = Family::new(
         "cuvisor_container_memory_denied_total",
         "counter",
-        "GPU memory allocations refused because they would exceed the quota.",
+        "Claimed by the container's ledger (container-written, not verified): GPU memory allocations refused for the quota.",
     );
     let mut c_gpu = Family::new(
         "cuvisor_container_gpu_seconds_total",
         "counter",
-        "GPU time the container's kernel launches used.",
+        "Claimed by the container's ledger (container-written, not verified): GPU time its kernel launches used.",
     );
     let mut c_thr = Family::new(
         "cuvisor_container_throttled_seconds_total",
         "counter",
-        "Time the container's launching threads were held back by its compute share.",
+        "Claimed by the container's ledger (container-written, not verified): time its launching threads were held back by its compute share.",
     );
     let mut c_launch = Family::new(
         "cuvisor_container_launches_total",
         "counter",
-        "Kernel, cooperative and graph launches counted.",
+        "Claimed by the container's ledger (container-written, not verified): kernel, cooperative and graph launches.",
     );
     let mut by_gpu: BTreeMap<String, (Usage, u64)> = BTreeMap::new();
     let mut by_resource: BTreeMap<String, u64> = BTreeMap::new();
@@ -334,10 +356,9 @@ pub fn render(
             e.0.limit += g.quota.unwrap_or(0);
         }
         let ledger = read_ledger(a);
-        // A container that has not run a CUDA process yet has no ledger entry: its quota is
-        // still its limit.
+        // The limit is what Allocate granted, whatever the ledger says.
         for g in &a.gpus {
-            if let (Some(q), false) = (g.quota, ledger.iter().any(|(u, _)| *u == g.uuid)) {
+            if let Some(q) = g.quota {
                 let l = labels(&[
                     ("namespace", &o.namespace),
                     ("pod", &o.pod),
@@ -357,7 +378,7 @@ pub fn render(
                 ("allocation", &a.id),
             ]);
             c_used.samples.push((l.clone(), u.used as f64));
-            c_limit.samples.push((l.clone(), u.limit as f64));
+            c_claimed_limit.samples.push((l.clone(), u.limit as f64));
             c_peak.samples.push((l.clone(), u.peak as f64));
             c_denied.samples.push((l.clone(), u.denied as f64));
             c_gpu.samples.push((l.clone(), u.gpu_ns as f64 / NS));
@@ -378,7 +399,7 @@ pub fn render(
     let mut g_used = Family::new(
         "cuvisor_gpu_memory_used_bytes",
         "gauge",
-        "GPU memory held by the containers on this GPU.",
+        "Sum of the containers' ledger claims (container-written, not verified): GPU memory they hold on this GPU.",
     );
     let mut g_quota = Family::new(
         "cuvisor_gpu_memory_quota_bytes",
@@ -388,17 +409,17 @@ pub fn render(
     let mut g_denied = Family::new(
         "cuvisor_gpu_memory_denied_total",
         "counter",
-        "Allocations refused for the quota, all containers of this GPU.",
+        "Sum of the containers' ledger claims (container-written, not verified): allocations refused for the quota on this GPU.",
     );
     let mut g_gpu = Family::new(
         "cuvisor_gpu_seconds_total",
         "counter",
-        "GPU time used by the containers on this GPU.",
+        "Sum of the containers' ledger claims (container-written, not verified): GPU time used on this GPU.",
     );
     let mut g_thr = Family::new(
         "cuvisor_gpu_throttled_seconds_total",
         "counter",
-        "Time containers on this GPU were held back by their compute shares.",
+        "Sum of the containers' ledger claims (container-written, not verified): time held back by their compute shares on this GPU.",
     );
     let mut g_allocs = Family::new(
         "cuvisor_gpu_allocations",
@@ -430,10 +451,43 @@ pub fn render(
         allocs.samples.push((labels(&[("resource", r)]), *n as f64));
     }
 
+    let mut given_up = Family::new(
+        "cuvisor_cleanup_given_up_total",
+        "counter",
+        "Removals of an allocation's directory given up on for now (over the walk's bounds, or a mount in it); each is tried again at the next sweep.",
+    );
+    let mut pending = Family::new(
+        "cuvisor_cleanup_pending_directories",
+        "gauge",
+        "Allocation directories given up on and waiting for a later sweep.",
+    );
+    if let Some(c) = cleanup {
+        given_up
+            .samples
+            .push((String::new(), c.given_up_total() as f64));
+        pending.samples.push((String::new(), c.pending() as f64));
+    }
+
     let mut out = String::new();
     for f in [
-        &c_used, &c_limit, &c_peak, &c_denied, &c_gpu, &c_thr, &c_launch, &g_used, &g_quota,
-        &g_denied, &g_gpu, &g_thr, &g_allocs, &g_health, &allocs,
+        &c_used,
+        &c_limit,
+        &c_claimed_limit,
+        &c_peak,
+        &c_denied,
+        &c_gpu,
+        &c_thr,
+        &c_launch,
+        &g_used,
+        &g_quota,
+        &g_denied,
+        &g_gpu,
+        &g_thr,
+        &g_allocs,
+        &g_health,
+        &allocs,
+        &given_up,
+        &pending,
     ] {
         f.write(&mut out);
     }
@@ -644,7 +698,7 @@ mod tests {
         for v in [0.05, 0.75, 0.8, 1.0] {
             h.observe(v);
         }
-        let t = render(&[], &Default::default(), &h);
+        let t = render(&[], &Default::default(), &h, None);
         assert!(t.contains("cuvisor_allocation_topology_score_bucket{le=\"0.1\"} 1\n"));
         assert!(t.contains("cuvisor_allocation_topology_score_bucket{le=\"0.7\"} 1\n"));
         assert!(t.contains("cuvisor_allocation_topology_score_bucket{le=\"0.8\"} 3\n"));

@@ -105,6 +105,8 @@ impl Plugin {
         let inv = Inventory::new(topology, unit)?;
         check_list_sizes(&cfg, &inv)?;
         inject::install_shared(&cfg)?;
+        // Every Allocate mounts a tmpfs: a plugin that cannot says so now, not at each one.
+        crate::ledger_dir::probe(&cfg.state_root, &cfg.ledger_dir)?;
         let registry = Registry::open(&cfg.state_root)?;
         // Boards from before a restart keep only the entries of recorded allocations.
         {
@@ -356,7 +358,10 @@ impl Plugin {
             let a = &prepared.allocation;
             let uuids: Vec<String> = a.gpus.iter().map(|g| g.uuid.clone()).collect();
             crate::coord::release_all(&self.cfg.host_coord_dir(), &uuids, &a.id);
-            let _ = std::fs::remove_dir_all(&prepared.allocation.dir);
+            let _ = crate::ledger_dir::retire(
+                &prepared.allocation.dir,
+                &crate::tenant_tree::Bounds::default(),
+            );
             return Err(Status::internal(format!("{name}: recording: {e}")));
         }
         Ok(prepared.response)

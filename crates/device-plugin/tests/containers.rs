@@ -70,6 +70,7 @@ fn shared_dir(p: &Path) {
 impl Node {
     fn new(tag: &str) -> Node {
         let dir = std::env::temp_dir().join(format!("cuvisor-ct-{tag}-{}", std::process::id()));
+        cuvisor_device_plugin::ledger_dir::detach_all_under(&dir);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("dev")).unwrap();
         for n in ["nvidia0", "nvidiactl", "nvidia-uvm"] {
@@ -173,6 +174,8 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
+        // Allocations not swept leave their ledger directories' tmpfs mounted.
+        cuvisor_device_plugin::ledger_dir::detach_all_under(&self.dir);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -29,13 +29,17 @@ fn the_configmap_holds_a_valid_config() {
     // The ConfigMap spells out the defaults of health and PodResources.
     assert_eq!(cfg.health, Config::default().health);
     assert_eq!(cfg.pod_resources, Config::default().pod_resources);
+    // And of the ledger directories' tmpfs, which the DaemonSet's privileges and
+    // Bidirectional propagation make possible.
+    assert_eq!(cfg.ledger_dir, Config::default().ledger_dir);
+    assert!(cfg.ledger_dir.mounts());
 }
 
 #[test]
 fn the_dashboard_queries_served_metrics() {
     let dash = deploy("grafana/cuvisor-dashboard.json");
     let v: serde_json::Value = serde_json::from_str(&dash).unwrap();
-    let served = render(&[], &Default::default(), &Histogram::default());
+    let served = render(&[], &Default::default(), &Histogram::default(), None);
     let mut n = 0;
     for p in v["panels"].as_array().unwrap() {
         for t in p["targets"].as_array().unwrap() {

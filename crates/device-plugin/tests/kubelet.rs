@@ -36,6 +36,7 @@ struct Scratch(PathBuf);
 impl Scratch {
     fn new(tag: &str) -> Scratch {
         let p = std::env::temp_dir().join(format!("cuvisor-dp-{tag}-{}", std::process::id()));
+        cuvisor_device_plugin::ledger_dir::detach_all_under(&p);
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(p.join("dp")).unwrap();
         // A fake /dev: the nodes Allocate hands out must exist on the "host".
@@ -58,6 +59,8 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
+        // A plugin killed with allocations leaves their ledger directories' tmpfs mounted.
+        cuvisor_device_plugin::ledger_dir::detach_all_under(&self.0);
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
@@ -1304,4 +1307,207 @@ async fn requests_with_the_socket_path_as_authority_are_served() {
     .await
     .unwrap();
     drop(kubelet);
+}
+
+/// Where a memory allocation's ledger directory is on the host.
+fn ledger_dir_of(r: &api::ContainerAllocateResponse) -> PathBuf {
+    PathBuf::from(&mount(r, "/var/run/cuvisor/state").host_path)
+}
+
+/// A process of the container, as far as the sweeper can tell: a lease held in the ledger
+/// (dropped, the container has no live process).
+fn live_process(state: &Path) -> cuvisor_shm::ledger::Ledger {
+    let l = cuvisor_shm::ledger::Ledger::open_dir(state).unwrap();
+    l.claim_proc(std::process::id(), 1).unwrap();
+    l
+}
+
+/// A chain of `levels` directories under `at`, made by descriptor (no path names its bottom).
+fn deep_tree(at: &Path, levels: usize) {
+    use rustix::fs::{mkdirat, openat, Mode, OFlags, CWD};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mut fd = openat(CWD, at, flags, Mode::empty()).unwrap();
+    for _ in 0..levels {
+        mkdirat(&fd, "d", Mode::from_raw_mode(0o755)).unwrap();
+        fd = openat(&fd, "d", flags, Mode::empty()).unwrap();
+    }
+}
+
+/// The attack (issue 15): a tenant builds a 100 000-level tree in its read-write ledger
+/// directory; when its allocation is cleaned up, the plugin's `remove_dir_all` overflowed the
+/// sweeper's stack and the plugin aborted, and again at every restart, since the tree stayed.
+/// Driven here as kubelet would: three allocations, the first filled with the tree, the first
+/// two with no live process left, the third still running. The plugin must keep serving, take
+/// the tree and the second allocation away, and leave the third. `[ledger_dir] mount = "none"`:
+/// the plain directory that can hold such a tree (a tmpfs allocation holds at most 64 inodes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deep_tree_in_a_tenants_ledger_dir_neither_crashes_nor_blocks_the_plugin() {
+    let s = Scratch::new("deep-tree");
+    // The tree on a tmpfs when one can be mounted (ext4 here takes 20 s for 100 000 levels,
+    // tmpfs 1 s); the plugin sees a plain directory either way.
+    std::fs::create_dir_all(s.state_root()).unwrap();
+    let _ = rustix::mount::mount(
+        "cuvisor-test",
+        s.state_root(),
+        "tmpfs",
+        rustix::mount::MountFlags::empty(),
+        c"size=512m",
+    );
+    let mut kubelet = Kubelet::start(&s.dp());
+    let mut plugin = spawn_plugin_with(
+        &s,
+        "single",
+        0,
+        "[cleanup]\ngrace_seconds = 3\ninterval_seconds = 1\n[ledger_dir]\nmount = \"none\"\n",
+    );
+    let regs = kubelet.registrations(2, Duration::from_secs(30)).await;
+    let mut mem = client(&s.dp(), &regs["cuvisor.io/gpu-memory"].endpoint).await;
+    let uuid = first_list(&mut mem).await[0]
+        .id
+        .rsplit_once("-mem-")
+        .unwrap()
+        .0
+        .to_string();
+    let mut states = Vec::new();
+    let mut live = Vec::new();
+    for k in 0..3 {
+        let r = allocate(&mut mem, &units(&uuid, k..k + 1)).await.unwrap();
+        let state = ledger_dir_of(&r);
+        // Within the 3 s grace: a process of the container holds its lease from here on.
+        live.push(live_process(&state));
+        states.push(state);
+    }
+    let t = Instant::now();
+    deep_tree(&states[0], 100_000);
+    eprintln!("100000 levels made in {:?}", t.elapsed());
+    // The first two containers end; the third runs on.
+    let alive = live.pop().unwrap();
+    drop(live);
+    let gone = |p: &Path| !p.parent().unwrap().exists();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !(gone(&states[0]) && gone(&states[1])) {
+        assert!(
+            plugin.0.try_wait().unwrap().is_none(),
+            "the plugin died: {:?}",
+            plugin.0.try_wait()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "not removed within 180 s: {} {}",
+            gone(&states[0]),
+            gone(&states[1])
+        );
+        // Serving all along.
+        assert!(!first_list(&mut mem).await.is_empty());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(plugin.0.try_wait().unwrap().is_none(), "the plugin died");
+    assert!(
+        states[2].exists(),
+        "the running container's directory stays"
+    );
+    // Its units are free again and Allocate works.
+    let r = allocate(&mut mem, &units(&uuid, 0..2)).await.unwrap();
+    assert!(ledger_dir_of(&r).is_dir());
+    drop(alive);
+    drop(kubelet);
+}
+
+/// The attack (issue 15): one tenant fills its ledger directory, which lived on the host file
+/// system with no bound, until that file system is full and every later Allocate fails. Now the
+/// directory is a tmpfs of its own (1 MiB, 64 inodes by default): the tenant's writes stop at
+/// its bound (ENOSPC), and the next allocation's ledger and the next Allocate are unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_filling_its_ledger_dir_fails_that_tenant_alone() {
+    use std::io::Write;
+    let s = Scratch::new("fill");
+    let mut kubelet = Kubelet::start(&s.dp());
+    let _plugin = spawn_plugin(&s, "single");
+    let regs = kubelet.registrations(2, Duration::from_secs(30)).await;
+    let mut mem = client(&s.dp(), &regs["cuvisor.io/gpu-memory"].endpoint).await;
+    let uuid = first_list(&mut mem).await[0]
+        .id
+        .rsplit_once("-mem-")
+        .unwrap()
+        .0
+        .to_string();
+    let a = ledger_dir_of(&allocate(&mut mem, &units(&uuid, 0..1)).await.unwrap());
+    // Bytes: 64 MiB asked, the bound is 1 MiB.
+    let mut f = std::fs::File::create(a.join("fill")).unwrap();
+    let chunk = vec![7u8; 1 << 20];
+    let mut written = 0u64;
+    let err = loop {
+        match f.write(&chunk) {
+            Ok(n) => written += n as u64,
+            Err(e) => break e,
+        }
+        assert!(written <= 64 << 20, "64 MiB written: no bound");
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    assert!(written <= 1 << 20, "{written} bytes");
+    drop(f);
+    std::fs::remove_file(a.join("fill")).unwrap();
+    // Inodes: a thousand files asked, the bound is 64.
+    let made = (0..1000)
+        .take_while(|i| std::fs::write(a.join(format!("f{i}")), b"").is_ok())
+        .count();
+    assert!(made < 64, "{made} files");
+    // Another tenant's ledger is made whole, and Allocate goes on.
+    let b = ledger_dir_of(&allocate(&mut mem, &units(&uuid, 1..2)).await.unwrap());
+    let l = cuvisor_shm::ledger::Ledger::open_dir(&b).unwrap();
+    let d = l.device_for([9; 16], GIB).unwrap();
+    let p = l.claim_proc(std::process::id(), 1).unwrap();
+    l.try_charge(d, p, GIB / 2).unwrap();
+    assert!(allocate(&mut mem, &units(&uuid, 2..3)).await.is_ok());
+    drop(kubelet);
+}
+
+/// The plugin without CAP_SYS_ADMIN (here: dropped with setpriv) cannot mount the ledger
+/// directories' tmpfs. Falling back to a plain directory would quietly reopen the hole above;
+/// the plugin stops at start-up with the reason and the way out instead.
+#[test]
+fn a_plugin_that_cannot_mount_ledger_dirs_stops_with_the_reason() {
+    let s = Scratch::new("no-mount");
+    let cfg = write_config(&s, 0, "");
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        "--inh-caps=-sys_admin",
+        "--bounding-set=-sys_admin",
+        "--",
+        EXE,
+    ]);
+    let mut child = plugin_args(&mut cmd, &s, "single", &cfg)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("setpriv");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the plugin ran on without being able to mount");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    if err.contains("setpriv:") {
+        assert!(std::env::var_os("CI").is_none(), "{err}");
+        eprintln!("SKIPPED a_plugin_that_cannot_mount_ledger_dirs_stops_with_the_reason: {err}");
+        return;
+    }
+    assert_eq!(status.code(), Some(2), "{err}");
+    let line = one_line_reason(&err, "[ledger_dir] mount = \"tmpfs\": ");
+    assert!(
+        line.contains("CAP_SYS_ADMIN") && line.contains("mount = \"none\""),
+        "{line}"
+    );
 }

@@ -458,3 +458,57 @@ fn a_planted_ledger_cannot_wrap_or_panic_the_gpu_totals() {
         "{denied}"
     );
 }
+
+/// The attack: a container rewrites the `limit` of its ledger to 1 TiB. The metrics showed that
+/// as the container's quota (`cuvisor_container_memory_limit_bytes` was read from the ledger);
+/// now the quota shown is the one Allocate granted, from the plugin's registry, and the
+/// ledger's figure is shown apart, under a name and HELP line that call it a claim.
+#[test]
+fn a_ledger_claiming_a_1_tib_limit_does_not_change_the_granted_quota_in_metrics() {
+    use std::sync::atomic::Ordering::Release;
+    const TIB: u64 = 1 << 40;
+    let root = tmp("claimed-limit");
+    let reg = Registry::open(&root).unwrap();
+    let a = memory_alloc(&root, "c1", &["m-c-0"], UUID_A, GIB, 512 << 20);
+    let l = Ledger::open_dir(a.ledger_dir.as_ref().unwrap()).unwrap();
+    for i in 0..cuvisor_shm::ledger::MAX_DEVICES {
+        l.device(i).limit.store(TIB, Release);
+    }
+    reg.insert(a).unwrap();
+    let text = Metrics::new(reg.view(), PodCache::new()).render();
+    check_format(&text);
+    let uuid = metrics::uuid_string(UUID_A);
+    let labels =
+        format!("{{namespace=\"\",pod=\"\",container=\"\",gpu_uuid=\"{uuid}\",allocation=\"c1\"}}");
+    for line in [
+        format!("cuvisor_container_memory_limit_bytes{labels} {GIB}\n"),
+        format!("cuvisor_container_memory_claimed_limit_bytes{labels} {TIB}\n"),
+        format!("cuvisor_gpu_memory_quota_bytes{{gpu_uuid=\"{uuid}\"}} {GIB}\n"),
+    ] {
+        assert!(text.contains(&line), "missing {line}in\n{text}");
+    }
+    assert_eq!(
+        text.matches("cuvisor_container_memory_limit_bytes{")
+            .count(),
+        1,
+        "one granted limit per container and GPU\n{text}"
+    );
+    // Every figure read from the ledger says it is a claim.
+    for name in [
+        "cuvisor_container_memory_claimed_limit_bytes",
+        "cuvisor_container_memory_used_bytes",
+        "cuvisor_container_memory_peak_bytes",
+        "cuvisor_container_memory_denied_total",
+        "cuvisor_container_gpu_seconds_total",
+        "cuvisor_container_throttled_seconds_total",
+        "cuvisor_container_launches_total",
+        "cuvisor_gpu_memory_used_bytes",
+    ] {
+        let help = text
+            .lines()
+            .find(|l| l.starts_with(&format!("# HELP {name} ")))
+            .unwrap_or_else(|| panic!("no HELP for {name}\n{text}"));
+        assert!(help.contains("not verified"), "{help}");
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
