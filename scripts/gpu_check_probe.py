@@ -23,14 +23,14 @@ import sys
 MIB = 1 << 20
 GIB = 1 << 30
 
-# The ledger file, as crates/shm/src/ledger.rs lays it out (version 3), read-only here:
+# The ledger file, as crates/shm/src/ledger.rs lays it out (version 4; its share table after the processes is not read here), read-only here:
 # Header { magic u64, version u32, size u32, max_devices u32, max_procs u32, container_id u64 }
 # = 32 bytes, then DeviceEntry[max_devices] { state u32, pad u32, uuid 2*u64, limit, used, peak,
 # denied, gpu_ns, throttled_ns, launches: u64 } = 80 bytes each; `used` keeps bytes in its low 48
 # bits (the high 16 count changes).
 # crates/cli/tests/run.rs checks this reader against the Rust definition.
 LEDGER_MAGIC = 0x3147_4445_4C56_5543  # "CUVLEDG1"
-LEDGER_VERSION = 3
+LEDGER_VERSION = 4
 BYTES_MASK = (1 << 48) - 1
 HEADER_SIZE = 32
 DEVICE_SIZE = 80
