@@ -14,21 +14,28 @@
 //! in those loads, so without this an nvcc-built program's 2 GiB `__device__` array was memory
 //! no quota saw.
 //!
-//! So the program is answered a copy of the driver's table, made once and kept for good (the
-//! driver's tables are static data of libcuda: the same address every call), with slots 1, 6
-//! and 8 replaced by functions that size the image (`cuvisor_image`, as the public loads do),
-//! charge it, call the driver's own slot, and record the module so that cuModuleUnload (which
-//! libcudart reaches through cuGetProcAddress, so our wrapper) and context teardown give it
-//! back. Every other slot, and every other table, is the driver's, untouched.
+//! So slots 1, 6 and 8 of the driver's own table are replaced, once, by functions that size the
+//! image (`cuvisor_image`, as the public loads do), charge it, call the driver's slot, and
+//! record the module so that cuModuleUnload (which libcudart reaches through cuGetProcAddress,
+//! so our wrapper) and context teardown give it back. Every other slot, and every other table,
+//! is the driver's, untouched.
+//!
+//! In place, not a copy: libcudart checks the driver with INTEGRITY_CHECK, an HMAC whose inputs
+//! include the address of the CUDART_INTERFACE table (ZLUDA's record of its inputs, modelled by
+//! the simulator's `export_table.rs`); a copy at another address made libcudart 13.5 fail every
+//! call with cudaErrorSoftwareValidityNotEstablished on the simulator. The table is static data
+//! of libcuda (the same address every call), so it is patched once, its pages made writable for
+//! the three stores (aligned word stores, atomic) and given back their protection. A program
+//! that reaches the driver's table some other way meets the same slots.
 //!
 //! The table's first word is its size in bytes (ZLUDA `SIZE_OF`; Wine `cuda_table.size`;
 //! `zluda_dump` reads it so below 0x10000). A driver whose table does not read so, or is too
-//! short to hold slot 8, has a layout nobody has recorded: which of its slots load modules is
-//! unknown. Passing it through would let every runtime program load images no quota sees
-//! (the hole this closes), silently; refusing it makes libcudart fail its initialisation,
-//! loudly, with our line naming why (the operator can run that driver without a quota, or
-//! update cuvisor). The quota is the point of cuvisor, so such a table is refused
-//! (CUDA_ERROR_NOT_SUPPORTED, `*table` NULL, one line): it fails closed.
+//! short to hold slot 8, or whose table cannot be patched, has a layout or memory nobody has
+//! recorded: which of its slots load modules is unknown. Passing it through would let every
+//! runtime program load images no quota sees (the hole this closes), silently; refusing it
+//! makes libcudart fail its initialisation, loudly, with our line naming why (the operator can
+//! run that driver without a quota, or update cuvisor). The quota is the point of cuvisor, so
+//! such a table is refused (CUDA_ERROR_NOT_SUPPORTED, `*table` NULL, one line): it fails closed.
 
 use super::guard;
 use super::module::charged_module_load;
@@ -74,37 +81,93 @@ pub fn slots_of(size: usize) -> Result<usize, String> {
     Ok(n)
 }
 
-/// The copy answered to the program, and the driver's own loaders it calls.
-struct Copy {
-    slots: Box<[usize]>,
+/// The driver's table, patched, and its own loaders our slots call.
+struct Patched {
+    table: usize,
     /// The driver's slots 1, 6 and 8.
     real: [usize; 3],
 }
 
-static COPY: OnceLock<Result<Copy, String>> = OnceLock::new();
+static PATCHED: OnceLock<Result<Patched, String>> = OnceLock::new();
 
-/// Copies the driver's table at `driver` with our loaders in slots 1, 6 and 8 (a NULL slot
-/// stays NULL: the driver has no such loader, so there is nothing to charge).
-fn copy_of(driver: *const usize) -> Result<Copy, String> {
-    // SAFETY: the driver's table: an array of pointer-sized words, the first its size.
-    let size = unsafe { driver.read() };
-    let n = slots_of(size)?;
-    // SAFETY: the table is `size` bytes, `n` words, by its own first word.
-    let src = unsafe { std::slice::from_raw_parts(driver, n) };
-    let mut slots: Box<[usize]> = src.into();
-    let ours = [
+/// Our functions for slots 1, 6 and 8.
+fn ours() -> [usize; 3] {
+    [
         from_wrapper as *const () as usize,
         from_wrapper_ext as *const () as usize,
         from_data_ext as *const () as usize,
-    ];
-    for (slot, f) in [WRAPPER, WRAPPER_EXT, DATA_EXT].into_iter().zip(ours) {
-        if slots[slot] != 0 {
-            slots[slot] = f;
+    ]
+}
+
+/// The protection (PROT_*) of the mapping holding `addr`, from /proc/self/maps.
+fn protection_of(addr: usize) -> Option<i32> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|l| {
+        let (range, rest) = l.split_once(' ')?;
+        let (a, b) = range.split_once('-')?;
+        let (a, b) = (
+            usize::from_str_radix(a, 16).ok()?,
+            usize::from_str_radix(b, 16).ok()?,
+        );
+        if !(a..b).contains(&addr) {
+            return None;
+        }
+        let p = rest.as_bytes();
+        let bit = |i: usize, c: u8, v: i32| if p.get(i) == Some(&c) { v } else { 0 };
+        Some(
+            bit(0, b'r', libc::PROT_READ)
+                | bit(1, b'w', libc::PROT_WRITE)
+                | bit(2, b'x', libc::PROT_EXEC),
+        )
+    })
+}
+
+/// Stores `value` in the word at `slot`, making its page writable for the store if it is not
+/// and giving it back its protection after.
+fn store(slot: *mut usize, value: usize) -> Result<(), String> {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let prot = protection_of(slot as usize).ok_or("its memory is not mapped")?;
+    let start = slot as usize & !(page.max(1) - 1);
+    let writable = prot & libc::PROT_WRITE != 0;
+    // SAFETY: the page of the driver's table, given write access on top of what it has.
+    if !writable
+        && unsafe { libc::mprotect(start as *mut c_void, page, prot | libc::PROT_WRITE) } != 0
+    {
+        return Err("its page cannot be made writable".into());
+    }
+    // SAFETY: an aligned word of the driver's table, now writable; stored atomically, since
+    // another thread may be reading the table.
+    unsafe { std::sync::atomic::AtomicUsize::from_ptr(slot) }
+        .store(value, std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: the same page, given back the protection it had.
+    if !writable && unsafe { libc::mprotect(start as *mut c_void, page, prot) } != 0 {
+        return Err("its page's protection cannot be restored".into());
+    }
+    Ok(())
+}
+
+/// Replaces slots 1, 6 and 8 of the driver's table at `table` by ours (a NULL slot stays NULL:
+/// the driver has no such loader, so there is nothing to charge). Returns the driver's.
+fn patch(table: *mut usize) -> Result<Patched, String> {
+    if table as usize % std::mem::align_of::<usize>() != 0 {
+        return Err("it is not word-aligned".into());
+    }
+    // SAFETY: the driver's table: an array of pointer-sized words, the first its size.
+    let size = unsafe { table.read() };
+    slots_of(size)?;
+    let slots = [WRAPPER, WRAPPER_EXT, DATA_EXT];
+    // SAFETY: the table holds at least DATA_EXT + 1 words, by its own first word.
+    let real = slots.map(|i| unsafe { table.add(i).read() });
+    for ((i, f), r) in slots.into_iter().zip(ours()).zip(real) {
+        if r != 0 {
+            // SAFETY: as above: slot `i` is inside the table.
+            store(unsafe { table.add(i) }, f)?;
         }
     }
-    Ok(Copy {
-        real: [src[WRAPPER], src[WRAPPER_EXT], src[DATA_EXT]],
-        slots,
+    Ok(Patched {
+        table: table as usize,
+        real,
     })
 }
 
@@ -126,13 +189,18 @@ pub fn get_export_table(
     if driver.is_null() {
         return r;
     }
-    // Built from the first answer; the driver's table is static, so every later answer is
-    // the same table.
-    match COPY.get_or_init(|| copy_of(driver)) {
-        Ok(c) => {
+    // Patched at the first answer; the driver's table is static, so every later answer is
+    // the same table (another one would be a driver cuvisor does not know: refused).
+    match PATCHED.get_or_init(|| patch(driver as *mut usize)) {
+        Ok(p) if p.table == driver as usize => r,
+        Ok(_) => {
+            crate::log::error(
+                "cuGetExportTable refused: the driver answered another CUDART_INTERFACE table \
+                 than before; the runtime's module loads would escape the quota",
+            );
             // SAFETY: the program's out-pointer, just written by the driver.
-            unsafe { table.write(c.slots.as_ptr() as *const c_void) };
-            0
+            unsafe { table.write(std::ptr::null()) };
+            err::NOT_SUPPORTED
         }
         Err(why) => {
             crate::log::error(&format!(
@@ -148,8 +216,8 @@ pub fn get_export_table(
 
 /// The driver's slot `i` (0: slot 1, 1: slot 6, 2: slot 8), or 0.
 fn real_slot(i: usize) -> usize {
-    match COPY.get() {
-        Some(Ok(c)) => c.real[i],
+    match PATCHED.get() {
+        Some(Ok(p)) => p.real[i],
         _ => 0,
     }
 }
@@ -278,24 +346,59 @@ mod tests {
     }
 
     #[test]
-    fn the_copy_replaces_slots_1_6_and_8_only_and_keeps_null_slots_null() {
-        let mut t: [usize; 13] = std::array::from_fn(|i| 0x1000 + i);
+    fn the_patch_replaces_slots_1_6_and_8_only_and_keeps_null_slots_null() {
+        let mut t: Box<[usize; 13]> = Box::new(std::array::from_fn(|i| 0x1000 + i));
         t[0] = 13 * 8;
         t[6] = 0;
-        let c = copy_of(t.as_ptr()).unwrap();
-        assert_eq!(c.slots.len(), 13);
-        assert_eq!(c.real, [0x1001, 0, 0x1008]);
-        for i in 0..13 {
+        let p = patch(t.as_mut_ptr()).unwrap();
+        assert_eq!(p.real, [0x1001, 0, 0x1008]);
+        let [w, _, d] = ours();
+        for (i, &v) in t.iter().enumerate() {
             match i {
-                1 => assert_eq!(c.slots[i], from_wrapper as *const () as usize),
-                8 => assert_eq!(c.slots[i], from_data_ext as *const () as usize),
-                6 => assert_eq!(c.slots[i], 0),
-                0 => assert_eq!(c.slots[i], 13 * 8),
-                _ => assert_eq!(c.slots[i], 0x1000 + i),
+                1 => assert_eq!(v, w),
+                8 => assert_eq!(v, d),
+                6 => assert_eq!(v, 0),
+                0 => assert_eq!(v, 13 * 8),
+                _ => assert_eq!(v, 0x1000 + i),
             }
         }
-        let mut short = t;
+        let mut short: Box<[usize; 13]> = Box::new(std::array::from_fn(|i| 0x1000 + i));
         short[0] = 8 * 8;
-        assert!(copy_of(short.as_ptr()).is_err());
+        assert!(patch(short.as_mut_ptr()).is_err());
+        assert_eq!(short[1], 0x1001, "a refused table is left as it was");
+    }
+
+    /// The real driver's table may lie in read-only memory (RELRO): its page is made writable
+    /// for the stores and given back its protection.
+    #[test]
+    fn a_table_in_read_only_memory_is_patched_and_stays_read_only() {
+        // SAFETY: a fresh anonymous page of our own.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(page, libc::MAP_FAILED);
+        let t = page as *mut usize;
+        // SAFETY: our page, 4096 bytes; then read-only.
+        unsafe {
+            for i in 0..13 {
+                t.add(i).write(0x2000 + i);
+            }
+            t.write(13 * 8);
+            assert_eq!(libc::mprotect(page, 4096, libc::PROT_READ), 0);
+        }
+        let p = patch(t).unwrap();
+        assert_eq!(p.real, [0x2001, 0x2006, 0x2008]);
+        // SAFETY: our page, still readable.
+        assert_eq!(unsafe { t.add(6).read() }, ours()[1]);
+        assert_eq!(protection_of(page as usize), Some(libc::PROT_READ));
+        // SAFETY: our page.
+        unsafe { libc::munmap(page, 4096) };
     }
 }
