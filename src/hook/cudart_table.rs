@@ -67,7 +67,7 @@ const MAX_TABLE_BYTES: usize = 0x10000;
 /// will not answer a copy of it (see the module doc).
 pub fn slots_of(size: usize) -> Result<usize, String> {
     let word = std::mem::size_of::<usize>();
-    if size % word != 0 || size >= MAX_TABLE_BYTES {
+    if !size.is_multiple_of(word) || size >= MAX_TABLE_BYTES {
         return Err(format!(
             "its first word ({size:#x}) is not a table size this library knows"
         ));
@@ -130,10 +130,11 @@ fn store(slot: *mut usize, value: usize) -> Result<(), String> {
     let prot = protection_of(slot as usize).ok_or("its memory is not mapped")?;
     let start = slot as usize & !(page.max(1) - 1);
     let writable = prot & libc::PROT_WRITE != 0;
-    // SAFETY: the page of the driver's table, given write access on top of what it has.
-    if !writable
-        && unsafe { libc::mprotect(start as *mut c_void, page, prot | libc::PROT_WRITE) } != 0
-    {
+    let open = || {
+        // SAFETY: the page of the driver's table, given write access on top of what it has.
+        unsafe { libc::mprotect(start as *mut c_void, page, prot | libc::PROT_WRITE) }
+    };
+    if !writable && open() != 0 {
         return Err("its page cannot be made writable".into());
     }
     // SAFETY: an aligned word of the driver's table, now writable; stored atomically, since
@@ -150,7 +151,7 @@ fn store(slot: *mut usize, value: usize) -> Result<(), String> {
 /// Replaces slots 1, 6 and 8 of the driver's table at `table` by ours (a NULL slot stays NULL:
 /// the driver has no such loader, so there is nothing to charge). Returns the driver's.
 fn patch(table: *mut usize) -> Result<Patched, String> {
-    if table as usize % std::mem::align_of::<usize>() != 0 {
+    if !(table as usize).is_multiple_of(std::mem::align_of::<usize>()) {
         return Err("it is not word-aligned".into());
     }
     // SAFETY: the driver's table: an array of pointer-sized words, the first its size.
