@@ -433,3 +433,48 @@ fn fat_binaries_and_image_files_are_charged() {
         out.stderr()
     );
 }
+
+// ---- the runtime's private loads ------------------------------------------------------------------
+
+/// A fat binary of one PTX entry with a `.global` of `bytes` bytes, as nvcc links one into a
+/// program and libcudart hands it to the driver.
+fn fatbin_with_global(bytes: u64) -> Vec<u8> {
+    use cuvisor_image::make::{fat_entry, fatbin, Packing};
+    let ptx = ptx_with_global(bytes);
+    fatbin(&[fat_entry(1, &ptx[..ptx.len() - 1], Packing::Plain)])
+}
+
+/// libcudart loads a program's fat binaries through the driver's private CUDART_INTERFACE
+/// table (cuGetExportTable), not cuModuleLoadData: a program that calls those slots itself, as
+/// libcudart does, loaded 2 GiB `.global`s seven times under a 1 GiB quota (the simulator
+/// models the table as the real driver answers it). tests/c/cudart_table.c checks each step.
+#[test]
+fn fat_binaries_loaded_through_the_runtimes_private_table_are_held_to_the_quota() {
+    let exe = compile_c("cudart_table", &["-ldl"]);
+    let dir = ledger_dir("cudart-table");
+    let files = dir.join("images");
+    std::fs::create_dir_all(&files).unwrap();
+    let (big, small) = (files.join("big.fatbin"), files.join("small.fatbin"));
+    std::fs::write(&big, fatbin_with_global(2 * GIB)).unwrap();
+    std::fs::write(&small, fatbin_with_global(256 * MIB)).unwrap();
+    let ledger = dir.join("ledger");
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.arg(&big).arg(&small);
+    sim_env(&mut cmd, "single", &state_file("cudart-table"));
+    cuvisor_env(&mut cmd, &ledger, Some("1Gi"));
+    let out = Ran(cmd.output().expect("run cudart_table"));
+    assert!(
+        out.stdout().contains("cudart_table: ok"),
+        "stdout: {}\nstderr: {}",
+        out.stdout(),
+        out.stderr()
+    );
+    assert!(
+        out.stderr().lines().any(|l| l.starts_with(
+            "cuvisor: the runtime's module load (CUDART_INTERFACE slot 1) of 2.00 GiB on GPU 0 refused"
+        )),
+        "one line naming the load: {}",
+        out.stderr()
+    );
+    assert_eq!(ledger_used(&ledger), vec![0]);
+}

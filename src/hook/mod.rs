@@ -9,6 +9,7 @@
 //!    flags), and we hand back our wrapper of exactly that symbol.
 
 mod cuda;
+mod cudart_table;
 mod dlsym;
 mod graph;
 mod launch;

@@ -31,6 +31,7 @@ hooks! {
     Cuda cuLibraryLoadData(library: *mut *mut c_void, code: *const c_void, jit_keys: *mut c_void, jit_vals: *mut *mut c_void, jit_n: c_uint, lib_keys: *mut c_void, lib_vals: *mut *mut c_void, lib_n: c_uint) => library_load_data;
     Cuda cuLibraryLoadFromFile(library: *mut *mut c_void, file: *const c_char, jit_keys: *mut c_void, jit_vals: *mut *mut c_void, jit_n: c_uint, lib_keys: *mut c_void, lib_vals: *mut *mut c_void, lib_n: c_uint) => library_load_file;
     Cuda cuLibraryUnload(library: *mut c_void) => library_unload;
+    Cuda cuGetExportTable(table: *mut *const c_void, id: *const [u8; 16]) => super::cudart_table::get_export_table;
 }
 
 const OOM: u32 = err::OUT_OF_MEMORY;
@@ -199,13 +200,26 @@ fn module_data(
     image: *const c_void,
     load: impl FnOnce() -> u32,
 ) -> u32 {
+    charged_module_load(call, module, image, || image_bytes(image), load)
+}
+
+/// A module load into the current context of the image at `image`, whose device memory
+/// `bytes` computes (Err: why it cannot), the new handle written by `load` to `module`.
+/// Also how the runtime's private loads (`cudart_table`) are charged.
+pub(super) fn charged_module_load(
+    call: &str,
+    module: *mut CUmodule,
+    image: *const c_void,
+    bytes: impl FnOnce() -> Result<u64, String>,
+    load: impl FnOnce() -> u32,
+) -> u32 {
     if module.is_null() || image.is_null() || matches!(crate::mode(), Mode::PassThrough) {
         return load(); // the driver's own answer (INVALID_VALUE), or no quota
     }
     charged_load(
         call,
         Kind::Module,
-        image_bytes(image),
+        bytes(),
         module_place,
         None,
         load_to(module, load),

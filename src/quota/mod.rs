@@ -4,8 +4,8 @@
 //! No FFI here: `hook` asks the driver (for a device's UUID, for physical memory) and passes the
 //! answers in, so everything below is unit-tested without a GPU.
 
-pub mod modules;
 pub mod graph;
+pub mod modules;
 pub mod pools;
 pub mod shared;
 pub mod table;

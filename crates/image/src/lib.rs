@@ -278,8 +278,13 @@ fn from_fatbin(b: &[u8]) -> Image {
             return cannot_size("a fat binary entry header shorter than 64 bytes");
         }
         let payload = &b[start..next];
-        // The payload proper (its size before padding), where the header gives one.
-        let payload = payload.get(..len as usize).unwrap_or(payload);
+        // The payload proper (its size before padding), where the header gives one: nvcc
+        // 13.5 writes 0 there for an uncompressed cubin (measured: `.nv_fatbin` of a program it
+        // built, kind 2, flags 0x11, 0 at 0x10), whose ELF headers then bound it.
+        let payload = match len {
+            0 => payload,
+            n => payload.get(..n as usize).unwrap_or(payload),
+        };
         if matches!(kind, 1 | 2 | 0x10) {
             let plain = if flags & (FATBIN_LZ4 | FATBIN_ZSTD) != 0 {
                 let Some(n) = u64_at(b, at + 0x38).filter(|&n| n <= MAX_IMAGE) else {

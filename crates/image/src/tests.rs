@@ -177,3 +177,16 @@ fn a_malformed_elf_is_unsized() {
         Image::Unsized(_)
     ));
 }
+
+/// nvcc 13.5 leaves the payload size at 0x10 zero for an uncompressed cubin entry (measured on
+/// a program it built); such an entry was read as empty, "stored in a way it does not know",
+/// and every nvcc-built program refused under a quota.
+#[test]
+fn an_uncompressed_cubin_entry_with_no_payload_size_is_read_by_its_elf_headers() {
+    let c = cubin(&["k"], &[("big", 1 << 30)], &[]);
+    let mut e = fat_entry(2, &c, Packing::Plain);
+    e[0x10..0x14].copy_from_slice(&0u32.to_le_bytes());
+    let fat = from_bytes(&fatbin(&[e]));
+    assert_eq!(fat.global("big"), Some(1 << 30));
+    assert_eq!(fat.device_bytes(512), Ok(1 << 30));
+}

@@ -279,3 +279,123 @@ fn nvcc_built_loops_of_shares_1_and_3_get_25_and_75_percent() {
     finish(a);
     finish(b);
 }
+
+/// tests/cudart/device_array.cu built with a `__device__` array of `bytes` (nvcc's own
+/// `-DBIG=...`), into the profile directory. None (after a SKIPPED line) where the wheels
+/// cannot be had.
+fn device_array(test: &str, bytes: u64) -> Option<PathBuf> {
+    use cuvisor_testkit::wheels::{venv, Deps};
+    let venv = venv(test, "nvcc-13.5.37", WHEELS, Deps::None)?;
+    let cu13 = std::fs::read_dir(venv.join("lib"))
+        .expect("venv/lib")
+        .flatten()
+        .map(|py| py.path().join("site-packages/nvidia/cu13"))
+        .find(|p| p.join("bin/nvcc").exists())
+        .expect("nvidia/cu13/bin/nvcc in the venv");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cudart/device_array.cu");
+    let out = cuvisor_testkit::profile_dir_of_test().join(format!(
+        "cudart-device-array-{bytes}-{}",
+        std::process::id()
+    ));
+    let ran = std::process::Command::new(cu13.join("bin/nvcc"))
+        .args(["-arch=sm_80", &format!("-DBIG={bytes}ull"), "-o"])
+        .arg(&out)
+        .arg(&src)
+        .output()
+        .expect("run nvcc");
+    assert!(
+        ran.status.success(),
+        "nvcc {}: {}\n{}",
+        src.display(),
+        ran.status,
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    Some(out)
+}
+
+/// device_array's steps ("STEP ERROR NAME") and free memory, run on the `single` GPU under
+/// `cuvisor run RUN` (plainly where `run` is empty).
+fn run_device_array(program: &Path, tag: &str, run: &[&str]) -> (String, String) {
+    let state = common::state_file(tag);
+    let out = python::on_sim(program, run, "single", &state)
+        .output()
+        .expect("run device_array");
+    python::remove_state(&state);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
+/// The answer of `step` in device_array's output.
+fn step<'a>(out: &'a str, step: &str) -> &'a str {
+    out.lines()
+        .find_map(|l| l.strip_prefix(step).and_then(|r| r.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {step} in {out}"))
+}
+
+/// An nvcc-built program's `__device__` array is device memory the driver takes when the
+/// runtime loads the program's fat binary (libcudart 13.5: cuLibraryLoadData; older runtimes:
+/// the driver's private CUDART_INTERFACE table), which no cudaMalloc shows. Under
+/// `cuvisor run --memory 1Gi`, a 1.25 GiB array is refused: the runtime reports
+/// cudaErrorMemoryAllocation (2) from its first call on, as it does for any failed module load;
+/// a 64 MiB one runs and is shown taken. Plainly on the simulator, the 1.25 GiB one loads
+/// (the simulated GPU has 16 GiB): the refusal is the quota's.
+#[test]
+fn an_nvcc_built_program_with_a_device_array_beyond_its_quota_gets_cuda_error_memory_allocation() {
+    let test = "an_nvcc_built_program_with_a_device_array_beyond_its_quota_gets_cuda_error_memory_allocation";
+    let (Some(small), Some(big)) = (device_array(test, 64 << 20), device_array(test, 1280 << 20))
+    else {
+        return;
+    };
+    let _one = serial();
+    let quota = ["--memory", "1Gi"];
+
+    let (out, _) = run_device_array(&small, "device-array-small", &quota);
+    for s in [
+        "cudaMemGetInfo",
+        "cudaGetSymbolAddress",
+        "launch",
+        "cudaDeviceSynchronize",
+    ] {
+        assert_eq!(step(&out, s), "0 cudaSuccess", "{s}: {out}");
+    }
+    // The array and the program's other variables, each rounded up to the 512-byte unit.
+    let free: u64 = step(&out, "free")
+        .split(' ')
+        .next()
+        .and_then(|f| f.parse().ok())
+        .unwrap_or_else(|| panic!("free: {out}"));
+    let taken = (1u64 << 30) - free;
+    assert!(
+        (64 << 20..=(64 << 20) + 4096).contains(&taken),
+        "the array is shown taken ({taken} bytes): {out}"
+    );
+
+    let (out, err) = run_device_array(&big, "device-array-big", &quota);
+    for s in ["cudaMemGetInfo", "cudaGetSymbolAddress", "launch"] {
+        assert_eq!(
+            step(&out, s),
+            "2 cudaErrorMemoryAllocation",
+            "{s}: {out}\n{err}"
+        );
+    }
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("cuvisor: cuLibraryLoadData of 1.25 GiB on GPU 0 refused")),
+        "one line naming the load: {err}"
+    );
+
+    let (out, _) = run_device_array(&big, "device-array-plain", &[]);
+    assert_eq!(step(&out, "cudaGetSymbolAddress"), "0 cudaSuccess", "{out}");
+    let gpu = Model::load("single").unwrap().devices[0].memory;
+    // The simulator loads a library into a context at its first use (as the real driver does
+    // under lazy loading): taken by the end.
+    assert_eq!(
+        step(&out, "free_after"),
+        (gpu - (1280 << 20)).to_string(),
+        "{out}"
+    );
+}
