@@ -309,14 +309,9 @@ pub extern "C" fn __libc_dlvsym(
 // ---- loading ------------------------------------------------------------------------------------
 
 /// glibc's dlopen and dlmopen, for the stubs' tail jumps (set by `glibc()`, which `load_flags`
-/// calls first).
+/// calls first; 0 if glibc had none: the stub returns NULL).
 static REAL_DLOPEN: AtomicUsize = AtomicUsize::new(0);
 static REAL_DLMOPEN: AtomicUsize = AtomicUsize::new(0);
-
-/// Returns NULL: where a refused `dlmopen` goes (and a `dlopen` if glibc had none).
-extern "C" fn refuse_load() -> *mut c_void {
-    std::ptr::null_mut()
-}
 
 /// The flags `dlopen`/`dlmopen` go on with, or -1 to refuse (return NULL).
 ///
@@ -401,8 +396,8 @@ extern "C" fn dlmopen_flags(lmid: c_long, file: *const c_char, flags: c_int) -> 
 #[cfg(target_arch = "x86_64")]
 // SAFETY: the stub saves the two argument registers around a call to a C-ABI function (the
 // stack 16-byte aligned at the call), restores them with the new flags, and tail-jumps to
-// glibc's dlopen with the caller's return address on top of the stack as at entry; NULL is
-// returned directly when there is no real dlopen.
+// glibc's dlopen with the caller's return address on top of the stack as at entry; with no
+// real dlopen it returns NULL itself (a local label: no branch to another section).
 #[unsafe(naked)]
 #[no_mangle]
 pub extern "C" fn dlopen(file: *const c_char, flags: c_int) -> *mut c_void {
@@ -417,11 +412,12 @@ pub extern "C" fn dlopen(file: *const c_char, flags: c_int) -> *mut c_void {
         "mov esi, eax",
         "mov rax, qword ptr [rip + {real}]",
         "test rax, rax",
-        "jz {refuse}",
+        "jz 2f",
         "jmp rax",
+        "2:",
+        "ret", // rax is 0: NULL
         decide = sym dlopen_flags,
         real = sym REAL_DLOPEN,
-        refuse = sym refuse_load,
     )
 }
 
@@ -441,15 +437,17 @@ pub extern "C" fn dlopen(file: *const c_char, flags: c_int) -> *mut c_void {
         "ldp x29, x30, [sp], 32",
         "adrp x16, {real}",
         "ldr x16, [x16, :lo12:{real}]",
-        "cbz x16, {refuse}",
+        "cbz x16, 2f",
         "br x16",
+        "2:",
+        "mov x0, xzr",
+        "ret",
         decide = sym dlopen_flags,
         real = sym REAL_DLOPEN,
-        refuse = sym refuse_load,
     )
 }
 
-/// The exported `dlmopen`: as `dlopen`; flags of -1 return NULL (refused).
+/// The exported `dlmopen`: as `dlopen`; flags of -1 return NULL there and then (refused).
 #[cfg(target_arch = "x86_64")]
 // SAFETY: as for dlopen, with three argument registers saved (rdi, rsi, rdx: 3 pushes and the
 // return address keep the stack 16-byte aligned at the call).
@@ -465,15 +463,17 @@ pub extern "C" fn dlmopen(lmid: c_long, file: *const c_char, flags: c_int) -> *m
         "pop rsi",
         "pop rdi",
         "test rax, rax",
-        "js {refuse}",
+        "js 2f",
         "mov edx, eax",
         "mov rax, qword ptr [rip + {real}]",
         "test rax, rax",
-        "jz {refuse}",
+        "jz 2f",
         "jmp rax",
+        "2:",
+        "xor eax, eax",
+        "ret",
         decide = sym dlmopen_flags,
         real = sym REAL_DLMOPEN,
-        refuse = sym refuse_load,
     )
 }
 
@@ -490,13 +490,15 @@ pub extern "C" fn dlmopen(lmid: c_long, file: *const c_char, flags: c_int) -> *m
         "mov x2, x0",
         "ldp x0, x1, [sp, 16]",
         "ldp x29, x30, [sp], 48",
-        "tbnz x2, 63, {refuse}",
+        "tbnz x2, 63, 2f",
         "adrp x16, {real}",
         "ldr x16, [x16, :lo12:{real}]",
-        "cbz x16, {refuse}",
+        "cbz x16, 2f",
         "br x16",
+        "2:",
+        "mov x0, xzr",
+        "ret",
         decide = sym dlmopen_flags,
         real = sym REAL_DLMOPEN,
-        refuse = sym refuse_load,
     )
 }
