@@ -2348,11 +2348,19 @@ fn every_versioned_form_of_a_wrapped_entry_point_is_wrapped_or_deliberately_not(
 fn bypass(mode: &str) -> Out {
     let sim = sim_dir();
     // Per mode: tests run in parallel, and must not rewrite a file another is running.
-    let exe = compile_c_variant(
-        "driver_bypass",
-        &format!("-{mode}"),
-        &["-ldl", "-Wl,--export-dynamic"],
-    );
+    let tmp = std::env::temp_dir();
+    // "deepbind-plain-runpath": the plain library by its bare name, found through the
+    // program's DT_RUNPATH (the caller's, which glibc searches for dlopen).
+    let (c_mode, runpath) = match mode {
+        "deepbind-plain-runpath" => ("deepbind-plain", true),
+        m => (m, false),
+    };
+    let rpath = format!("-Wl,-rpath,{},--enable-new-dtags", tmp.display());
+    let mut flags = vec!["-ldl", "-Wl,--export-dynamic"];
+    if runpath {
+        flags.push(&rpath);
+    }
+    let exe = compile_c_variant("driver_bypass", &format!("-{mode}"), &flags);
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c/deepbind_lib.c");
     let shared = |name: &str, extra: &[&str]| {
         let out = std::env::temp_dir().join(format!("lib{name}-{mode}-{}.so", std::process::id()));
@@ -2376,7 +2384,12 @@ fn bypass(mode: &str) -> Out {
     let tag = format!("bypass-{mode}");
     let ledger = ledger_dir(&tag);
     let mut cmd = under_cuvisor(&exe, &tag, &ledger, Some("1Gi"));
-    cmd.arg(mode)
+    let plain = if runpath {
+        PathBuf::from(plain.file_name().unwrap())
+    } else {
+        plain
+    };
+    cmd.arg(c_mode)
         .env("COPY", &copy)
         .env("DEEP", &deep)
         .env("DEEP_PLAIN", &plain);
@@ -2450,9 +2463,13 @@ fn rtld_deepbind_of_a_library_that_links_libcuda_binds_it_to_the_wrappers() {
         "one line says so\n{out}"
     );
     // A library that does not bring the driver in keeps its deep binding, silently.
-    let out = bypass("deepbind-plain");
-    assert!(out.stdout.contains("deep-bound yes"), "{out}");
-    assert!(out.cuvisor_lines().is_empty(), "{out}");
+    // Also when the program names it bare and the loader finds it through the program's
+    // DT_RUNPATH (which cuvisor reads from the calling object).
+    for mode in ["deepbind-plain", "deepbind-plain-runpath"] {
+        let out = bypass(mode);
+        assert!(out.stdout.contains("deep-bound yes"), "{mode}: {out}");
+        assert!(out.cuvisor_lines().is_empty(), "{mode}: {out}");
+    }
 }
 
 #[test]

@@ -117,7 +117,32 @@ fn vetted(p: *mut c_void, name: &CStr) -> *mut c_void {
     let Some(lib) = (unsafe { driver_of(map) }) else {
         return p;
     };
-    answer_for(lib, map as *mut c_void, name).unwrap_or(p)
+    answer_for(lib, map as *mut c_void, name)
+        .or_else(|| {
+            exported_name_at(p)
+                .and_then(|n| super::wrapper_named(lib, n))
+                .map(|w| w as *mut c_void)
+        })
+        .unwrap_or(p)
+}
+
+/// The name the object exports at exactly `p` (dladdr), for an answer found under another
+/// name (an alias of a wrapped entry point).
+fn exported_name_at(p: *mut c_void) -> Option<&'static str> {
+    let mut info = libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    };
+    // SAFETY: dladdr reads the address only and fills our Dl_info.
+    if unsafe { libc::dladdr(p, &mut info) } == 0 || info.dli_sname.is_null() || info.dli_saddr != p
+    {
+        return None;
+    }
+    // SAFETY: dli_sname is a NUL-terminated string in the object's string table, which lives as
+    // long as the object (a driver, which is not unloaded under a program that uses it).
+    unsafe { CStr::from_ptr(info.dli_sname) }.to_str().ok()
 }
 
 /// The answer for `name` on an instance `handle` of driver library `lib`: the wrapper of a
@@ -330,7 +355,12 @@ static REAL_DLMOPEN: AtomicUsize = AtomicUsize::new(0);
 ///   object brings in a driver. Into the main namespace it is `dlopen`.
 ///
 /// In pass-through mode (no limits configured) nothing is changed.
-fn load_flags(lmid: Option<c_long>, file: *const c_char, flags: c_int) -> c_long {
+fn load_flags(
+    lmid: Option<c_long>,
+    file: *const c_char,
+    flags: c_int,
+    caller: *const c_void,
+) -> c_long {
     let _ = glibc();
     let keep = flags as c_long;
     if file.is_null() || matches!(crate::mode_if_decided(), Some(crate::Mode::PassThrough)) {
@@ -354,16 +384,41 @@ fn load_flags(lmid: Option<c_long>, file: *const c_char, flags: c_int) -> c_long
             return keep;
         }
     }
-    let search: Vec<String> = crate::environment("LD_LIBRARY_PATH")
-        .map(|v| {
-            v.to_string_lossy()
-                .split([':', ';'])
-                .filter(|d| !d.is_empty())
-                .map(String::from)
-                .collect()
-        })
-        .unwrap_or_default();
-    let Some(driver) = elf::driver_in_closure(
+    // Where the loader looks for a bare name on this caller's behalf: the calling object's
+    // DT_RUNPATH (or DT_RPATH), then LD_LIBRARY_PATH (and the cache and default directories,
+    // which `elf` adds).
+    let map = elf::object_of(caller);
+    let mut search: Vec<String> = Vec::new();
+    if !map.is_null() {
+        // SAFETY: dladdr1 gave the link map of the calling object; l_name is its path.
+        let path = unsafe { (*map).l_name };
+        if !path.is_null() {
+            // SAFETY: the loader's NUL-terminated path of a loaded object.
+            let path = unsafe { CStr::from_ptr(path) }
+                .to_string_lossy()
+                .into_owned();
+            let own = if path.is_empty() {
+                std::fs::read_link("/proc/self/exe").ok()
+            } else {
+                Some(std::path::PathBuf::from(path))
+            };
+            if let Some(n) = own.as_deref().and_then(elf::needs_of) {
+                search.extend(n.paths);
+            }
+        }
+    }
+    search.extend(
+        crate::environment("LD_LIBRARY_PATH")
+            .map(|v| {
+                v.to_string_lossy()
+                    .split([':', ';'])
+                    .filter(|d| !d.is_empty())
+                    .map(String::from)
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default(),
+    );
+    let Some(why) = elf::driver_in_closure(
         &name,
         |n| Lib::by_soname(n).is_some() || Lib::by_file_name(n).is_some(),
         &search,
@@ -372,22 +427,27 @@ fn load_flags(lmid: Option<c_long>, file: *const c_char, flags: c_int) -> c_long
     };
     if other_namespace {
         crate::log::error(&format!(
-            "dlmopen of {name} into a new namespace refused: it brings in {driver}, which would run there without cuvisor"
+            "dlmopen of {name} into a new namespace refused ({why}): a driver there runs without cuvisor"
         ));
         return -1;
     }
     crate::log::error(&format!(
-        "dlopen of {name}: RTLD_DEEPBIND dropped, since it brings in {driver} (deep binding would call the driver past cuvisor)"
+        "dlopen of {name}: RTLD_DEEPBIND dropped ({why}): deep binding would call the driver past cuvisor"
     ));
     (flags & !libc::RTLD_DEEPBIND) as c_long
 }
 
-extern "C" fn dlopen_flags(file: *const c_char, flags: c_int) -> c_long {
-    super::guard(flags as c_long, || load_flags(None, file, flags))
+extern "C" fn dlopen_flags(file: *const c_char, flags: c_int, caller: *const c_void) -> c_long {
+    super::guard(flags as c_long, || load_flags(None, file, flags, caller))
 }
 
-extern "C" fn dlmopen_flags(lmid: c_long, file: *const c_char, flags: c_int) -> c_long {
-    super::guard(-1, || load_flags(Some(lmid), file, flags))
+extern "C" fn dlmopen_flags(
+    lmid: c_long,
+    file: *const c_char,
+    flags: c_int,
+    caller: *const c_void,
+) -> c_long {
+    super::guard(-1, || load_flags(Some(lmid), file, flags, caller))
 }
 
 /// The exported `dlopen`: decides the flags, then tail-jumps to glibc's with the caller's own
@@ -405,6 +465,7 @@ pub extern "C" fn dlopen(file: *const c_char, flags: c_int) -> *mut c_void {
         "push rdi",
         "push rsi",
         "sub rsp, 8",
+        "mov rdx, [rsp + 24]", // the caller's return address
         "call {decide}",
         "add rsp, 8",
         "pop rsi",
@@ -431,6 +492,7 @@ pub extern "C" fn dlopen(file: *const c_char, flags: c_int) -> *mut c_void {
     std::arch::naked_asm!(
         "stp x29, x30, [sp, -32]!",
         "stp x0, x1, [sp, 16]",
+        "mov x2, x30", // the caller's return address
         "bl {decide}",
         "mov x1, x0",
         "ldr x0, [sp, 16]",
@@ -458,6 +520,7 @@ pub extern "C" fn dlmopen(lmid: c_long, file: *const c_char, flags: c_int) -> *m
         "push rdi",
         "push rsi",
         "push rdx",
+        "mov rcx, [rsp + 24]", // the caller's return address
         "call {decide}",
         "pop rdx",
         "pop rsi",
@@ -486,6 +549,7 @@ pub extern "C" fn dlmopen(lmid: c_long, file: *const c_char, flags: c_int) -> *m
         "stp x29, x30, [sp, -48]!",
         "stp x0, x1, [sp, 16]",
         "str x2, [sp, 32]",
+        "mov x3, x30", // the caller's return address
         "bl {decide}",
         "mov x2, x0",
         "ldp x0, x1, [sp, 16]",

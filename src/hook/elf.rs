@@ -360,8 +360,8 @@ fn locate(
         })
 }
 
-/// What loading `file` would bring in, as far as the files tell: Some(name) of the first CUDA
-/// driver or NVML library (by file name or DT_SONAME) among it and its dependencies, found
+/// What loading `file` would bring in, as far as the files tell: Some(why) when a CUDA driver or
+/// NVML library (by file name or DT_SONAME) is among it and its dependencies, found
 /// breadth-first; None if there is none. A dependency that cannot be found or read counts as
 /// one (the safe side: the caller then loads it the way that keeps the wrappers first).
 pub fn driver_in_closure(
@@ -377,21 +377,24 @@ pub fn driver_in_closure(
             continue;
         }
         if seen.len() > MAX_OBJECTS {
-            return Some(format!("{name} (more than {MAX_OBJECTS} objects)"));
+            return Some(format!("more than {MAX_OBJECTS} objects to read"));
         }
         let base = name.rsplit('/').next().unwrap_or(&name);
         if is_driver(base) {
-            return Some(name);
+            return Some(format!("it brings in {name}"));
         }
         let Some(path) = locate(&name, &paths, ld_library_path, &cache) else {
-            return Some(format!("{name} (not found)"));
+            return Some(format!("{name} was not found, to tell what it brings in"));
         };
         let Some(n) = needs_of(&path) else {
-            return Some(format!("{name} (unreadable)"));
+            return Some(format!(
+                "{} could not be read, to tell what it brings in",
+                path.display()
+            ));
         };
         if n.soname.as_deref().is_some_and(&is_driver) {
             return Some(format!(
-                "{} (DT_SONAME {})",
+                "it brings in {} (DT_SONAME {})",
                 path.display(),
                 n.soname.unwrap_or_default()
             ));
