@@ -63,6 +63,12 @@ pub fn mode() -> &'static Mode {
     MODE.get_or_init(decide)
 }
 
+/// The mode if it has been decided (never decides it: for code that can run while it is
+/// being decided, such as a `dlopen` from inside the configuration's own loading).
+pub fn mode_if_decided() -> Option<&'static Mode> {
+    MODE.get()
+}
+
 /// The environment as cuvisor reads it: nothing at all in a setuid or setgid program
 /// (AT_SECURE, as `secure_getenv` decides), where the caller's environment must not steer a
 /// privileged process (which file it reads, where it creates directories, what it prints).
@@ -99,6 +105,13 @@ fn decide() -> Mode {
 /// user's program at its exit, so it is caught and dropped.
 extern "C" fn release_at_exit() {
     let _ = std::panic::catch_unwind(|| {
+        if let Some(Mode::Enforce(q)) = MODE.get() {
+            if !q.is_owner() {
+                // exit() in a vfork child runs this on the parent's memory: nothing here is
+                // the child's to give back or flush.
+                return;
+            }
+        }
         if let Some(Some(c)) = COMPUTE.get() {
             c.at_exit();
         }

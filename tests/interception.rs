@@ -353,11 +353,13 @@ fn rtld_next_keeps_meaning_after_the_caller() {
     let (lib, shim_s) = (lib.to_str().unwrap(), shim.to_str().unwrap());
     let shim_name = shim.file_name().unwrap().to_str().unwrap();
     for (order, preload, shim_next, main_next) in [
-        // The shim after cuvisor: its RTLD_NEXT is the driver; the program's first is cuvisor.
+        // The shim after cuvisor: its RTLD_NEXT finds the driver, whose wrapped entry point is
+        // answered with cuvisor's wrapper (an object loaded after cuvisor and before libcuda
+        // must not reach the driver past it: issue 15); the program's first is cuvisor.
         (
             "after",
             format!("{lib} {shim_s}"),
-            "libcuda.so.1",
+            "libcuvisor.so",
             "libcuvisor.so",
         ),
         // The shim first: its RTLD_NEXT is cuvisor's wrapper; the program's first is the shim.
@@ -394,13 +396,9 @@ fn rtld_next_keeps_meaning_after_the_caller() {
             l.contains("libc.so") && l.ends_with(" puts"),
             "{order}: {l}\n{out}"
         );
-        // Through the shim's forward: charged only when it reaches cuvisor's wrapper.
+        // Through the shim's forward: charged, once, either way.
         let charged = out.number("shim-alloc", "charged");
-        assert_eq!(
-            charged,
-            if order == "before" { MIB } else { 0 },
-            "{order}\n{out}"
-        );
+        assert_eq!(charged, MIB, "{order}\n{out}");
     }
 }
 
@@ -2341,6 +2339,205 @@ fn every_versioned_form_of_a_wrapped_entry_point_is_wrapped_or_deliberately_not(
          simulator (its NOT_SUPPORTED stub): {stubs:?}",
         bases.len()
     );
+}
+
+// ---- 10. ways past the wrappers through the dynamic loader (issue 15) -------------------------
+
+/// tests/c/driver_bypass.c in `mode`, under a 1 GiB quota, with a copy of libcuda.so.1 at
+/// another path ($COPY) and the RTLD_DEEPBIND libraries ($DEEP, $DEEP_PLAIN) at hand.
+fn bypass(mode: &str) -> Out {
+    let sim = sim_dir();
+    // Per mode: tests run in parallel, and must not rewrite a file another is running.
+    let tmp = std::env::temp_dir();
+    // "deepbind-plain-runpath": the plain library by its bare name, found through the
+    // program's DT_RUNPATH (the caller's, which glibc searches for dlopen).
+    let (c_mode, runpath) = match mode {
+        "deepbind-plain-runpath" => ("deepbind-plain", true),
+        m => (m, false),
+    };
+    let rpath = format!("-Wl,-rpath,{},--enable-new-dtags", tmp.display());
+    let mut flags = vec!["-ldl", "-Wl,--export-dynamic"];
+    if runpath {
+        flags.push(&rpath);
+    }
+    let exe = compile_c_variant("driver_bypass", &format!("-{mode}"), &flags);
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c/deepbind_lib.c");
+    let shared = |name: &str, extra: &[&str]| {
+        let out = std::env::temp_dir().join(format!("lib{name}-{mode}-{}.so", std::process::id()));
+        let status = Command::new("cc")
+            .args(["-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .args(extra)
+            .status()
+            .expect("cc");
+        assert!(status.success());
+        out
+    };
+    let deep = shared("deep", &["-L", sim.to_str().unwrap(), "-lcuda"]);
+    let plain = shared("deepplain", &["-DPLAIN"]);
+    let copy_dir =
+        std::env::temp_dir().join(format!("cuvisor-e2e-copy-{mode}-{}", std::process::id()));
+    std::fs::create_dir_all(&copy_dir).unwrap();
+    let copy = copy_dir.join("libcuda.so.1");
+    std::fs::copy(sim.join("libcuda.so.1"), &copy).unwrap();
+    let tag = format!("bypass-{mode}");
+    let ledger = ledger_dir(&tag);
+    let mut cmd = under_cuvisor(&exe, &tag, &ledger, Some("1Gi"));
+    let plain = if runpath {
+        PathBuf::from(plain.file_name().unwrap())
+    } else {
+        plain
+    };
+    cmd.arg(c_mode)
+        .env("COPY", &copy)
+        .env("DEEP", &deep)
+        .env("DEEP_PLAIN", &plain);
+    let out = run(&mut cmd).success();
+    if out.stdout.contains("total ") {
+        assert_eq!(
+            ledger_used(&ledger),
+            vec![0],
+            "{mode}: all given back\n{out}"
+        );
+    }
+    out
+}
+
+/// The allocation entry point the mode resolved is cuvisor's wrapper, and the quota binds.
+fn held_to_the_quota(mode: &str, out: &Out) {
+    assert!(out.stdout.contains("which libcuvisor.so"), "{mode}: {out}");
+    assert_eq!(
+        out.number("total", "total"),
+        GIB,
+        "{mode}: 1 GiB quota\n{out}"
+    );
+}
+
+#[test]
+fn glibcs_own_dlsym_taken_with_dlvsym_or_from_libcs_handle_does_not_see_past_the_wrappers() {
+    for mode in ["dlvsym-2.34", "dlvsym-2.2.5", "libc-dlsym", "libc-dlvsym"] {
+        let out = bypass(mode);
+        assert!(
+            out.stdout.contains("dlsym-from libcuvisor.so"),
+            "{mode}: the lookup handed out is cuvisor's\n{out}"
+        );
+        if mode == "libc-dlvsym" {
+            assert!(out.stdout.contains("dlvsym-from libcuvisor.so"), "{out}");
+        }
+        held_to_the_quota(mode, &out);
+    }
+}
+
+#[test]
+fn dlvsym_of_a_wrapped_name_on_the_drivers_handle_is_the_wrapper() {
+    held_to_the_quota("dlvsym-driver", &bypass("dlvsym-driver"));
+}
+
+#[test]
+fn dlopen_of_libcuda_by_its_full_path_is_the_same_handle_and_stays_wrapped() {
+    let out = bypass("full-path");
+    assert!(out.stdout.contains("same-handle yes"), "{out}");
+    held_to_the_quota("full-path", &out);
+}
+
+#[test]
+fn a_copy_of_libcuda_at_another_path_answers_with_the_wrappers_and_the_first_driver() {
+    let out = bypass("copy");
+    assert!(
+        out.stdout.contains("same-handle no"),
+        "a second instance\n{out}"
+    );
+    assert!(out.stdout.contains("copy-dlvsym libcuvisor.so"), "{out}");
+    assert!(out.stdout.contains("copy-cuInit primary"), "{out}");
+    held_to_the_quota("copy", &out);
+}
+
+#[test]
+fn rtld_deepbind_of_a_library_that_links_libcuda_binds_it_to_the_wrappers() {
+    let out = bypass("deepbind");
+    held_to_the_quota("deepbind", &out);
+    let notes = out.cuvisor_lines();
+    assert!(
+        notes.iter().any(|l| l.contains("RTLD_DEEPBIND dropped")),
+        "one line says so\n{out}"
+    );
+    // A library that does not bring the driver in keeps its deep binding, silently.
+    // Also when the program names it bare and the loader finds it through the program's
+    // DT_RUNPATH (which cuvisor reads from the calling object).
+    for mode in ["deepbind-plain", "deepbind-plain-runpath"] {
+        let out = bypass(mode);
+        assert!(out.stdout.contains("deep-bound yes"), "{mode}: {out}");
+        assert!(out.cuvisor_lines().is_empty(), "{mode}: {out}");
+    }
+}
+
+#[test]
+fn dlmopen_of_libcuda_into_a_new_namespace_is_refused() {
+    let out = bypass("dlmopen");
+    assert!(out.stdout.contains("dlmopen refused"), "{out}");
+    assert!(
+        out.cuvisor_lines()
+            .iter()
+            .any(|l| l.contains("dlmopen of libcuda.so.1")),
+        "{out}"
+    );
+}
+
+// ---- 11. fork and vfork after allocating (issue 15) --------------------------------------------
+
+/// tests/c/fork_after_alloc.c: the parent holds 512 MiB of a 1 GiB quota and makes a child by
+/// `mode`; after the child is gone the parent's charges are exactly what they were, a free gives
+/// back exactly its size, the rest of the quota can be filled, and everything comes back.
+fn parent_charges_exact_after(mode: &str) {
+    let sim = sim_dir();
+    let exe = compile_c_variant(
+        "fork_after_alloc",
+        &format!("-{mode}"),
+        &["-L", sim.to_str().unwrap(), "-lcuda", "-lpthread"],
+    );
+    let tag = format!("fork-{mode}");
+    let ledger = ledger_dir(&tag);
+    let out = run(under_cuvisor(&exe, &tag, &ledger, Some("1Gi")).arg(mode)).success();
+    let half = GIB / 2;
+    assert_eq!(out.number("before", "before"), half, "{mode}\n{out}");
+    assert_eq!(
+        out.number("free", "free"),
+        half,
+        "{mode}: the child took nothing back\n{out}"
+    );
+    assert_eq!(
+        out.number("after-free", "after-free"),
+        half + 256 * MIB,
+        "{mode}: a free gives back its size\n{out}"
+    );
+    assert_eq!(
+        out.number("refill", "refill"),
+        GIB - 256 * MIB,
+        "{mode}\n{out}"
+    );
+    assert_eq!(out.number("end", "end"), GIB, "{mode}\n{out}");
+    assert_eq!(
+        ledger_used(&ledger),
+        vec![0],
+        "{mode}: all given back at exit\n{out}"
+    );
+}
+
+#[test]
+fn a_forked_child_that_exits_leaves_the_parents_charges_exact() {
+    parent_charges_exact_after("fork-exit");
+    parent_charges_exact_after("fork-_exit");
+}
+
+#[test]
+fn a_vforked_child_that_calls_exit_leaves_the_parents_charges_exact() {
+    parent_charges_exact_after("vfork-exit");
+}
+
+#[test]
+fn a_forked_child_that_execs_leaves_the_parents_charges_exact() {
+    parent_charges_exact_after("fork-exec");
 }
 
 // ---- CUDA graph memory: charged when the driver takes it (at launch), not at capture ----------

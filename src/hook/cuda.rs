@@ -504,11 +504,11 @@ fn pool_alloc(
         }
         _ => guess,
     };
-    let mut settled = q.pool_commit(ticket, DriverPools.reserved(guess));
+    let mut settled = q.pool_commit(ticket, &DriverPools);
     if actual != guess && settled.is_ok() {
         let o = pointer_attribute::<c_int>(ptr, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL).unwrap_or(ord);
         settled = match entry_of(q, o) {
-            Some(e) => q.pool_commit_unplanned(actual, e, o, DriverPools.reserved(actual)),
+            Some(e) => q.pool_commit_unplanned(actual, e, o, &DriverPools),
             None => Err(Refusal::NoEntry),
         };
     }

@@ -4,7 +4,9 @@
 //!
 //! Three ways a program reaches the driver, one set of wrappers:
 //! 1. linked against libcuda: our exported symbols come first (LD_PRELOAD / ld.so.preload);
-//! 2. `dlsym` on libcuda's or libnvidia-ml's handle: our `dlsym` answers with the wrapper;
+//! 2. `dlsym`/`dlvsym` on libcuda's or libnvidia-ml's handle (any instance of either, by
+//!    DT_SONAME): our `dlsym`/`dlvsym` answer with the wrapper; `dlopen` keeps a library that
+//!    brings the driver in from binding past the wrappers (RTLD_DEEPBIND, `dlmopen`);
 //! 3. `cuGetProcAddress(_v2)`: the real driver picks the entry point (base name + cudaVersion +
 //!    flags), and we hand back our wrapper of exactly that symbol.
 
@@ -12,6 +14,7 @@ mod cuda;
 mod cudart_table;
 mod dlsym;
 mod graph;
+mod elf;
 mod launch;
 mod module;
 mod nvml;
@@ -28,6 +31,22 @@ pub enum Lib {
 }
 
 impl Lib {
+    /// The library whose DT_SONAME is `soname` (any instance of it, at any path).
+    pub fn by_soname(soname: &str) -> Option<Lib> {
+        [Lib::Cuda, Lib::Nvml]
+            .into_iter()
+            .find(|l| l.soname().to_bytes() == soname.as_bytes())
+    }
+    /// The library a file name stands for (libcuda.so, libcuda.so.1, libcuda.so.550.54...).
+    pub fn by_file_name(name: &str) -> Option<Lib> {
+        [(Lib::Cuda, "libcuda.so"), (Lib::Nvml, "libnvidia-ml.so")]
+            .into_iter()
+            .find(|(_, stem)| {
+                name.strip_prefix(stem)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+            })
+            .map(|(l, _)| l)
+    }
     fn soname(self) -> &'static CStr {
         match self {
             Lib::Cuda => c"libcuda.so.1",

@@ -38,6 +38,10 @@ pub struct Quota {
     /// [`NO_SLOT`] once it was given back at exit (later charges are refused, later frees do
     /// nothing: the slot may be another process's by then).
     proc_slot: AtomicUsize,
+    /// The process `proc_slot` belongs to. A child made by vfork() shares this memory and
+    /// runs no fork handlers: if it calls exit(), the atexit handler runs here, in the child,
+    /// on the parent's data, and must leave it alone.
+    owner: AtomicU32,
     /// Per ledger device entry: the limit this process's own configuration gives it. Charges
     /// are held to it as well as to the entry's limit in the ledger, which the container can
     /// write.
@@ -106,6 +110,7 @@ impl Quota {
             config,
             ledger,
             proc_slot: AtomicUsize::new(proc_slot),
+            owner: AtomicU32::new(pid),
             caps: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
             entries: std::array::from_fn(|_| AtomicU32::new(0)),
             ptrs: Table::new(1 << 20).ok_or("cannot reserve the allocation table")?,
@@ -127,6 +132,7 @@ impl Quota {
     pub fn after_fork(&self) {
         self.shared.forget();
         let (pid, start) = cuvisor_shm::process::me();
+        self.owner.store(pid, Relaxed);
         if let Err(e) = self.ledger.after_fork() {
             self.proc_slot.store(NO_SLOT, Relaxed);
             crate::log::error(&format!(
@@ -141,10 +147,19 @@ impl Quota {
         );
     }
 
+    /// Whether the calling process is the one this state belongs to (false in a vfork child,
+    /// which shares the parent's memory).
+    pub fn is_owner(&self) -> bool {
+        self.owner.load(Relaxed) == std::process::id()
+    }
+
     /// At a normal exit: give back whatever this process still holds (only its own slot).
     /// The slot is let go first, so that a thread still charging or freeing meanwhile touches
     /// it no more.
     pub fn release_at_exit(&self) {
+        if !self.is_owner() {
+            return; // a vfork child's exit(): the slot and its charges are the parent's
+        }
         let slot = self.proc_slot.swap(NO_SLOT, Relaxed);
         if slot != NO_SLOT && self.ledger.procs()[slot].pid.load(Relaxed) == std::process::id() {
             self.ledger.release_proc(slot);
