@@ -13,8 +13,8 @@
 mod cuda;
 mod cudart_table;
 mod dlsym;
-mod graph;
 mod elf;
+mod graph;
 mod launch;
 mod module;
 mod nvml;
