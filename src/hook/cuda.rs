@@ -318,7 +318,8 @@ fn alloc_managed(
 /// capture, cuMemAllocAsync and cuMemAllocFromPoolAsync make an allocation node: "the
 /// allocation is owned by the graph instead of the memory pool" (CUDA driver API reference), so
 /// the pool does not grow and nothing is taken until the graph runs, which is when it is charged
-/// (`graph.rs`). Any answer but "capturing" takes the charged path.
+/// (`graph.rs`); `pool_alloc` charges such an allocation no bound up front but still settles the
+/// pool after it. Any answer but "capturing" takes the bounded path.
 fn capturing(s: CUstream, ptsz: bool) -> bool {
     let r = if ptsz {
         &REAL_STREAM_IS_CAPTURING_PTSZ
@@ -339,10 +340,8 @@ fn alloc_async<const PTSZ: bool>(
     size: usize,
     s: CUstream,
 ) -> u32 {
-    if capturing(s, PTSZ) {
-        return real(dptr, size, s);
-    }
-    pool_alloc("cuMemAllocAsync", dptr, size, Err(s), || {
+    let captured = capturing(s, PTSZ);
+    pool_alloc("cuMemAllocAsync", dptr, size, Err(s), captured, || {
         real(dptr, size, s)
     })
 }
@@ -354,12 +353,15 @@ fn alloc_from_pool<const PTSZ: bool>(
     pool: CUmemoryPool,
     s: CUstream,
 ) -> u32 {
-    if capturing(s, PTSZ) {
-        return real(dptr, size, pool, s);
-    }
-    pool_alloc("cuMemAllocFromPoolAsync", dptr, size, Ok(pool), || {
-        real(dptr, size, pool, s)
-    })
+    let captured = capturing(s, PTSZ);
+    pool_alloc(
+        "cuMemAllocFromPoolAsync",
+        dptr,
+        size,
+        Ok(pool),
+        captured,
+        || real(dptr, size, pool, s),
+    )
 }
 
 // ---- stream-ordered pools: charged by what they reserve (rules in `quota::pools`) -------------
@@ -450,6 +452,7 @@ fn pool_alloc(
     dptr: *mut CUdeviceptr,
     size: usize,
     pool: Result<CUmemoryPool, CUstream>,
+    captured: bool,
     allocate: impl Fn() -> u32,
 ) -> u32 {
     if dptr.is_null() || size == 0 {
@@ -479,7 +482,12 @@ fn pool_alloc(
         q.log_refusal(call, pord, size as u64, Refusal::NoEntry);
         return OOM;
     };
-    let ticket = match q.pool_begin(guess, e, pord, size as u64, &DriverPools) {
+    // A captured allocation is charged no bound (the pool does not grow: `capturing`), but it
+    // is committed like any other: were the capture to end between the question and the call
+    // (another thread ending it), the pool's growth is excess, charged, and refused beyond the
+    // quota, so the race takes nothing uncharged.
+    let bound = if captured { 0 } else { size as u64 };
+    let ticket = match q.pool_begin(guess, e, pord, bound, &DriverPools) {
         Ok(t) => t,
         Err(Denial::Destroyed) => return err::INVALID_VALUE,
         Err(Denial::Refused(why)) => {
