@@ -61,9 +61,22 @@ fn can_switch_users(test: &str) -> bool {
     false
 }
 
-/// A TMPDIR both users reach and write, as /tmp (1777).
+/// A TMPDIR both users reach and write, as /tmp (1777). Under this process's TMPDIR when other
+/// users can reach it; otherwise under /tmp (CI's TMPDIR is a `mktemp -d`, 0700 and root's, which
+/// uids 1000 and 1001 cannot enter).
 fn shared_tmp(tag: &str) -> PathBuf {
-    let d = cuvisor_testkit::fresh_dir(&format!("private-{tag}"));
+    let tmp = std::env::temp_dir();
+    let reachable = tmp
+        .ancestors()
+        .all(|a| std::fs::metadata(a).is_ok_and(|m| m.permissions().mode() & 0o001 != 0));
+    let base = if reachable {
+        tmp
+    } else {
+        PathBuf::from("/tmp")
+    };
+    let d = base.join(format!("cuvisor-private-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("create a scratch directory");
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
     d
 }

@@ -5,8 +5,9 @@
 //! Run: `cargo bench -p cuvisor-device-plugin --bench allocate`.
 
 use cuvisor_device_plugin::api;
+use cuvisor_device_plugin::cleanup::{Liveness, Sweeper};
 use cuvisor_device_plugin::config::Config;
-use cuvisor_device_plugin::registry::Kind;
+use cuvisor_device_plugin::registry::{Allocation, Kind};
 use cuvisor_device_plugin::server::Plugin;
 use cuvisor_device_plugin::topology::{Gpu, Link, Memory, PcieLevel, Topology};
 // The DGX-1 (V100) cube-mesh, as the simulator's preset has it.
@@ -75,6 +76,15 @@ fn row(name: &str, v: Vec<Duration>) -> bool {
     ok
 }
 
+/// Every allocation's pod is gone (PodResources would say so once the pod is deleted).
+struct AllGone;
+
+impl Liveness for AllGone {
+    fn in_use(&self, _: &Allocation) -> Option<bool> {
+        Some(false)
+    }
+}
+
 fn main() {
     let root = std::env::temp_dir().join(format!("cuvisor-dp-bench-{}", std::process::id()));
     cuvisor_device_plugin::ledger_dir::detach_all_under(&root);
@@ -98,15 +108,23 @@ fn main() {
         .map(|(g, k)| inv.unit_id(g, k))
         .collect();
     let n = 2000;
+    // Allocations are swept between calls, untimed, as the plugin's sweeper would once their
+    // pods are gone: each takes a coordinator entry on its GPUs, and a GPU has 64.
+    let sweeper = Sweeper::new(plugin.registry_mut().clone(), Duration::ZERO)
+        .with_coord_dir(plugin.config().host_coord_dir())
+        .with_liveness(Box::new(AllGone));
     let time = |f: &mut dyn FnMut(usize)| -> Vec<Duration> {
         for i in 0..50 {
             f(i);
+            sweeper.sweep();
         }
         (0..n)
             .map(|i| {
                 let t = Instant::now();
                 f(i);
-                t.elapsed()
+                let d = t.elapsed();
+                sweeper.sweep();
+                d
             })
             .collect()
     };
