@@ -7,7 +7,14 @@
 //! socket_dir = "/var/lib/kubelet/device-plugins"   # kubelet.sock lives here; so do our sockets
 //!                                                  # (each socket's path: at most 107 bytes)
 //! state_root = "/var/lib/cuvisor"                  # per-allocation directories, ld.so.preload
-//! metrics_port = 9400                              # 0: no metrics endpoint
+//! metrics_address = "0.0.0.0:9400"               # IP:port of /metrics; "": no endpoint
+//!                                                  # (metrics_port = N, the older form, is
+//!                                                  # 0.0.0.0:N, 0: none; not both)
+//!
+//! [nvml]                                 # the NVIDIA driver's management library
+//! library = ""                           # "": the loader's search for libnvidia-ml.so.1
+//! retry_seconds = 30                     # NVML not there (yet): stay up, not ready, retry
+//! fail_on_init_error = false             # true: exit (status 2) when NVML cannot be opened
 //!
 //! [pod_resources]                        # kubelet's PodResources API: pod names, cleanup
 //! socket = "/var/lib/kubelet/pod-resources/kubelet.sock"   # "": not asked
@@ -69,6 +76,12 @@ pub const VERSION: u32 = 1;
 /// is 108 bytes and Rust's standard library keeps one for the terminating NUL.
 pub const MAX_SOCKET_PATH: usize = 107;
 
+/// The metrics endpoint when neither `metrics_address` nor `metrics_port` is set.
+pub const DEFAULT_METRICS_ADDRESS: &str = "0.0.0.0:9400";
+
+/// The longest `[nvml] retry_seconds`.
+pub const MAX_NVML_RETRY_SECONDS: u64 = 3600;
+
 /// Where kubelet serves its PodResources API (`[pod_resources] socket`).
 pub const POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 
@@ -91,7 +104,12 @@ pub struct Config {
     pub version: u32,
     pub socket_dir: PathBuf,
     pub state_root: PathBuf,
-    pub metrics_port: u16,
+    /// The metrics endpoint, `IP:port`; "": none. Unset: `metrics_port`, else
+    /// [`DEFAULT_METRICS_ADDRESS`]. See [`Config::metrics_address`].
+    pub metrics_address: Option<String>,
+    /// The older form of `metrics_address`: 0 = none, N = `0.0.0.0:N`. Not both.
+    pub metrics_port: Option<u16>,
+    pub nvml: Nvml,
     pub pod_resources: PodResources,
     pub resources: Resources,
     pub host: HostPaths,
@@ -167,6 +185,33 @@ pub struct Health {
     pub poll_ms: u64,
 }
 
+/// `[nvml]`: where NVML comes from, and what the plugin does while it cannot be opened.
+///
+/// Without NVML the plugin stays up, not ready (`probe --ready` fails), and tries again every
+/// `retry_seconds`; `fail_on_init_error = true` makes it exit instead, as NVIDIA's device plugin
+/// does with `FAIL_ON_INIT_ERROR=true` (its `--fail-on-init-error` flag).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Nvml {
+    /// The library's path; empty: `libnvidia-ml.so.1` through the dynamic loader's search (as
+    /// NVIDIA's plugin). `--sim` uses the simulated library next to the executable instead.
+    pub library: PathBuf,
+    /// How long between attempts while NVML cannot be opened.
+    pub retry_seconds: u64,
+    /// Exit (status 2, one line) when NVML cannot be opened, instead of waiting for it.
+    pub fail_on_init_error: bool,
+}
+
+impl Default for Nvml {
+    fn default() -> Nvml {
+        Nvml {
+            library: PathBuf::new(),
+            retry_seconds: 30,
+            fail_on_init_error: false,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Cleanup {
@@ -180,7 +225,9 @@ impl Default for Config {
             version: VERSION,
             socket_dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
             state_root: PathBuf::from("/var/lib/cuvisor"),
-            metrics_port: 9400,
+            metrics_address: None,
+            metrics_port: None,
+            nvml: Nvml::default(),
             pod_resources: PodResources::default(),
             resources: Resources::default(),
             host: HostPaths::default(),
@@ -507,11 +554,60 @@ impl Config {
                 self.health.poll_ms
             ));
         }
+        self.metrics_address()?;
+        let n = &self.nvml;
+        if !n.library.as_os_str().is_empty() && !n.library.is_absolute() {
+            return err(format!(
+                "nvml.library = {:?}: must be an absolute path (or \"\": the loader's search for \
+                 libnvidia-ml.so.1)",
+                n.library
+            ));
+        }
+        if !(1..=MAX_NVML_RETRY_SECONDS).contains(&n.retry_seconds) {
+            return err(format!(
+                "nvml.retry_seconds = {}: must be in 1..={MAX_NVML_RETRY_SECONDS}",
+                n.retry_seconds
+            ));
+        }
         if self.cleanup.interval_seconds == 0 {
             return err("cleanup.interval_seconds = 0: must be at least 1".into());
         }
         self.ledger_dir.validate().map_err(ConfigError)?;
         Ok(())
+    }
+
+    /// The metrics endpoint's address; `None`: no endpoint. From `metrics_address` (`IP:port`,
+    /// "" = none), or the older `metrics_port` (0 = none, N = `0.0.0.0:N`), or
+    /// [`DEFAULT_METRICS_ADDRESS`]; both keys given is an error.
+    pub fn metrics_address(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+        let text = match (&self.metrics_address, self.metrics_port) {
+            (Some(a), Some(p)) => {
+                return Err(ConfigError(format!(
+                    "metrics_address = {a:?} and metrics_port = {p}: both set; metrics_port is \
+                     the older form of metrics_address (keep only metrics_address)"
+                )))
+            }
+            (None, Some(0)) => return Ok(None),
+            (None, Some(p)) => return Ok(Some(([0, 0, 0, 0], p).into())),
+            (Some(a), None) => a.as_str(),
+            (None, None) => DEFAULT_METRICS_ADDRESS,
+        };
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let addr: std::net::SocketAddr = text.parse().map_err(|_| {
+            ConfigError(format!(
+                "metrics_address = {text:?}: an IP address and a port (\"0.0.0.0:9400\", \
+                 \"127.0.0.1:9400\", \"[::]:9400\"), or \"\" for no metrics endpoint"
+            ))
+        })?;
+        if addr.port() == 0 {
+            return Err(ConfigError(format!(
+                "metrics_address = {text:?}: port 0; give a port (or \"\" for no metrics \
+                 endpoint)"
+            )));
+        }
+        Ok(Some(addr))
     }
 
     /// The memory unit in bytes.
@@ -637,6 +733,10 @@ mod tests {
             socket_dir = "/tmp/dp"
             state_root = "/tmp/st"
             metrics_port = 0
+            [nvml]
+            library = "/usr/lib64/libnvidia-ml.so.1"
+            retry_seconds = 5
+            fail_on_init_error = true
             [resources]
             memory_unit = "512Mi"
             compute = "share=2"
@@ -666,6 +766,19 @@ mod tests {
         assert_eq!(c.pod_resources.socket, PathBuf::new());
         assert_eq!(c.pod_resources.refresh_seconds, 10);
         assert_eq!(c.host_coord_dir(), PathBuf::from("/tmp/st/coord"));
+        assert_eq!(
+            c.metrics_address(),
+            Ok(None),
+            "metrics_port = 0: no endpoint"
+        );
+        assert_eq!(
+            c.nvml,
+            Nvml {
+                library: "/usr/lib64/libnvidia-ml.so.1".into(),
+                retry_seconds: 5,
+                fail_on_init_error: true
+            }
+        );
     }
 
     /// A socket_dir whose sockets do not fit in sun_path is refused up front, naming the
@@ -708,6 +821,69 @@ mod tests {
         );
         let e = Config::parse(&pr).unwrap_err().0;
         assert!(e.starts_with("pod_resources.socket: "), "{e}");
+    }
+
+    /// metrics_address: IP:port or "" (none), the default without either key; the older
+    /// metrics_port still read (0: none, N: 0.0.0.0:N); both keys refused, naming both.
+    #[test]
+    fn metrics_address_or_the_older_metrics_port_but_not_both() {
+        let addr = |text: &str| Config::parse(text).map(|c| c.metrics_address().unwrap());
+        let some = |a: &str| Ok(Some(a.parse().unwrap()));
+        assert_eq!(addr(""), some(DEFAULT_METRICS_ADDRESS));
+        assert_eq!(
+            addr("metrics_address = \"127.0.0.1:9500\""),
+            some("127.0.0.1:9500")
+        );
+        assert_eq!(addr("metrics_address = \"[::]:9400\""), some("[::]:9400"));
+        assert_eq!(addr("metrics_address = \"\""), Ok(None));
+        assert_eq!(addr("metrics_port = 9401"), some("0.0.0.0:9401"));
+        assert_eq!(addr("metrics_port = 0"), Ok(None));
+        let e = Config::parse("metrics_address = \"0.0.0.0:9400\"\nmetrics_port = 9400")
+            .unwrap_err()
+            .0;
+        assert!(
+            e.contains("metrics_address") && e.contains("metrics_port"),
+            "{e}"
+        );
+        assert!(e.contains("both set"), "{e}");
+        for bad in [
+            "localhost:9400",
+            "9400",
+            "0.0.0.0",
+            "0.0.0.0:0",
+            "0.0.0.0:70000",
+        ] {
+            let e = Config::parse(&format!("metrics_address = {bad:?}"))
+                .unwrap_err()
+                .0;
+            assert!(
+                e.starts_with(&format!("metrics_address = {bad:?}: ")),
+                "{e}"
+            );
+        }
+    }
+
+    /// [nvml]: defaults as NVIDIA's plugin with FAIL_ON_INIT_ERROR=false (stay up, retry);
+    /// a relative library path and a retry of 0 are refused.
+    #[test]
+    fn the_nvml_section_defaults_to_waiting_and_checks_its_values() {
+        let d = Config::default().nvml;
+        assert_eq!(
+            (
+                d.library.as_os_str().is_empty(),
+                d.retry_seconds,
+                d.fail_on_init_error
+            ),
+            (true, 30, false)
+        );
+        let e = Config::parse("[nvml]\nlibrary = \"libnvidia-ml.so.1\"")
+            .unwrap_err()
+            .0;
+        assert!(e.starts_with("nvml.library = "), "{e}");
+        let e = Config::parse("[nvml]\nretry_seconds = 0").unwrap_err().0;
+        assert!(e.starts_with("nvml.retry_seconds = 0: "), "{e}");
+        let e = Config::parse("[nvml]\nretry = 3").unwrap_err().0;
+        assert!(e.contains("unknown field `retry`"), "{e}");
     }
 
     fn scratch(tag: &str) -> PathBuf {
@@ -778,7 +954,7 @@ mod tests {
         std::os::unix::fs::symlink("..data/config.toml", d.join("config.toml")).unwrap();
         assert_eq!(
             Config::load(&d.join("config.toml")).unwrap().metrics_port,
-            0
+            Some(0)
         );
         // A link to a special file is refused like the file itself.
         std::os::unix::fs::symlink("/dev/zero", d.join("zero.toml")).unwrap();

@@ -6,6 +6,7 @@
 //! ```text
 //! <state_root>/ld.so.preload                 PRELOAD: mounted at /etc/ld.so.preload
 //! <state_root>/coord/                        COORD: the GPU coordinators (default host.coord_dir)
+//! <state_root>/plugin.status                 STATUS: the plugin's life, for the exec probes
 //! <state_root>/allocations/<id>/             ALLOCATIONS: one directory per allocation
 //! <state_root>/allocations/<id>/allocation.json   RECORD: the registry's record
 //! <state_root>/allocations/<id>/limits.conf  LIMITS: the library's limits file
@@ -27,6 +28,9 @@ pub const STATE: &str = "state";
 pub const PRELOAD: &str = "ld.so.preload";
 /// The GPU coordinators' directory under the state root (when `host.coord_dir` is not set).
 pub const COORD: &str = "coord";
+/// The plugin's own status file under the state root (written by `selfcheck`, read by
+/// `cuvisor-device-plugin probe`).
+pub const STATUS: &str = "plugin.status";
 
 /// kubelet's registration socket, in `socket_dir`.
 pub const KUBELET_SOCKET: &str = "kubelet.sock";

@@ -34,9 +34,13 @@
 //!   - [`plugin`]: the rules that answer kubelet's questions (device health per resource,
 //!     preferred devices, Allocate), over the above; refusals as [`plugin::Refusal`].
 //!   - [`health`]: GPU health from NVML (XIDs, NVLink), over a small `Source` trait.
+//!   - [`status`]: the plugin's life for its exec probes (`cuvisor-device-plugin probe`): the
+//!     status file's format and the rules that judge it alive or ready.
 //! - The transport and the outside:
 //!   - [`server`]: the gRPC servers, registration with kubelet, re-registration on restart;
 //!     translates the domain's answers into kubelet's messages.
+//!   - [`selfcheck`]: the running plugin asks its own sockets to answer and writes its status
+//!     every [`status::PERIOD`], from the runtime that serves kubelet.
 //!   - [`podresources`]: kubelet's PodResources API (pod names for metrics; the sweeper's
 //!     liveness rule).
 //!   - [`metrics`]: the Prometheus endpoint, bounded so that idle or slow clients cannot take
@@ -76,7 +80,9 @@ pub mod plan;
 pub mod plugin;
 pub mod podresources;
 pub mod registry;
+pub mod selfcheck;
 pub mod server;
+pub mod status;
 pub mod tenant_tree;
 pub mod topology;
 pub mod unix;

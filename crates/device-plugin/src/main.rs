@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! cuvisor-device-plugin [--config FILE] [--sim PRESET|MODEL_FILE]
+//! cuvisor-device-plugin probe [--config FILE] [--ready]
 //! ```
 //!
 //! `--sim` runs on the simulated GPU (sets `CUVISOR_SIM` and loads the simulated
@@ -12,24 +13,41 @@
 //! ListAndWatch response against kubelet's 4 MiB); a refusal, or a socket that cannot be served
 //! later, exits with status 2 and one line: `cuvisor-device-plugin: <the reason>`.
 //!
-//! Runs: the health monitor (NVML XIDs and NVLink, a thread of its own) feeding ListAndWatch;
-//! the kubelet gRPC servers; the PodResources cache (`[pod_resources]`) for pod labels and the
-//! sweeper's liveness rule; the metrics endpoint (`metrics_port`, 0: none); the sweeper (a
-//! thread of its own).
+//! Then NVML is opened (`[nvml] library`; empty: the loader's search for libnvidia-ml.so.1). While
+//! it cannot be, the plugin stays up and not ready, logs one line (again only when the reason
+//! changes, or every 10 minutes) and tries again every `[nvml] retry_seconds`; with
+//! `[nvml] fail_on_init_error = true` it exits instead (status 2, one line). This is NVIDIA's
+//! device plugin's `FAIL_ON_INIT_ERROR`: NVIDIA/k8s-device-plugin
+//! `internal/plugin/manager/factory.go` returns a null manager when `nvml.Init` fails and
+//! `failOnInitError` is false ("nvml init failed", logged as a warning), and
+//! `cmd/nvidia-device-plugin/main.go` then logs "No devices found. Waiting indefinitely." and
+//! waits, never trying NVML again until it is restarted (SIGHUP or a kubelet restart); with it
+//! true, start-up fails. cuvisor retries by itself, so that a driver installed after the plugin
+//! (the GPU Operator's driver container) is picked up without a restart.
+//!
+//! Runs: the self-check (its own sockets asked every 2 s; the status file `probe` reads); the
+//! health monitor (NVML XIDs and NVLink, a thread of its own) feeding ListAndWatch; the kubelet
+//! gRPC servers; the PodResources cache (`[pod_resources]`) for pod labels and the sweeper's
+//! liveness rule; the metrics endpoint (`metrics_address`, "": none); the sweeper (a thread of
+//! its own).
+//!
+//! `probe` is the DaemonSet's liveness (and, with `--ready`, readiness) exec probe: it reads
+//! the running plugin's status file under the state root (`status`) and exits 0 when the
+//! plugin is alive (ready: registered with kubelet and serving), else 1, with one line.
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use cuvisor_device_plugin::cleanup::Sweeper;
-use cuvisor_device_plugin::config::Config;
-use cuvisor_device_plugin::health;
+use cuvisor_device_plugin::config::{self, Config};
 use cuvisor_device_plugin::metrics::{self, Metrics};
 use cuvisor_device_plugin::plugin::Plugin;
 use cuvisor_device_plugin::podresources::PodCache;
-use cuvisor_device_plugin::server;
+use cuvisor_device_plugin::status::{self, Life, Need, Stage};
 use cuvisor_device_plugin::topology::{discover, Allocator};
+use cuvisor_device_plugin::{health, layout, selfcheck, server};
 use nvml_wrapper::Nvml;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 
 #[derive(Parser, Debug)]
@@ -39,6 +57,8 @@ use tokio::net::TcpListener;
     about = "cuvisor's Kubernetes device plugin"
 )]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// The plugin's configuration file (TOML); without it, the defaults.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -47,43 +67,137 @@ struct Args {
     sim: Option<String>,
 }
 
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Exit 0 when the plugin configured by FILE is alive (with --ready: registered with kubelet
+    /// and serving), else 1; one line either way. For the DaemonSet's exec probes.
+    Probe {
+        /// The plugin's configuration file (its state root holds the status).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Ready rather than alive.
+        #[arg(long)]
+        ready: bool,
+    },
+}
+
+/// While NVML stays unavailable with the same reason, the reason is logged again this often.
+const NVML_LOG_AGAIN: Duration = Duration::from_secs(600);
+
 fn fail(msg: String) -> ! {
     eprintln!("cuvisor-device-plugin: {msg}");
     std::process::exit(2);
 }
 
-fn open_nvml(sim: Option<&str>) -> Result<Nvml, String> {
-    match sim {
-        None => Nvml::init().map_err(|e| {
+fn probe(config: Option<&Path>, ready: bool) -> ! {
+    let need = if ready { Need::Ready } else { Need::Alive };
+    let verdict = match config {
+        Some(p) => Config::load(p).map_err(|e| format!("not alive: {e}")),
+        None => Ok(Config::default()),
+    }
+    .and_then(|cfg| status::probe(&cfg.state_root.join(layout::STATUS), need));
+    match verdict {
+        Ok(line) => {
+            println!("cuvisor-device-plugin probe: {line}");
+            std::process::exit(0)
+        }
+        Err(line) => {
+            eprintln!("cuvisor-device-plugin probe: {line}");
+            std::process::exit(1)
+        }
+    }
+}
+
+/// The simulated NVML next to this executable, for `--sim`; `CUVISOR_SIM` set to `spec`.
+/// Called while the process is single-threaded (the environment is written).
+fn sim_library(spec: &str) -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("this executable: {e}"))?;
+    let lib = exe
+        .parent()
+        .map(|d| d.join("sim").join("libnvidia-ml.so.1"))
+        .unwrap_or_default();
+    if !lib.exists() {
+        return Err(format!(
+            "the simulated NVML is not built: {} does not exist (a `cargo build` of the \
+             workspace builds it into target/<profile>/sim/)",
+            lib.display()
+        ));
+    }
+    std::env::set_var("CUVISOR_SIM", spec);
+    Ok(lib)
+}
+
+/// NVML from `library` (empty: the loader's search for libnvidia-ml.so.1).
+fn open_nvml(library: &Path) -> Result<Nvml, String> {
+    if library.as_os_str().is_empty() {
+        Nvml::init().map_err(|e| {
             format!(
-                "cannot initialise NVML (libnvidia-ml.so.1): {e}. Is the NVIDIA driver installed? \
-                 To use the simulator instead: --sim PRESET"
+                "cannot initialise NVML (libnvidia-ml.so.1, the loader's search): {e}. Is the \
+                 NVIDIA driver installed, and the container given it (NVIDIA_VISIBLE_DEVICES, \
+                 NVIDIA_DRIVER_CAPABILITIES=utility, the nvidia runtime class or CDI)?"
             )
-        }),
-        Some(spec) => {
-            let exe = std::env::current_exe().map_err(|e| format!("this executable: {e}"))?;
-            let lib = exe
-                .parent()
-                .map(|d| d.join("sim").join("libnvidia-ml.so.1"))
-                .unwrap_or_default();
-            if !lib.exists() {
-                return Err(format!(
-                    "the simulated NVML is not built: {} does not exist (a `cargo build` of the \
-                     workspace builds it into target/<profile>/sim/)",
-                    lib.display()
-                ));
+        })
+    } else {
+        Nvml::builder()
+            .lib_path(library.as_os_str())
+            .init()
+            .map_err(|e| format!("cannot initialise NVML ({}): {e}", library.display()))
+    }
+}
+
+/// NVML, once it opens: tried every `[nvml] retry_seconds` while it does not (see the module
+/// docs), or the reason when `[nvml] fail_on_init_error`. `None`: terminated while waiting.
+async fn wait_for_nvml(
+    n: &config::Nvml,
+    library: &Path,
+    life: &Life,
+) -> Result<Option<Nvml>, String> {
+    let mut said: Option<(String, Instant)> = None;
+    loop {
+        let e = match open_nvml(library) {
+            Ok(nvml) => {
+                if said.is_some() {
+                    eprintln!("cuvisor-device-plugin: NVML opened; starting");
+                }
+                return Ok(Some(nvml));
             }
-            // Still single-threaded: the simulated library reads this at init.
-            std::env::set_var("CUVISOR_SIM", spec);
-            Nvml::builder()
-                .lib_path(lib.as_os_str())
-                .init()
-                .map_err(|e| {
-                    format!(
-                        "cannot initialise the simulated NVML {}: {e}",
-                        lib.display()
-                    )
-                })
+            Err(e) if n.fail_on_init_error => {
+                return Err(format!("{e} ([nvml] fail_on_init_error = true)"))
+            }
+            Err(e) => e,
+        };
+        let again = match &said {
+            None => true,
+            Some((last, at)) => *last != e || at.elapsed() >= NVML_LOG_AGAIN,
+        };
+        if again {
+            eprintln!(
+                "cuvisor-device-plugin: {e}; not ready, trying again every {} s ([nvml] \
+                 retry_seconds; fail_on_init_error = true exits instead)",
+                n.retry_seconds
+            );
+            said = Some((e.clone(), Instant::now()));
+        }
+        life.set_stage(Stage::WaitingForNvml(e));
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(n.retry_seconds)) => {}
+            _ = terminated() => return Ok(None),
+        }
+    }
+}
+
+/// SIGTERM (how kubelet stops a pod) or SIGINT.
+async fn terminated() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
         }
     }
 }
@@ -113,6 +227,9 @@ fn raise_open_files_limit() -> std::io::Result<()> {
 
 fn main() {
     let args = Args::parse();
+    if let Some(Command::Probe { config, ready }) = &args.command {
+        probe(config.as_deref(), *ready);
+    }
     if let Err(e) = raise_open_files_limit() {
         eprintln!("cuvisor-device-plugin: cannot raise the open files limit: {e}");
     }
@@ -120,9 +237,30 @@ fn main() {
         Some(p) => Config::load(p).unwrap_or_else(|e| fail(e.0)),
         None => Config::default(),
     };
-    let nvml = Arc::new(open_nvml(args.sim.as_deref()).unwrap_or_else(|e| fail(e)));
-    let topology = discover(&nvml).unwrap_or_else(|e| fail(format!("GPU discovery: {e:?}")));
+    // Still single-threaded: the simulated library reads CUVISOR_SIM at init.
+    let library = match args.sim.as_deref() {
+        Some(spec) => sim_library(spec).unwrap_or_else(|e| fail(e)),
+        None => cfg.nvml.library.clone(),
+    };
+    let metrics_at = cfg.metrics_address().unwrap_or_else(|e| fail(e.0));
     let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| fail(format!("tokio: {e}")));
+    // The self-check runs from now on: `probe` sees the plugin starting, or waiting for NVML.
+    std::fs::create_dir_all(&cfg.state_root)
+        .unwrap_or_else(|e| fail(format!("{}: {e}", cfg.state_root.display())));
+    let status_path = cfg.state_root.join(layout::STATUS);
+    let life = Arc::new(Life::new());
+    rt.spawn(selfcheck::run(status_path.clone(), life.clone()));
+    let nvml = match rt.block_on(wait_for_nvml(&cfg.nvml, &library, &life)) {
+        Ok(Some(nvml)) => Arc::new(nvml),
+        Ok(None) => {
+            drop(rt);
+            let _ = std::fs::remove_file(&status_path);
+            return;
+        }
+        Err(e) => fail(e),
+    };
+    life.set_stage(Stage::Starting);
+    let topology = discover(&nvml).unwrap_or_else(|e| fail(format!("GPU discovery: {e:?}")));
     let (health_tx, health_rx) = cuvisor_device_plugin::health_channel();
     // Publishes the first health map at once, then every change (XIDs, NVLink).
     let mut monitor = health::Monitor::spawn_nvml(
@@ -151,6 +289,13 @@ fn main() {
             .sum::<u32>(),
         cfg.socket_dir.display()
     );
+    life.set_stage(Stage::Running(
+        plugin
+            .resources()
+            .into_iter()
+            .map(|(kind, name)| (name, cfg.socket_dir.join(server::endpoint(kind))))
+            .collect(),
+    ));
     let result = rt.block_on(async move {
         let pods = PodCache::new();
         let pr = &cfg.pod_resources;
@@ -166,14 +311,15 @@ fn main() {
             sweeper = sweeper.with_liveness(Box::new(pods.clone()));
         }
         let cleanup = sweeper.stats();
-        if cfg.metrics_port != 0 {
-            let listener = TcpListener::bind(("0.0.0.0", cfg.metrics_port))
+        if let Some(addr) = metrics_at {
+            let listener = TcpListener::bind(addr)
                 .await
-                .map_err(|e| format!("metrics port {}: {e}", cfg.metrics_port))?;
+                .map_err(|e| format!("metrics_address {addr}: {e}"))?;
             let m = Metrics::new(plugin.registry(), pods.clone())
                 .with_health(health_rx)
                 .with_scorer(scorer)
-                .with_cleanup(cleanup);
+                .with_cleanup(cleanup)
+                .with_status(cfg.state_root.join(layout::STATUS));
             eprintln!(
                 "cuvisor-device-plugin: metrics on http://{}/metrics",
                 listener
@@ -193,26 +339,13 @@ fn main() {
                 }
             })
             .map_err(|e| format!("the sweeper's thread: {e}"))?;
-        server::run(plugin, async {
-            use tokio::signal::unix::{signal, SignalKind};
-            match signal(SignalKind::terminate()) {
-                Ok(mut term) => {
-                    tokio::select! {
-                        _ = term.recv() => {}
-                        _ = tokio::signal::ctrl_c() => {}
-                    }
-                }
-                Err(_) => {
-                    let _ = tokio::signal::ctrl_c().await;
-                }
-            }
-        })
-        .await
+        server::run(plugin, life, terminated()).await
     });
     // The runtime (and the plugin with it) goes before the health thread, then NVML.
     drop(rt);
     monitor.stop();
     drop(nvml);
+    let _ = std::fs::remove_file(&status_path);
     if let Err(e) = result {
         fail(e);
     }

@@ -106,6 +106,8 @@ pub struct Metrics {
     scorer: Option<Scorer>,
     scores: Mutex<(Histogram, HashSet<String>)>,
     cleanup: Option<Arc<crate::cleanup::CleanupStats>>,
+    /// The plugin's status file: `/healthz` answers what `probe` answers from it.
+    status: Option<std::path::PathBuf>,
 }
 
 impl Metrics {
@@ -117,7 +119,16 @@ impl Metrics {
             scorer: None,
             scores: Mutex::new((Histogram::default(), HashSet::new())),
             cleanup: None,
+            status: None,
         }
+    }
+
+    /// `/healthz` from the plugin's status file (`crate::status`, as `probe` reads it): 200 when
+    /// alive, 503 with the reason when not. Without it, `/healthz` says only that this endpoint
+    /// answers.
+    pub fn with_status(mut self, path: std::path::PathBuf) -> Metrics {
+        self.status = Some(path);
+        self
     }
 
     /// The sweeper's counters (`Sweeper::stats`).
@@ -661,9 +672,17 @@ async fn route(
             .unwrap_or_default();
             ("200 OK", "text/plain; version=0.0.4; charset=utf-8", body)
         }
-        ("GET", "/") | ("GET", "/healthz") => {
-            ("200 OK", "text/plain; charset=utf-8", "ok\n".to_string())
-        }
+        ("GET", "/") | ("GET", "/healthz") => match &metrics.status {
+            None => ("200 OK", "text/plain; charset=utf-8", "ok\n".to_string()),
+            Some(p) => match crate::status::probe(p, crate::status::Need::Alive) {
+                Ok(line) => ("200 OK", "text/plain; charset=utf-8", line + "\n"),
+                Err(line) => (
+                    "503 Service Unavailable",
+                    "text/plain; charset=utf-8",
+                    line + "\n",
+                ),
+            },
+        },
         _ => (
             "404 Not Found",
             "text/plain; charset=utf-8",

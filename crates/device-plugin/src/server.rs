@@ -22,6 +22,7 @@ use crate::authority::AuthorityFix;
 use crate::layout;
 use crate::plugin::{Plugin, Refusal};
 use crate::registry::Kind;
+use crate::status::Life;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::pin::Pin;
@@ -96,8 +97,10 @@ pub fn status(r: Refusal) -> Status {
 /// Serves every resource of `plugin` and keeps it registered until `shutdown` resolves, or
 /// until a resource cannot be served (its socket cannot be bound): then the others are stopped
 /// and the reason returned, so that the plugin exits instead of running without serving.
+/// Whether each resource is registered with the running kubelet goes to `life` (the probes').
 pub async fn run(
     plugin: Arc<Plugin>,
+    life: Arc<Life>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -105,7 +108,8 @@ pub async fn run(
     for (kind, _) in plugin.resources() {
         let p = plugin.clone();
         let rx = stop_rx.clone();
-        tasks.spawn(async move { keep_registered(p, kind, rx).await });
+        let life = life.clone();
+        tasks.spawn(async move { keep_registered(p, kind, life, rx).await });
     }
     let failed = tokio::select! {
         _ = shutdown => None,
@@ -123,6 +127,7 @@ pub async fn run(
 async fn keep_registered(
     plugin: Arc<Plugin>,
     kind: Kind,
+    life: Arc<Life>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), String> {
     let dir = plugin.config().socket_dir.clone();
@@ -135,6 +140,7 @@ async fn keep_registered(
         let mut registered: Option<u64> = None;
         loop {
             if *stop.borrow() {
+                life.set_registered(&name, false);
                 let _ = server_stop.send(());
                 let _ = server.await;
                 let _ = std::fs::remove_file(&sock);
@@ -159,6 +165,8 @@ async fn keep_registered(
                     Err(e) => eprintln!("cuvisor-device-plugin: registering {name}: {e}"),
                 }
             }
+            // Registered with the kubelet that runs now (its socket is the one registered with).
+            life.set_registered(&name, k.is_some() && k == registered);
             tokio::select! {
                 _ = tokio::time::sleep(POLL) => {}
                 _ = stop.changed() => {}

@@ -85,7 +85,7 @@ impl Node {
         let cfg = Config {
             socket_dir: dir.join("dp"),
             state_root: dir.join("state"),
-            metrics_port: 0,
+            metrics_address: Some(String::new()),
             pod_resources: PodResources {
                 socket: PathBuf::new(),
                 ..PodResources::default()

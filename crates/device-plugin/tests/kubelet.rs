@@ -6,19 +6,19 @@
 
 mod support;
 
+use support::kubelet::Kubelet;
+
+use cuvisor_device_plugin::api;
 use cuvisor_device_plugin::api::device_plugin_client::DevicePluginClient;
-use cuvisor_device_plugin::api::registration_server::{Registration, RegistrationServer};
-use cuvisor_device_plugin::api::{self, RegisterRequest};
 
 use cuvisor_device_plugin::unix::connect_unix;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
 use tonic::transport::Channel;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 mod raw_h2;
 
@@ -62,82 +62,6 @@ impl Drop for Scratch {
         // A plugin killed with allocations leaves their ledger directories' tmpfs mounted.
         cuvisor_device_plugin::ledger_dir::detach_all_under(&self.0);
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// The fake kubelet's Registration service: every request goes to the test.
-struct FakeRegistration(mpsc::UnboundedSender<RegisterRequest>);
-
-#[tonic::async_trait]
-impl Registration for FakeRegistration {
-    async fn register(
-        &self,
-        req: Request<RegisterRequest>,
-    ) -> Result<Response<api::Empty>, Status> {
-        let _ = self.0.send(req.into_inner());
-        Ok(Response::new(api::Empty {}))
-    }
-}
-
-struct Kubelet {
-    regs: mpsc::UnboundedReceiver<RegisterRequest>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Kubelet {
-    fn start(dir: &Path) -> Kubelet {
-        let sock = dir.join("kubelet.sock");
-        let _ = std::fs::remove_file(&sock);
-        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
-        let (tx, regs) = mpsc::unbounded_channel();
-        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(RegistrationServer::new(FakeRegistration(tx)))
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::UnixListenerStream::new(listener),
-                    async {
-                        let _ = rx.await;
-                    },
-                )
-                .await
-                .unwrap();
-        });
-        Kubelet {
-            regs,
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    /// The next `n` registrations, by resource name, within `within`.
-    async fn registrations(
-        &mut self,
-        n: usize,
-        within: Duration,
-    ) -> HashMap<String, RegisterRequest> {
-        let mut out = HashMap::new();
-        let deadline = tokio::time::Instant::now() + within;
-        while out.len() < n {
-            let r = tokio::time::timeout_at(deadline, self.regs.recv())
-                .await
-                .unwrap_or_else(|_| {
-                    panic!("only {} of {n} registrations within {within:?}", out.len())
-                })
-                .expect("registration channel open");
-            out.insert(r.resource_name.clone(), r);
-        }
-        out
-    }
-
-    /// Stops like a kubelet that exits: its socket and the plugins' sockets are removed.
-    async fn stop(mut self, dir: &Path) {
-        let _ = self.stop.take().unwrap().send(());
-        let _ = self.task.await;
-        for e in std::fs::read_dir(dir).unwrap().flatten() {
-            let _ = std::fs::remove_file(e.path());
-        }
     }
 }
 

@@ -512,3 +512,36 @@ fn a_ledger_claiming_a_1_tib_limit_does_not_change_the_granted_quota_in_metrics(
     }
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// /healthz answers what `probe` answers from the plugin's status file (it said "ok" whatever
+/// the plugin's state): 200 for a fresh status of this running process, 503 naming the reason
+/// for a status left by a process that is gone, and for no status at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_is_the_plugins_status_not_always_ok() {
+    use cuvisor_device_plugin::status::{self, Phase};
+    let root = tmp("healthz");
+    let reg = Registry::open(&root).unwrap();
+    let file = root.join("plugin.status");
+    let m = Metrics::new(reg.view(), PodCache::new()).with_status(file.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(metrics::serve(listener, Arc::new(m)));
+
+    let resp = http_get(port, "/healthz").await;
+    assert!(resp.starts_with("HTTP/1.1 503"), "no status yet: {resp}");
+    status::write(&file, &status::now(Phase::Ready, String::new())).unwrap();
+    let resp = http_get(port, "/healthz").await;
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    assert!(resp.contains("alive"), "{resp}");
+    // The same status, as a process that has exited left it.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let gone = child.id();
+    child.wait().unwrap();
+    let mut s = status::now(Phase::Ready, String::new());
+    s.pid = gone;
+    status::write(&file, &s).unwrap();
+    let resp = http_get(port, "/healthz").await;
+    assert!(resp.starts_with("HTTP/1.1 503"), "{resp}");
+    assert!(resp.contains("previous instance"), "{resp}");
+    let _ = std::fs::remove_dir_all(root);
+}
