@@ -82,18 +82,24 @@ pub fn boottime_ms() -> u64 {
         .saturating_add(t.tv_nsec as u64 / 1_000_000)
 }
 
-/// The start time of process `pid` (clock ticks after boot), if it exists.
+/// The start time of process `pid` (clock ticks after boot), if it runs (a zombie, which has
+/// exited and waits for its parent, does not).
 pub fn start_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     parse_start_ticks(&stat)
 }
 
-/// Field 22 (`starttime`) of a `/proc/<pid>/stat` line. The command name (field 2) is in
-/// parentheses and may hold spaces and parentheses itself: fields are counted after the last ')'.
+/// Field 22 (`starttime`) of a `/proc/<pid>/stat` line, unless field 3 (the state) says the
+/// process has exited (`Z` zombie, `X` dead). The command name (field 2) is in parentheses and
+/// may hold spaces and parentheses itself: fields are counted after the last ')'.
 fn parse_start_ticks(stat: &str) -> Option<u64> {
     let rest = &stat[stat.rfind(')')? + 1..];
-    // Fields 3.. follow; starttime is the 20th of them.
-    rest.split_ascii_whitespace().nth(19)?.parse().ok()
+    let mut fields = rest.split_ascii_whitespace();
+    // Fields 3.. follow: the state first; starttime is the 20th.
+    if matches!(fields.next()?, "Z" | "X") {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// This process's status in `phase`, as of now.
@@ -325,6 +331,8 @@ mod tests {
         let line = "12 (a) b (c)) S 1 12 12 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 777 1000 1";
         assert_eq!(parse_start_ticks(line), Some(777));
         assert_eq!(parse_start_ticks("12 (x) S 1"), None);
+        let zombie = line.replace(") S ", ") Z ");
+        assert_eq!(parse_start_ticks(&zombie), None, "an exited process does not run");
         let me = std::process::id();
         assert!(start_ticks(me).is_some());
         assert_eq!(start_ticks(me), start_ticks(me));
