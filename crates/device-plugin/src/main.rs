@@ -81,6 +81,12 @@ enum Command {
     },
 }
 
+/// What a node needs for NVML, said with its failure.
+const NVML_HINT: &str =
+    "the plugin needs the NVIDIA driver's libnvidia-ml.so.1: in its container, \
+                         NVIDIA_VISIBLE_DEVICES=all and NVIDIA_DRIVER_CAPABILITIES=utility with \
+                         the nvidia runtime class or CDI, or [nvml] library";
+
 /// While NVML stays unavailable with the same reason, the reason is logged again this often.
 const NVML_LOG_AGAIN: Duration = Duration::from_secs(600);
 
@@ -131,11 +137,7 @@ fn sim_library(spec: &str) -> Result<PathBuf, String> {
 fn open_nvml(library: &Path) -> Result<Nvml, String> {
     if library.as_os_str().is_empty() {
         Nvml::init().map_err(|e| {
-            format!(
-                "cannot initialise NVML (libnvidia-ml.so.1, the loader's search): {e}. Is the \
-                 NVIDIA driver installed, and the container given it (NVIDIA_VISIBLE_DEVICES, \
-                 NVIDIA_DRIVER_CAPABILITIES=utility, the nvidia runtime class or CDI)?"
-            )
+            format!("cannot initialise NVML (libnvidia-ml.so.1, the loader's search): {e}")
         })
     } else {
         Nvml::builder()
@@ -162,7 +164,9 @@ async fn wait_for_nvml(
                 return Ok(Some(nvml));
             }
             Err(e) if n.fail_on_init_error => {
-                return Err(format!("{e} ([nvml] fail_on_init_error = true)"))
+                return Err(format!(
+                    "{e} ([nvml] fail_on_init_error = true: exiting; {NVML_HINT})"
+                ))
             }
             Err(e) => e,
         };
@@ -173,7 +177,7 @@ async fn wait_for_nvml(
         if again {
             eprintln!(
                 "cuvisor-device-plugin: {e}; not ready, trying again every {} s ([nvml] \
-                 retry_seconds; fail_on_init_error = true exits instead)",
+                 retry_seconds; fail_on_init_error = true exits instead; {NVML_HINT})",
                 n.retry_seconds
             );
             said = Some((e.clone(), Instant::now()));

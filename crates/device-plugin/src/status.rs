@@ -332,7 +332,11 @@ mod tests {
         assert_eq!(parse_start_ticks(line), Some(777));
         assert_eq!(parse_start_ticks("12 (x) S 1"), None);
         let zombie = line.replace(") S ", ") Z ");
-        assert_eq!(parse_start_ticks(&zombie), None, "an exited process does not run");
+        assert_eq!(
+            parse_start_ticks(&zombie),
+            None,
+            "an exited process does not run"
+        );
         let me = std::process::id();
         assert!(start_ticks(me).is_some());
         assert_eq!(start_ticks(me), start_ticks(me));
