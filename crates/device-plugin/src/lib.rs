@@ -21,9 +21,7 @@
 //!     kubelet before 1.26 (and grpc-java, grpcio) sends the socket path, which h2 refuses
 //!     with PROTOCOL_ERROR before tonic sees the request; it becomes `localhost`.
 //! - The domain:
-//!   - [`inventory`]: the devices each resource advertises (whole GPUs, memory units), and
-//!     the start-up check that each ListAndWatch response fits in the 4 MiB kubelet receives
-//!     ([`inventory::check_list_sizes`], [`api::KUBELET_MAX_MESSAGE`]).
+//!   - [`inventory`]: the devices each resource advertises (whole GPUs, memory units).
 //!   - [`plan`]: GetPreferredAllocation and Allocate's placement rules (best fit, spans).
 //!   - [`answer`]: Allocate's answer for one container (env, mounts, device nodes, CDI
 //!     device names, annotations), as a plain type.
@@ -41,6 +39,9 @@
 //!     translates the domain's answers into kubelet's messages.
 //!   - [`selfcheck`]: the running plugin asks its own sockets to answer and writes its status
 //!     every [`status::PERIOD`], from the runtime that serves kubelet.
+//!   - [`listing`]: ListAndWatch's device lists as kubelet receives them, and the start-up
+//!     check that each fits in the 4 MiB kubelet receives ([`listing::check_list_sizes`],
+//!     [`api::KUBELET_MAX_MESSAGE`]).
 //!   - [`podresources`]: kubelet's PodResources API (pod names for metrics; the sweeper's
 //!     liveness rule).
 //!   - [`metrics`]: the Prometheus endpoint, bounded so that idle or slow clients cannot take
@@ -75,6 +76,7 @@ pub mod inject;
 pub mod inventory;
 pub mod layout;
 pub mod ledger_dir;
+pub mod listing;
 pub mod metrics;
 pub mod plan;
 pub mod plugin;

@@ -282,6 +282,9 @@ fn main() {
     let plugin =
         Arc::new(Plugin::new(cfg, topology, health_rx.clone()).unwrap_or_else(|e| fail(e)));
     let cfg = plugin.config().clone();
+    // Each ListAndWatch response must fit in what kubelet receives.
+    cuvisor_device_plugin::listing::check_list_sizes(&cfg, plugin.inventory())
+        .unwrap_or_else(|e| fail(e));
     eprintln!(
         "cuvisor-device-plugin: {} GPU(s), {} memory unit(s); sockets in {}",
         plugin.inventory().gpus().len(),

@@ -66,7 +66,6 @@ impl Plugin {
         cfg.validate().map_err(|e| e.0)?;
         let unit = cfg.memory_unit_bytes().map_err(|e| e.0)?;
         let inv = Inventory::new(topology, unit)?;
-        crate::inventory::check_list_sizes(&cfg, &inv)?;
         inject::install_shared(&cfg)?;
         // Every Allocate mounts a tmpfs: a plugin that cannot says so now, not at each one.
         crate::ledger_dir::probe(&cfg.state_root, &cfg.ledger_dir)?;

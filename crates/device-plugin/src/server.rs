@@ -19,10 +19,10 @@ use crate::api::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use crate::api::registration_client::RegistrationClient;
 use crate::api::{self, VERSION};
 use crate::authority::AuthorityFix;
-use crate::layout;
 use crate::plugin::{Plugin, Refusal};
 use crate::registry::Kind;
 use crate::status::Life;
+use crate::{layout, listing};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::pin::Pin;
@@ -48,8 +48,8 @@ pub fn endpoint(kind: Kind) -> &'static str {
 fn devices(plugin: &Plugin, kind: Kind) -> Vec<api::Device> {
     let h = plugin.health_of(kind);
     match kind {
-        Kind::Gpu => plugin.inventory().gpu_devices(&h),
-        Kind::Memory => plugin.inventory().memory_devices(&h),
+        Kind::Gpu => listing::gpu_devices(plugin.inventory(), &h),
+        Kind::Memory => listing::memory_devices(plugin.inventory(), &h),
     }
 }
 
