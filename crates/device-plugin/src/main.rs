@@ -153,6 +153,7 @@ async fn wait_for_nvml(
     n: &config::Nvml,
     library: &Path,
     life: &Life,
+    mut stop: Stop,
 ) -> Result<Option<Nvml>, String> {
     let mut said: Option<(String, Instant)> = None;
     loop {
@@ -185,9 +186,23 @@ async fn wait_for_nvml(
         life.set_stage(Stage::WaitingForNvml(e));
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(n.retry_seconds)) => {}
-            _ = terminated() => return Ok(None),
+            _ = stop.wait_for(|s| *s) => return Ok(None),
         }
     }
+}
+
+/// Whether SIGTERM or SIGINT has come (see [`catch_termination`]).
+type Stop = tokio::sync::watch::Receiver<bool>;
+
+/// Catches SIGTERM and SIGINT from now on (one listener for the process's life, so that a
+/// signal that comes between two waits is not lost once tokio's handler is installed).
+fn catch_termination(rt: &tokio::runtime::Runtime) -> Stop {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    rt.spawn(async move {
+        terminated().await;
+        let _ = tx.send(true);
+    });
+    rx
 }
 
 /// SIGTERM (how kubelet stops a pod) or SIGINT.
@@ -251,10 +266,11 @@ fn main() {
     // The self-check runs from now on: `probe` sees the plugin starting, or waiting for NVML.
     std::fs::create_dir_all(&cfg.state_root)
         .unwrap_or_else(|e| fail(format!("{}: {e}", cfg.state_root.display())));
+    let stop = catch_termination(&rt);
     let status_path = cfg.state_root.join(layout::STATUS);
     let life = Arc::new(Life::new());
     rt.spawn(selfcheck::run(status_path.clone(), life.clone()));
-    let nvml = match rt.block_on(wait_for_nvml(&cfg.nvml, &library, &life)) {
+    let nvml = match rt.block_on(wait_for_nvml(&cfg.nvml, &library, &life, stop.clone())) {
         Ok(Some(nvml)) => Arc::new(nvml),
         Ok(None) => {
             drop(rt);
@@ -346,7 +362,11 @@ fn main() {
                 }
             })
             .map_err(|e| format!("the sweeper's thread: {e}"))?;
-        server::run(plugin, life, terminated()).await
+        let mut stop = stop;
+        server::run(plugin, life, async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })
+        .await
     });
     // The runtime (and the plugin with it) goes before the health thread, then NVML.
     drop(rt);

@@ -277,3 +277,30 @@ async fn a_status_left_by_a_killed_plugin_is_not_alive() {
     probe_until(&cfg, true, 0, Duration::from_secs(10));
     drop(again);
 }
+
+/// SIGTERM (kubelet stopping the pod) while waiting for NVML ends the plugin at once, cleanly
+/// (status 0, its status file removed), not after the next retry or the pod's grace period.
+#[test]
+fn sigterm_while_waiting_for_nvml_ends_the_plugin_at_once() {
+    let s = Scratch::new("term-wait");
+    let lib = s.0.join("none/libnvidia-ml.so.1");
+    let cfg = s.config(&format!(
+        "[nvml]\nlibrary = {lib:?}\nretry_seconds = 3600\n"
+    ));
+    let mut plugin = spawn(&s, &cfg, false, &s.0.join("plugin.log"));
+    probe_until_says(&cfg, false, 0, "waiting for NVML", Duration::from_secs(10));
+    signal(&plugin.0, "TERM");
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = plugin.0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "still running after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0));
+    assert!(!s.0.join("state/plugin.status").exists());
+}
