@@ -37,13 +37,17 @@ impl Scratch {
     fn dp(&self) -> PathBuf {
         self.0.join("dp")
     }
-    /// The plugin's configuration, with `sections` appended.
+    /// The plugin's configuration, no metrics endpoint, with `sections` appended.
     fn config(&self, sections: &str) -> PathBuf {
+        self.config_with("metrics_address = \"\"", sections)
+    }
+    /// The plugin's configuration, with `metrics` (its metrics keys) and `sections`.
+    fn config_with(&self, metrics: &str, sections: &str) -> PathBuf {
         let p = self.0.join("plugin.toml");
         std::fs::write(
             &p,
             format!(
-                "version = 1\nsocket_dir = {:?}\nstate_root = {:?}\nmetrics_address = \"\"\n\
+                "version = 1\nsocket_dir = {:?}\nstate_root = {:?}\n{metrics}\n\
                  [pod_resources]\nsocket = \"\"\n[host]\nlibrary = {:?}\ndev_dir = {:?}\n{sections}\n",
                 self.dp(),
                 self.0.join("state"),
@@ -303,4 +307,54 @@ fn sigterm_while_waiting_for_nvml_ends_the_plugin_at_once() {
     };
     assert_eq!(status.code(), Some(0));
     assert!(!s.0.join("state/plugin.status").exists());
+}
+
+/// `metrics_address` is where /metrics and /healthz listen, and /healthz answers the plugin's
+/// state as `probe` does; giving `metrics_port` too stops the plugin with one line naming both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_address_serves_healthz_from_the_plugins_state_and_both_keys_are_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = Scratch::new("metrics-address");
+    let mut kubelet = Kubelet::start(&s.dp());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cfg = s.config_with(&format!("metrics_address = \"127.0.0.1:{port}\""), "");
+    let plugin = spawn(&s, &cfg, true, &s.0.join("plugin.log"));
+    kubelet.registrations(2, Duration::from_secs(30)).await;
+    probe_until(&cfg, true, 0, Duration::from_secs(10));
+    let mut c = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut resp = String::new();
+    c.read_to_string(&mut resp).await.unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    assert!(
+        resp.contains("alive: serving and registered with kubelet"),
+        "{resp}"
+    );
+    drop(plugin);
+
+    let both = s.config_with(
+        &format!("metrics_address = \"127.0.0.1:{port}\"\nmetrics_port = {port}"),
+        "",
+    );
+    let out = Command::new(EXE)
+        .arg("--config")
+        .arg(&both)
+        .args(["--sim", "single"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("metrics_address") && err.contains("metrics_port"),
+        "{err}"
+    );
 }
