@@ -91,6 +91,14 @@ def check_variant(name, components, docs):
               and ledger == 'mount = "tmpfs"',
               f"{name}: privileged for Bidirectional on the allocations directory only")
     check(sc.get("readOnlyRootFilesystem") is True, f"{name}: read-only root file system")
+    env = {e["name"]: e.get("value") for e in c.get("env", [])}
+    check(env.get("NVIDIA_VISIBLE_DEVICES") == "all" and "utility" in env.get("NVIDIA_DRIVER_CAPABILITIES", ""),
+          f"{name}: the toolkit is asked for NVML (NVIDIA_VISIBLE_DEVICES=all, utility)")
+    live, ready = c["livenessProbe"]["exec"]["command"], c["readinessProbe"]["exec"]["command"]
+    check(live[1:2] == ["probe"] and "--ready" not in live and ready == live + ["--ready"],
+          f"{name}: exec probes from the plugin's own state (probe, probe --ready)")
+    check(not spec.get("initContainers") and not spec.get("hostPID") and not spec.get("hostNetwork"),
+          f"{name}: no init container, no host pid or network namespace")
     has_rc = "runtimeClassName" in spec
     check(has_rc == ("default-runtime" not in components),
           f"{name}: runtimeClassName {'nvidia' if has_rc else 'absent'}")
