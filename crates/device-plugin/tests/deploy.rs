@@ -1,5 +1,6 @@
-//! deploy/ agrees with the code: the ConfigMap's config.toml is a valid plugin configuration,
-//! and every metric the Grafana dashboard queries is one the endpoint serves.
+//! deploy/ agrees with the code: deploy/config.toml (the ConfigMap's content) is a valid plugin
+//! configuration, and every metric the Grafana dashboard queries is one the endpoint serves.
+//! (The manifests themselves are rendered and checked by scripts/check-deploy.sh, in .ci/run.)
 
 use cuvisor_device_plugin::config::Config;
 use cuvisor_device_plugin::metrics::{render, Histogram};
@@ -13,26 +14,45 @@ fn deploy(p: &str) -> String {
 }
 
 #[test]
-fn the_configmap_holds_a_valid_config() {
-    let text = deploy("configmap.yaml");
-    let block: String = text
-        .lines()
-        .skip_while(|l| !l.trim_start().starts_with("config.toml: |"))
-        .skip(1)
-        .take_while(|l| l.is_empty() || l.starts_with("    "))
-        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
-        .collect();
-    assert!(block.contains("[health]"), "{block}");
-    let cfg = Config::parse(&block).unwrap_or_else(|e| panic!("{e}\n{block}"));
+fn the_deployed_config_is_valid() {
+    // deploy/kustomization.yaml makes the ConfigMap from this file (configMapGenerator).
+    let text = deploy("config.toml");
+    let cfg = Config::parse(&text).unwrap_or_else(|e| panic!("deploy/config.toml: {e}\n{text}"));
     cfg.validate().unwrap();
     assert_eq!(cfg.resources.memory_unit, "1Gi");
-    // The ConfigMap spells out the defaults of health and PodResources.
+    // It spells out the defaults of health and PodResources.
     assert_eq!(cfg.health, Config::default().health);
     assert_eq!(cfg.pod_resources, Config::default().pod_resources);
     // And of the ledger directories' tmpfs, which the DaemonSet's privileges and
-    // Bidirectional propagation make possible.
+    // Bidirectional propagation (on <state_root>/allocations) make possible.
     assert_eq!(cfg.ledger_dir, Config::default().ledger_dir);
     assert!(cfg.ledger_dir.mounts());
+    // The library Allocate mounts lives under the state root, which the DaemonSet mounts from
+    // the node.
+    assert!(
+        cfg.host.library.starts_with(&cfg.state_root),
+        "{:?}",
+        cfg.host.library
+    );
+}
+
+#[test]
+fn the_unprivileged_component_only_turns_the_ledger_tmpfs_off() {
+    // components/unprivileged replaces the ConfigMap with its own config.toml: the base's, with
+    // `[ledger_dir] mount = "none"` (no privilege, no Bidirectional propagation: no tmpfs). Any
+    // other difference would be drift between the two files.
+    let base = deploy("config.toml");
+    let comp = deploy("components/unprivileged/config.toml");
+    let (b, c): (Vec<_>, Vec<_>) = (base.lines().collect(), comp.lines().collect());
+    assert_eq!(
+        b.len(),
+        c.len(),
+        "the two config.toml files differ in length"
+    );
+    let diff: Vec<_> = b.iter().zip(&c).filter(|(x, y)| x != y).collect();
+    assert_eq!(diff, [(&"mount = \"tmpfs\"", &"mount = \"none\"")]);
+    let cfg = Config::parse(&comp).unwrap_or_else(|e| panic!("unprivileged config.toml: {e}"));
+    assert!(!cfg.ledger_dir.mounts());
 }
 
 #[test]
