@@ -7,6 +7,7 @@
 //! - [`inventory`]: the devices each resource advertises (whole GPUs, memory units).
 //! - [`plan`]: GetPreferredAllocation and Allocate's placement rules (best fit, spans).
 //! - [`inject`]: what Allocate puts into a container (files written on the host + the response).
+//! - [`install`]: `[host] install_from`, the library copied atomically from the image to the host.
 //! - [`ledger_dir`]: each memory allocation's ledger directory, a size-limited tmpfs of its own.
 //! - [`registry`]: what has been allocated (kept on disk under the state root).
 //! - [`cleanup`]: removing the host directories of allocations whose container is gone.
@@ -44,6 +45,7 @@ pub mod cleanup;
 pub mod config;
 pub mod coord;
 pub mod inject;
+pub mod install;
 pub mod inventory;
 pub mod ledger_dir;
 pub mod plan;
