@@ -42,11 +42,11 @@ pub fn install(from: &Path, to: &Path) -> Result<Installed, String> {
         // A FIFO would block the open; a tty would become the controlling terminal.
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(from)
-        .map_err(|e| format!("install_from {}: {e}", from.display()))?;
+        .map_err(|e| format!("[host] install_from {}: {e}", from.display()))?;
     let meta = src.metadata().map_err(|e| at(from, e))?;
     if !meta.is_file() {
         return Err(format!(
-            "install_from {}: not a regular file ({}); nothing installed",
+            "[host] install_from {}: not a regular file ({}); nothing installed",
             from.display(),
             kind(&meta.file_type())
         ));
