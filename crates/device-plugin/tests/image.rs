@@ -168,7 +168,10 @@ struct Running {
 
 impl Running {
     fn start(s: &Scratch, bundle: &Path) -> Running {
-        let id = format!("cuvisor-image-{}", std::process::id());
+        let id = s.0.file_name().map_or_else(
+            || "cuvisor-image".into(),
+            |n| n.to_string_lossy().into_owned(),
+        );
         let root = s.at("runc");
         let out = s.at("container.log");
         let log = std::fs::File::create(&out).unwrap();
@@ -239,9 +242,28 @@ fn bind(dest: &str, source: &Path, read_only: bool) -> Value {
     })
 }
 
+/// How the driver's libnvidia-ml.so.1 reaches the plugin's container: the NVIDIA container
+/// toolkit mounts it at its path on the node.
+#[derive(Clone, Copy, Debug)]
+enum Nvml {
+    /// In a directory the image's loader searches on its own (a Debian/Ubuntu node's
+    /// /usr/lib/x86_64-linux-gnu/): bind-mounted there.
+    Searched(&'static str),
+    /// In a directory it does not search (a RHEL-family node's /usr/lib64/), found through the
+    /// ld.so.cache the toolkit's update-ldcache hook writes. The hook (NVIDIA/nvidia-container-toolkit
+    /// `internal/ldconfig/ldconfig.go`, `UpdateLDCache`) runs the node's ldconfig on the container's
+    /// root with `-f /etc/ld.so.conf -C /etc/ld.so.cache`, after creating /etc/ld.so.conf if
+    /// missing, a drop-in `00-nvcr-*.conf` of the libraries' directories and a `zz-nvcr-*.conf` of
+    /// the system directories it expects of the image (a non-Debian list when the image has no
+    /// /etc/debian_version, as this one has not). Done so here, on the unpacked root, with the
+    /// library placed at its path in it.
+    Cached(&'static str),
+}
+
 /// The image unpacked into `s/bundle`, its runtime configuration (umoci's, from the image's)
-/// given the DaemonSet's mounts, environment and security context. Returns the bundle.
-fn bundle(s: &Scratch, nvml: &Path, preset: &str) -> PathBuf {
+/// given the DaemonSet's mounts, environment and security context, and the driver's NVML (the
+/// simulated `lib`) as the toolkit gives it. Returns the bundle.
+fn bundle(s: &Scratch, lib: &Path, nvml: Nvml, preset: &str) -> PathBuf {
     run(Command::new("tar")
         .arg("-xf")
         .arg(archive())
@@ -293,8 +315,30 @@ fn bundle(s: &Scratch, nvml: &Path, preset: &str) -> PathBuf {
         bind(DEVICE_PLUGINS, &s.at("dp"), false),
         bind(POD_RESOURCES, &s.at("pod-resources"), true),
         bind(STATE_ROOT, &s.at("state"), false),
-        bind(NVML_AT, nvml, true),
     ]);
+    match nvml {
+        Nvml::Searched(at) => mounts.push(bind(at, lib, true)),
+        Nvml::Cached(at) => {
+            let root = bundle.join("rootfs");
+            let inside = root.join(&at[1..]);
+            std::fs::create_dir_all(inside.parent().unwrap()).unwrap();
+            std::fs::copy(lib, &inside).unwrap();
+            let dir = Path::new(at).parent().unwrap().display().to_string();
+            let confd = root.join("etc/ld.so.conf.d");
+            std::fs::write(confd.join("00-nvcr-test.conf"), format!("{dir}\n")).unwrap();
+            std::fs::write(
+                confd.join("zz-nvcr-test.conf"),
+                "/lib\n/usr/lib\n/lib64\n/usr/lib64\n/libx32\n/usr/libx32\n",
+            )
+            .unwrap();
+            run(Command::new("ldconfig").arg("-r").arg(&root).args([
+                "-f",
+                "/etc/ld.so.conf",
+                "-C",
+                "/etc/ld.so.cache",
+            ]));
+        }
+    }
     std::fs::write(&path, serde_json::to_string_pretty(&c).unwrap()).unwrap();
     bundle
 }
@@ -310,7 +354,28 @@ fn on_host(s: &Scratch, inside: &str) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_image_runs_as_the_daemonset_runs_it_registers_and_allocates_the_library_it_installed()
 {
-    let test = "the_image_runs_as_the_daemonset_runs_it";
+    runs_as_the_daemonset(
+        "the_image_runs_as_the_daemonset_runs_it",
+        Nvml::Searched(NVML_AT),
+    )
+    .await;
+}
+
+/// On a RHEL-family node the toolkit puts the driver's NVML in /usr/lib64, which the image's
+/// (Debian's) loader does not search: it is found through the ld.so.cache the toolkit's hook
+/// writes from the image's /etc/ld.so.conf and drop-ins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_rhel_node_the_driver_nvml_in_usr_lib64_is_found_through_the_toolkits_ldcache() {
+    runs_as_the_daemonset(
+        "on_a_rhel_node_the_driver_nvml_in_usr_lib64",
+        Nvml::Cached("/usr/lib64/libnvidia-ml.so.1"),
+    )
+    .await;
+}
+
+/// The image run as the DaemonSet runs it, the driver's NVML given as `nvml`: it installs the
+/// library on the node, registers both resources, and Allocate mounts the library it installed.
+async fn runs_as_the_daemonset(test: &str, nvml: Nvml) {
     if !runnable(test) {
         return;
     }
@@ -324,15 +389,18 @@ async fn the_image_runs_as_the_daemonset_runs_it_registers_and_allocates_the_lib
         );
     }
     let built = cuvisor_testkit::built(Path::new(EXE).parent().unwrap());
-    let nvml = built.join("sim/libnvidia-ml.so.1");
+    let lib = built.join("sim/libnvidia-ml.so.1");
     assert!(
-        nvml.is_file(),
+        lib.is_file(),
         "{}: the simulated NVML is not built",
-        nvml.display()
+        lib.display()
     );
 
-    let s = Scratch::new("ds");
-    let bundle = bundle(&s, &nvml, "single");
+    let s = Scratch::new(match nvml {
+        Nvml::Searched(_) => "searched",
+        Nvml::Cached(_) => "cached",
+    });
+    let bundle = bundle(&s, &lib, nvml, "single");
     let rootfs = bundle.join("rootfs");
     // Distroless: no shell to run an init container's script with.
     for sh in ["bin/sh", "usr/bin/sh", "bin/bash"] {
