@@ -95,7 +95,13 @@ needed() {
   interp=$(readelf -l "$1" | sed -n 's/.*\[Requesting program interpreter: \(.*\)\]/\1/p')
   [ -n "$interp" ] || interp=/lib64/ld-linux-x86-64.so.2
   echo "$interp"
-  "$interp" --list "$1" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }'
+  local list
+  list=$("$interp" --list "$1") || { say "$1: the loader cannot list its libraries"; exit 1; }
+  if grep -q 'not found' <<<"$list"; then
+    say "$1: a library it needs is not on this host:"$'\n'"$list"
+    exit 1
+  fi
+  awk '$2 == "=>" && $3 ~ /^\// { print $3 }' <<<"$list"
 }
 
 # Without their debug information (the release profile keeps line tables: 44 MB of the
@@ -112,7 +118,8 @@ put libcuvisor.so /usr/local/lib/cuvisor/libcuvisor.so
 
 libs=()
 for bin in cuvisor-device-plugin cuvisor; do
-  mapfile -t -O "${#libs[@]}" libs < <(needed "$shipped/$bin")
+  found=$(needed "$shipped/$bin") # not in a pipe: its failure stops the script
+  mapfile -t -O "${#libs[@]}" libs <<<"$found"
 done
 # The NVIDIA container toolkit mounts the driver's libnvidia-ml.so.1 (utility capability) but
 # no C library: the image must hold what that library links against. Driver libraries are
