@@ -124,10 +124,18 @@ done
 # The NVIDIA container toolkit mounts the driver's libnvidia-ml.so.1 (utility capability) but
 # no C library: the image must hold what that library links against. Driver libraries are
 # built for old C libraries, where dlopen and threads lived in libdl and libpthread (stubs in
-# glibc 2.34 and later, still needed as files); libm and librt with them.
+# glibc 2.34 and later, still needed as files); libm and librt with them. And libgcc_s.so.1
+# whatever the binaries link (a zig-linked plugin does not): glibc loads it itself to unwind
+# in pthread_cancel and pthread_exit, and a library built with gcc may need it (the simulated
+# NVML does; tests/image.rs failed without it).
 libc_dir=$(dirname "$(printf '%s\n' "${libs[@]}" | grep '/libc\.so\.6$' | head -n1)")
-for l in libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1; do
-  [ -e "$libc_dir/$l" ] && libs+=("$libc_dir/$l")
+for l in libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1 libgcc_s.so.1; do
+  if [ -e "$libc_dir/$l" ]; then
+    libs+=("$libc_dir/$l")
+  else
+    say "$libc_dir/$l is missing on this host"
+    exit 1
+  fi
 done
 mapfile -t libs < <(printf '%s\n' "${libs[@]}" | sort -u)
 for l in "${libs[@]}"; do
