@@ -33,6 +33,8 @@
 //! dev_dir = "/dev"                       # /dev/nvidiaN, /dev/nvidiactl, ...
 //! control_devices = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
 //! coord_dir = "/var/lib/cuvisor/coord"   # default: <state_root>/coord
+//! install_from = ""                      # a library in the plugin's image, copied atomically to
+//!                                        # `library` at start-up ("": nothing copied; install.rs)
 //!
 //! [container]                            # paths inside the container
 //! library = "/usr/local/lib/cuvisor/libcuvisor.so"
@@ -147,6 +149,10 @@ pub struct HostPaths {
     pub control_devices: Vec<String>,
     /// The GPU coordinators' directory; default `<state_root>/coord`.
     pub coord_dir: Option<PathBuf>,
+    /// A library inside the plugin's own file system (its image:
+    /// `/usr/local/lib/cuvisor/libcuvisor.so`) that the plugin copies atomically to `library`
+    /// at start-up, before anything else (`install::install`); empty: nothing is copied.
+    pub install_from: PathBuf,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -261,6 +267,7 @@ impl Default for HostPaths {
                 .map(String::from)
                 .to_vec(),
             coord_dir: None,
+            install_from: PathBuf::new(),
         }
     }
 }
@@ -532,6 +539,12 @@ impl Config {
                 return err(format!("host.coord_dir = {p:?}: must be an absolute path"));
             }
         }
+        let from = &self.host.install_from;
+        if !from.as_os_str().is_empty() && !from.is_absolute() {
+            return err(format!(
+                "host.install_from = {from:?}: must be an absolute path (or \"\": nothing copied)"
+            ));
+        }
         for d in &self.host.control_devices {
             if d.is_empty() || d.contains('/') {
                 return err(format!(
@@ -779,6 +792,17 @@ mod tests {
                 fail_on_init_error: true
             }
         );
+        assert_eq!(
+            c.host.install_from,
+            PathBuf::new(),
+            "nothing copied by default"
+        );
+        let c = Config::parse("[host]\ninstall_from = \"/usr/local/lib/cuvisor/libcuvisor.so\"\n")
+            .unwrap();
+        assert_eq!(
+            c.host.install_from,
+            PathBuf::from("/usr/local/lib/cuvisor/libcuvisor.so")
+        );
     }
 
     /// A socket_dir whose sockets do not fit in sun_path is refused up front, naming the
@@ -983,6 +1007,10 @@ mod tests {
                 "pod_resources.socket",
             ),
             ("bogus = 1", "bogus"),
+            (
+                "[host]\ninstall_from = \"libcuvisor.so\"",
+                "host.install_from",
+            ),
             (
                 "[resources]\ngpu = \"\"\ngpu_memory = \"\"",
                 "nothing to advertise",

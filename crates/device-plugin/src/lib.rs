@@ -15,6 +15,8 @@
 //!   - [`tenant_tree`]: the one walk over a tree a tenant could write: iterative, by directory
 //!     descriptor, bounded in depth, entries and time, never following a link or crossing a
 //!     mount.
+//!   - [`install`]: `[host] install_from`: the library copied atomically from the image to
+//!     the host at start-up.
 //!   - [`topology`]: the GPUs of a node and how they are wired, and the allocator that picks
 //!     the best connected set of GPUs for a multi-GPU request.
 //!   - [`authority`]: each plugin connection's HTTP/2 `:authority` made acceptable to h2:
@@ -73,6 +75,7 @@ pub mod config;
 pub mod coord;
 pub mod health;
 pub mod inject;
+pub mod install;
 pub mod inventory;
 pub mod layout;
 pub mod ledger_dir;

@@ -10,8 +10,10 @@
 //!
 //! Before anything runs: the soft open-files limit is raised to the hard one, and the
 //! configuration is checked (socket paths against `sun_path`, then, after discovery, every
-//! ListAndWatch response against kubelet's 4 MiB); a refusal, or a socket that cannot be served
-//! later, exits with status 2 and one line: `cuvisor-device-plugin: <the reason>`.
+//! ListAndWatch response against kubelet's 4 MiB); `[host] install_from`, when set, is copied
+//! to `[host] library` (install.rs) before NVML is opened. A refusal, a library that cannot be
+//! installed, or a socket that cannot be served later, exits with status 2 and one line:
+//! `cuvisor-device-plugin: <the reason>`.
 //!
 //! Then NVML is opened (`[nvml] library`; empty: the loader's search for libnvidia-ml.so.1). While
 //! it cannot be, the plugin stays up and not ready, logs one line (again only when the reason
@@ -38,6 +40,7 @@
 use clap::{Parser, Subcommand};
 use cuvisor_device_plugin::cleanup::Sweeper;
 use cuvisor_device_plugin::config::{self, Config};
+use cuvisor_device_plugin::install;
 use cuvisor_device_plugin::metrics::{self, Metrics};
 use cuvisor_device_plugin::plugin::Plugin;
 use cuvisor_device_plugin::podresources::PodCache;
@@ -244,6 +247,28 @@ fn raise_open_files_limit() -> std::io::Result<()> {
     Ok(())
 }
 
+/// `[host] install_from`: the library copied from this image to `[host] library`, or the
+/// plugin stops (status 2, one line): Allocate must never mount a library that is not there.
+fn install_library(cfg: &Config) {
+    let (from, to) = (&cfg.host.install_from, &cfg.host.library);
+    if from.as_os_str().is_empty() {
+        return;
+    }
+    match install::install(from, to) {
+        Ok(install::Installed::Unchanged) => eprintln!(
+            "cuvisor-device-plugin: {} already holds {}",
+            to.display(),
+            from.display()
+        ),
+        Ok(install::Installed::Copied(n)) => eprintln!(
+            "cuvisor-device-plugin: installed {} at {} ({n} bytes)",
+            from.display(),
+            to.display()
+        ),
+        Err(e) => fail(e),
+    }
+}
+
 fn main() {
     let args = Args::parse();
     if let Some(Command::Probe { config, ready }) = &args.command {
@@ -256,6 +281,8 @@ fn main() {
         Some(p) => Config::load(p).unwrap_or_else(|e| fail(e.0)),
         None => Config::default(),
     };
+    // Before NVML: the library is on the host even while the driver is not (yet) reachable.
+    install_library(&cfg);
     // Still single-threaded: the simulated library reads CUVISOR_SIM at init.
     let library = match args.sim.as_deref() {
         Some(spec) => sim_library(spec).unwrap_or_else(|e| fail(e)),

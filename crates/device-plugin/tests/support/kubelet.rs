@@ -1,12 +1,15 @@
 //! A fake kubelet for the plugin binary's tests: a Registration server on `kubelet.sock` in a
-//! directory, every RegisterRequest handed to the test.
+//! directory (as kubelet serves it in /var/lib/kubelet/device-plugins), every RegisterRequest
+//! handed to the test; and a DevicePlugin client on a plugin's socket in that directory.
 
+use cuvisor_device_plugin::api::device_plugin_client::DevicePluginClient;
 use cuvisor_device_plugin::api::registration_server::{Registration, RegistrationServer};
 use cuvisor_device_plugin::api::{self, RegisterRequest};
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 /// The fake kubelet's Registration service: every request goes to the test.
@@ -55,6 +58,14 @@ impl Kubelet {
         }
     }
 
+    /// The next registration, if one comes within `within`.
+    pub async fn next(&mut self, within: Duration) -> Option<RegisterRequest> {
+        tokio::time::timeout(within, self.regs.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+
     /// The next `n` registrations, by resource name, within `within`.
     pub async fn registrations(
         &mut self,
@@ -83,4 +94,13 @@ impl Kubelet {
             let _ = std::fs::remove_file(e.path());
         }
     }
+}
+
+/// A DevicePlugin client on `dir/endpoint`.
+pub async fn client(dir: &Path, endpoint: &str) -> DevicePluginClient<Channel> {
+    DevicePluginClient::new(
+        cuvisor_device_plugin::unix::connect_unix(&dir.join(endpoint))
+            .await
+            .unwrap_or_else(|e| panic!("connect to {endpoint}: {e}")),
+    )
 }
