@@ -63,6 +63,7 @@
 pub mod answer;
 pub mod api;
 pub mod authority;
+pub mod cdi;
 pub mod cleanup;
 pub mod config;
 pub mod coord;
