@@ -2,6 +2,7 @@
 //! what of it `nvidia-smi topo -m` text can show.
 #![allow(dead_code)]
 
+pub mod cdi;
 pub mod pods;
 
 use cuvisor_device_plugin::topology::model::DEFAULT_PCIE_LINK_GBPS;
