@@ -497,21 +497,28 @@ fn io(p: &Path, e: std::io::Error) -> String {
     format!("{}: {e}", p.display())
 }
 
-/// Writes allocation `id`'s spec into `spec_dir` (created 0755 if missing), atomically: a
-/// temporary file in the same directory (a name the runtime does not read: not `.json` or
-/// `.yaml`), written, synced, mode 0644, renamed into place. A runtime that reads the directory
-/// meanwhile sees the whole file or none. Refuses a spec the CDI library would refuse.
+/// Writes allocation `id`'s spec into `spec_dir` (created 0755 if missing), atomically (see
+/// [`write_spec_file`]). Refuses a spec the CDI library would refuse.
 pub fn write_spec(spec_dir: &Path, id: &str, spec: &Spec) -> Result<PathBuf, String> {
     spec.validate()
         .map_err(|e| format!("CDI spec {KIND}={id}: {e}"))?;
-    let text = serde_json::to_vec_pretty(spec).map_err(|e| e.to_string())?;
     if !spec_dir.is_dir() {
         std::fs::create_dir_all(spec_dir).map_err(|e| io(spec_dir, e))?;
         std::fs::set_permissions(spec_dir, std::fs::Permissions::from_mode(0o755))
             .map_err(|e| io(spec_dir, e))?;
     }
     let path = spec_file(spec_dir, id);
-    let tmp = spec_dir.join(format!(
+    write_spec_file(&path, spec)?;
+    Ok(path)
+}
+
+/// Writes `spec` as JSON at `path`, atomically: a temporary file in the same directory (a name
+/// the runtime does not read: not `.json` or `.yaml`), written, synced, mode 0644, renamed
+/// into place. A runtime that reads the directory meanwhile sees the whole file or none.
+pub fn write_spec_file(path: &Path, spec: &Spec) -> Result<(), String> {
+    let text = serde_json::to_vec_pretty(spec).map_err(|e| e.to_string())?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
         ".{}.tmp",
         path.file_name().unwrap_or_default().to_string_lossy()
     ));
@@ -526,11 +533,38 @@ pub fn write_spec(spec_dir: &Path, id: &str, spec: &Spec) -> Result<PathBuf, Str
         f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
         f.sync_all()
     })();
-    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, &path)) {
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
         let _ = std::fs::remove_file(&tmp);
-        return Err(io(&path, e));
+        return Err(io(path, e));
     }
-    Ok(path)
+    Ok(())
+}
+
+/// Puts back into `spec_dir` the spec of allocation `id` kept at `kept` (its copy in the
+/// allocation's directory) when `spec_dir` lacks it or holds another: at startup, so that a
+/// container kubelet starts again from its checkpointed answer (after a node reboot emptied
+/// `/var/run/cdi`, a tmpfs) still resolves `cuvisor.io/allocation=<id>`. Only a valid spec of
+/// cuvisor's kind for that very allocation is put back. True when it was written.
+pub fn reinstall(spec_dir: &Path, id: &str, kept: &Path) -> Result<bool, String> {
+    let text = match std::fs::read(kept) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io(kept, e)),
+    };
+    let spec: Spec =
+        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", kept.display()))?;
+    if spec.kind != KIND || spec.devices.len() != 1 || spec.devices[0].name != id {
+        return Err(format!("{}: not the spec of {KIND}={id}", kept.display()));
+    }
+    let live = std::fs::read(spec_file(spec_dir, id)).ok();
+    if live
+        .as_deref()
+        .and_then(|t| serde_json::from_slice::<Spec>(t).ok())
+        == Some(spec.clone())
+    {
+        return Ok(false);
+    }
+    write_spec(spec_dir, id, &spec).map(|_| true)
 }
 
 /// Removes allocation `id`'s spec from `spec_dir`: true when it was there.
@@ -829,6 +863,34 @@ mod tests {
         bad.devices[0].container_edits = ContainerEdits::default();
         assert!(write_spec(&dir.join("cdi"), "0a1b", &bad).is_err());
         assert!(!p.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_kept_spec_is_put_back_only_when_missing_or_changed_and_only_its_own() {
+        let dir = std::env::temp_dir().join(format!("cuvisor-cdi-re-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let spec = allocation_spec("0a1b", &envvar_answer());
+        let kept = dir.join("kept.json");
+        write_spec_file(&kept, &spec).unwrap();
+        let run = dir.join("run");
+        assert!(reinstall(&run, "0a1b", &kept).unwrap(), "missing: written");
+        assert!(
+            !reinstall(&run, "0a1b", &kept).unwrap(),
+            "the same: left alone"
+        );
+        std::fs::write(spec_file(&run, "0a1b"), "{}").unwrap();
+        assert!(
+            reinstall(&run, "0a1b", &kept).unwrap(),
+            "changed: written again"
+        );
+        let back: Spec =
+            serde_json::from_slice(&std::fs::read(spec_file(&run, "0a1b")).unwrap()).unwrap();
+        assert_eq!(back, spec);
+        // Another allocation's spec under this id is refused; no copy, nothing to do.
+        assert!(reinstall(&run, "ffff", &kept).is_err());
+        assert!(!reinstall(&run, "0a1b", &dir.join("none.json")).unwrap());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -74,6 +74,22 @@ impl Plugin {
         // Every Allocate mounts a tmpfs: a plugin that cannot says so now, not at each one.
         crate::ledger_dir::probe(&cfg.state_root, &cfg.ledger_dir)?;
         let registry = Registry::open(&cfg.state_root)?;
+        // The CDI specs of recorded allocations, back where the runtime reads them (kubelet
+        // starts containers again from its checkpointed answers, naming them).
+        if cdi.strategy.is_cdi() {
+            for a in registry.view().list() {
+                let kept = a.dir.join(crate::layout::CDI_SPEC);
+                match cdi::reinstall(&cdi.spec_dir, &a.id, &kept) {
+                    Ok(true) => eprintln!(
+                        "cuvisor-device-plugin: allocation {}: its CDI spec put back in {}",
+                        a.id,
+                        cdi.spec_dir.display()
+                    ),
+                    Ok(false) => {}
+                    Err(e) => eprintln!("cuvisor-device-plugin: allocation {}: {e}", a.id),
+                }
+            }
+        }
         // Boards from before a restart keep only the entries of recorded allocations.
         {
             let _boards = crate::coord::lock();
@@ -342,7 +358,8 @@ impl Plugin {
             prepared.answer.clone(),
         );
         let recorded = match &spec {
-            Some(spec) => cdi::write_spec(&self.cdi.spec_dir, &a.id, spec).map(drop),
+            Some(spec) => cdi::write_spec_file(&a.dir.join(crate::layout::CDI_SPEC), spec)
+                .and_then(|()| cdi::write_spec(&self.cdi.spec_dir, &a.id, spec).map(drop)),
             None => Ok(()),
         }
         .and_then(|()| {
@@ -502,25 +519,27 @@ mod tests {
         cfg.cdi.strategy = "cdi-cri".into();
         cfg.cdi.spec_dir = spec_dir.clone();
         drop(p0);
-        let topology = Topology::new(
-            (0..2)
-                .map(|i| {
-                    let mut g = Gpu::new(i);
-                    g.uuid = Some(format!("GPU-{i:08x}-0000-0000-0000-000000000000"));
-                    g.memory = Some(Memory {
-                        total: 4 * GIB,
-                        free: 4 * GIB,
-                    });
-                    g.minor = Some([7, 3][i]);
-                    g
-                })
-                .collect(),
-            vec![vec![Link::pcie(PcieLevel::Single); 2]; 2],
-            16.0,
-        )
-        .unwrap();
+        let topology = || {
+            Topology::new(
+                (0..2)
+                    .map(|i| {
+                        let mut g = Gpu::new(i);
+                        g.uuid = Some(format!("GPU-{i:08x}-0000-0000-0000-000000000000"));
+                        g.memory = Some(Memory {
+                            total: 4 * GIB,
+                            free: 4 * GIB,
+                        });
+                        g.minor = Some([7, 3][i]);
+                        g
+                    })
+                    .collect(),
+                vec![vec![Link::pcie(PcieLevel::Single); 2]; 2],
+                16.0,
+            )
+            .unwrap()
+        };
         let (_tx, rx) = crate::health_channel();
-        let p = Plugin::new(cfg, topology, rx).unwrap();
+        let p = Plugin::new(cfg, topology(), rx).unwrap();
         let a = p.allocate(Kind::Memory, &ids(&p, 0, 0..2)).unwrap();
         let id = a.annotations[crate::inject::ALLOCATION_ANNOTATION].clone();
         let uuid = p.inventory().gpus()[0].uuid.clone();
@@ -550,6 +569,12 @@ mod tests {
             .map(|m| (m.container_path.to_string_lossy().into_owned(), m.read_only))
             .collect();
         assert_eq!(mounts, want, "the envvar answer's mounts, as CDI mounts");
+        // A restart puts a missing spec back from the allocation's copy.
+        std::fs::remove_file(&file).unwrap();
+        let (_tx2, rx2) = crate::health_channel();
+        let p2 = Plugin::new(p.config().clone(), topology(), rx2).unwrap();
+        assert!(file.exists(), "not put back at startup");
+        drop(p2);
         // A whole GPU: NVIDIA's name, no spec of its own.
         let other = p.inventory().gpus()[1].uuid.clone();
         let w = p.allocate(Kind::Gpu, std::slice::from_ref(&other)).unwrap();
