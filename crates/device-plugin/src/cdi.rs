@@ -567,6 +567,25 @@ pub fn reinstall(spec_dir: &Path, id: &str, kept: &Path) -> Result<bool, String>
     write_spec(spec_dir, id, &spec).map(|_| true)
 }
 
+/// Whether specs can be written to `spec_dir` (created 0755 if missing): a temporary file made
+/// and removed. At startup, so that a plugin that cannot says so once, not at each Allocate.
+pub fn probe(spec_dir: &Path) -> Result<(), String> {
+    let why = |e: String| {
+        format!(
+            "[cdi] spec_dir: {e} (the plugin writes its CDI specs there: mount the host's \
+             directory read-write)"
+        )
+    };
+    if !spec_dir.is_dir() {
+        std::fs::create_dir_all(spec_dir).map_err(|e| why(io(spec_dir, e)))?;
+        std::fs::set_permissions(spec_dir, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| why(io(spec_dir, e)))?;
+    }
+    let p = spec_dir.join(".cuvisor-probe.tmp");
+    std::fs::write(&p, b"").map_err(|e| why(io(&p, e)))?;
+    std::fs::remove_file(&p).map_err(|e| why(io(&p, e)))
+}
+
 /// Removes allocation `id`'s spec from `spec_dir`: true when it was there.
 pub fn remove_spec(spec_dir: &Path, id: &str) -> Result<bool, String> {
     let p = spec_file(spec_dir, id);
@@ -847,6 +866,7 @@ mod tests {
         assert_eq!(mode, 0o644);
         let back: Spec = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
         assert_eq!(back, spec);
+        probe(&dir.join("cdi")).unwrap();
         // Only the spec is left: no temporary file.
         let names: Vec<_> = std::fs::read_dir(dir.join("cdi"))
             .unwrap()

@@ -73,6 +73,9 @@ impl Plugin {
         inject::install_shared(&cfg)?;
         // Every Allocate mounts a tmpfs: a plugin that cannot says so now, not at each one.
         crate::ledger_dir::probe(&cfg.state_root, &cfg.ledger_dir)?;
+        if cdi.strategy.is_cdi() {
+            cdi::probe(&cdi.spec_dir)?;
+        }
         let registry = Registry::open(&cfg.state_root)?;
         // The CDI specs of recorded allocations, back where the runtime reads them (kubelet
         // starts containers again from its checkpointed answers, naming them).
@@ -589,6 +592,36 @@ mod tests {
         let removed = sweeper.sweep();
         assert!(removed.iter().any(|(r, _)| *r == id), "{removed:?}");
         assert!(!file.exists(), "the spec outlived its allocation");
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    /// Under a CDI strategy a `spec_dir` that cannot be written stops the plugin at startup,
+    /// with the key's name, rather than failing every Allocate.
+    #[test]
+    fn a_cdi_spec_dir_that_cannot_be_written_stops_the_plugin_at_startup() {
+        let (p0, root) = plugin("cdi-probe");
+        let mut cfg = p0.config().clone();
+        drop(p0);
+        std::fs::write(root.join("file"), "").unwrap();
+        cfg.cdi.strategy = "cdi-annotations".into();
+        cfg.cdi.spec_dir = root.join("file/cdi");
+        let topology = Topology::new(
+            vec![{
+                let mut g = Gpu::new(0);
+                g.uuid = Some("GPU-00000000-0000-0000-0000-000000000000".into());
+                g.memory = Some(Memory {
+                    total: 4 * GIB,
+                    free: 4 * GIB,
+                });
+                g
+            }],
+            vec![vec![Link::pcie(PcieLevel::Single)]],
+            16.0,
+        )
+        .unwrap();
+        let (_tx, rx) = crate::health_channel();
+        let e = Plugin::new(cfg, topology, rx).err().expect("refused");
+        assert!(e.starts_with("[cdi] spec_dir: "), "{e}");
         let _ = std::fs::remove_dir_all(root);
     }
 }
