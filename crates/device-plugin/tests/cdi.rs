@@ -83,7 +83,6 @@ impl Node {
         let cfg = Config {
             socket_dir: dir.join("dp"),
             state_root: dir.join("state"),
-            metrics_port: 0,
             pod_resources: PodResources {
                 socket: PathBuf::new(),
                 ..PodResources::default()
