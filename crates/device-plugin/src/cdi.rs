@@ -542,8 +542,11 @@ pub fn write_spec_file(path: &Path, spec: &Spec) -> Result<(), String> {
 
 /// Puts back into `spec_dir` the spec of allocation `id` kept at `kept` (its copy in the
 /// allocation's directory) when `spec_dir` lacks it or holds another: at startup, so that a
-/// container kubelet starts again from its checkpointed answer (after a node reboot emptied
-/// `/var/run/cdi`, a tmpfs) still resolves `cuvisor.io/allocation=<id>`. Only a valid spec of
+/// container kubelet starts again still resolves `cuvisor.io/allocation=<id>`. kubelet does not
+/// call Allocate for a container that restarts: it finds the devices pre-allocated and reuses
+/// the answer it keeps, and checkpoints (kubernetes `pkg/kubelet/cm/devicemanager/manager.go`
+/// `devicesToAllocate`, "This can happen if a container restarts"); `/var/run/cdi` is a tmpfs
+/// that a reboot empties, and a spec may have been removed by hand. Only a valid spec of
 /// cuvisor's kind for that very allocation is put back. True when it was written.
 pub fn reinstall(spec_dir: &Path, id: &str, kept: &Path) -> Result<bool, String> {
     let text = match std::fs::read(kept) {
