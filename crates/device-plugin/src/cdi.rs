@@ -655,26 +655,23 @@ pub fn settle(
     own: bool,
     envvar: Answer,
 ) -> (Answer, Option<Spec>) {
-    if !cdi.strategy.is_cdi() {
-        return (envvar, None);
-    }
-    let spec = own.then(|| allocation_spec(id, &envvar));
+    let spec = (own && cdi.strategy.is_cdi()).then(|| allocation_spec(id, &envvar));
     let mut names: Vec<String> = gpus.iter().map(|g| cdi.nvidia_device(*g)).collect();
     if spec.is_some() {
         names.push(qualified(KIND, id));
     }
     let mut answer = Answer {
-        annotations: envvar.annotations,
+        annotations: envvar.annotations.clone(),
         ..Answer::default()
     };
     match cdi.strategy {
+        Strategy::Envvar => return (envvar, None),
         Strategy::CdiCri => answer.cdi_devices = names,
         Strategy::CdiAnnotations => {
             answer
                 .annotations
                 .insert(annotation_key(id), names.join(","));
         }
-        Strategy::Envvar => unreachable!("returned above"),
     }
     (answer, spec)
 }

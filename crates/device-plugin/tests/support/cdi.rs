@@ -15,7 +15,8 @@
 //!   `deviceNodes` replace a node at the same path, `hostPath` defaulting to `path`, cgroup
 //!   access `rwm` when no permissions are given (the node's type and numbers come from the host
 //!   node: the harness stats it, as `fillMissingInfo` does); `mounts` replace a mount at the same
-//!   container path, then are sorted stably by the depth of their destination (`sortMounts`).
+//!   container path, then are sorted stably by the depth of their destination (`sortMounts`);
+//!   the harness makes every bind recursive (`rbind`), where runc would honour `bind` as given.
 //!   What the harness cannot do as a runtime would is refused, loudly, never skipped: hooks (the
 //!   real NVIDIA spec's `createContainer` hooks — `update-ldcache`, `create-symlinks` — would run
 //!   here), `additionalGids`, explicit device numbers or owners, and mounts that are not binds.
