@@ -82,6 +82,8 @@ pub struct Sweeper {
     liveness: Option<Box<dyn Liveness>>,
     /// The host's coordinators' directory, whose boards follow the registry (`coord`).
     coord_dir: Option<std::path::PathBuf>,
+    /// `[cdi] spec_dir`: where a retired allocation's CDI spec is removed from.
+    cdi_dir: Option<std::path::PathBuf>,
     /// What one directory's removal may take at one sweep.
     bounds: Bounds,
     /// Directories given up on, by allocation id: tried again at every sweep.
@@ -104,6 +106,7 @@ impl Sweeper {
             grace,
             liveness: None,
             coord_dir: None,
+            cdi_dir: None,
             bounds: Bounds::default(),
             pending: Mutex::default(),
             stats: Arc::default(),
@@ -124,6 +127,11 @@ impl Sweeper {
     /// Removes directory `dir` of allocation `id`, or gives up on it for now: true when it is
     /// gone. The first give-up of a directory is logged, every one counted.
     fn retire(&self, id: &str, dir: &Path) -> bool {
+        if let Some(cdi_dir) = &self.cdi_dir {
+            if let Err(e) = crate::cdi::remove_spec(cdi_dir, id) {
+                eprintln!("cuvisor-device-plugin: allocation {id}: its CDI spec: {e}");
+            }
+        }
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         let gone = match crate::ledger_dir::retire(dir, &self.bounds) {
             Ok(_) => {
@@ -147,6 +155,13 @@ impl Sweeper {
         };
         self.stats.pending.store(pending.len() as u64, Relaxed);
         gone
+    }
+
+    /// Also removes each retired allocation's CDI spec from `dir` (`[cdi] spec_dir`), before
+    /// its directory: no container is created from an allocation that is over.
+    pub fn with_cdi_dir(mut self, dir: std::path::PathBuf) -> Sweeper {
+        self.cdi_dir = Some(dir);
+        self
     }
 
     /// Also takes off coordinator board entries no allocation holds any more, at each sweep.

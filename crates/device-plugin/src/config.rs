@@ -64,10 +64,16 @@
 //!                                        # "none": a plain directory, unbounded (ledger_dir.rs)
 //! size = "1Mi"                           # the tmpfs's size= (the ledger is ~150 KiB)
 //! inodes = 64                            # the tmpfs's nr_inodes=
+//!
+//! [cdi]                                  # how Allocate names devices to the runtime (cdi.rs)
+//! strategy = "envvar"                    # "envvar" | "cdi-cri" | "cdi-annotations"
+//! spec_dir = "/var/run/cdi"              # where cuvisor writes its per-allocation CDI specs
+//! nvidia_kind = "nvidia.com/gpu"         # the kind of NVIDIA's CDI spec on the node
+//! nvidia_device_name = "uuid"            # how that spec names a GPU: "uuid" | "index"
 //! ```
 
-use crate::layout;
 use crate::topology::Weights;
+use crate::{cdi, layout};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -121,6 +127,8 @@ pub struct Config {
     pub cleanup: Cleanup,
     /// Each memory allocation's ledger directory (`crate::ledger_dir`).
     pub ledger_dir: LedgerDir,
+    /// How Allocate names devices to the container runtime (`crate::cdi`).
+    pub cdi: Cdi,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -242,6 +250,7 @@ impl Default for Config {
             health: Health::default(),
             cleanup: Cleanup::default(),
             ledger_dir: Default::default(),
+            cdi: Cdi::default(),
         }
     }
 }
@@ -333,6 +342,81 @@ impl Default for LedgerDir {
             size: "1Mi".into(),
             inodes: 64,
         }
+    }
+}
+
+/// `[cdi]` of the configuration: how Allocate names the devices a container gets (`crate::cdi`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Cdi {
+    /// "envvar" (default: `NVIDIA_VISIBLE_DEVICES`, device nodes and mounts, for the NVIDIA
+    /// container runtime, as before), "cdi-cri" (CDI names in the CRI's CDI device list; kubelet
+    /// 1.29+ or 1.28 with `DevicePluginCDIDevices`), "cdi-annotations" (CDI names in a
+    /// `cdi.k8s.io/` annotation). As NVIDIA's `DEVICE_LIST_STRATEGY`, whose default is also
+    /// `envvar`: a CDI name the runtime cannot resolve fails the container, so CDI is chosen by
+    /// the operator who knows the node has a CDI-enabled runtime and NVIDIA's spec.
+    pub strategy: String,
+    /// Where cuvisor writes its per-allocation specs: `/var/run/cdi`, the CDI library's
+    /// directory for generated specs (the higher priority of its two defaults).
+    pub spec_dir: PathBuf,
+    /// The kind of NVIDIA's spec: `nvidia.com/gpu` as `nvidia-ctk cdi generate` writes it;
+    /// `k8s.device-plugin.nvidia.com/gpu` where NVIDIA's device plugin writes it.
+    pub nvidia_kind: String,
+    /// How NVIDIA's spec names a GPU: "uuid" (default; `nvidia-ctk cdi generate` writes both
+    /// since toolkit v1.15.0) or "index" (the NVML index).
+    pub nvidia_device_name: String,
+}
+
+impl Default for Cdi {
+    fn default() -> Cdi {
+        Cdi {
+            strategy: "envvar".into(),
+            spec_dir: PathBuf::from("/var/run/cdi"),
+            nvidia_kind: "nvidia.com/gpu".into(),
+            nvidia_device_name: "uuid".into(),
+        }
+    }
+}
+
+impl Cdi {
+    /// The section parsed, or its first problem, naming the key.
+    pub fn settings(&self) -> Result<cdi::Settings, String> {
+        let strategy = cdi::Strategy::parse(&self.strategy).ok_or_else(|| {
+            format!(
+                "cdi.strategy = {:?}: \"envvar\" (NVIDIA_VISIBLE_DEVICES, for the NVIDIA container \
+                 runtime), \"cdi-cri\" (CDI device names through kubelet's CDI field) or \
+                 \"cdi-annotations\" (CDI device names in a cdi.k8s.io/ annotation)",
+                self.strategy
+            )
+        })?;
+        if !self.spec_dir.is_absolute() {
+            return Err(format!(
+                "cdi.spec_dir = {:?}: must be an absolute path (the runtime's CDI spec \
+                 directory, /var/run/cdi)",
+                self.spec_dir
+            ));
+        }
+        cdi::check_kind(&self.nvidia_kind)
+            .map_err(|e| format!("cdi.nvidia_kind = {:?}: {e}", self.nvidia_kind))?;
+        if self.nvidia_kind == cdi::KIND {
+            return Err(format!(
+                "cdi.nvidia_kind = {:?}: that is cuvisor's own kind",
+                self.nvidia_kind
+            ));
+        }
+        let nvidia_naming = cdi::GpuNaming::parse(&self.nvidia_device_name).ok_or_else(|| {
+            format!(
+                "cdi.nvidia_device_name = {:?}: \"uuid\" (GPU-...) or \"index\" (the NVML \
+                 index), as nvidia-ctk cdi generate --device-name-strategy names GPUs",
+                self.nvidia_device_name
+            )
+        })?;
+        Ok(cdi::Settings {
+            strategy,
+            spec_dir: self.spec_dir.clone(),
+            nvidia_kind: self.nvidia_kind.clone(),
+            nvidia_naming,
+        })
     }
 }
 
@@ -586,6 +670,7 @@ impl Config {
             return err("cleanup.interval_seconds = 0: must be at least 1".into());
         }
         self.ledger_dir.validate().map_err(ConfigError)?;
+        self.cdi.settings().map_err(ConfigError)?;
         Ok(())
     }
 
@@ -1007,6 +1092,18 @@ mod tests {
                 "pod_resources.socket",
             ),
             ("bogus = 1", "bogus"),
+            ("[cdi]\nstrategy = \"cdi\"", "cdi.strategy = \"cdi\""),
+            ("[cdi]\nspec_dir = \"cdi\"", "cdi.spec_dir"),
+            ("[cdi]\nnvidia_kind = \"nvidia.com\"", "cdi.nvidia_kind"),
+            (
+                "[cdi]\nnvidia_kind = \"cuvisor.io/allocation\"",
+                "cuvisor's own kind",
+            ),
+            (
+                "[cdi]\nnvidia_device_name = \"name\"",
+                "cdi.nvidia_device_name",
+            ),
+            ("[cdi]\nbogus = 1", "bogus"),
             (
                 "[host]\ninstall_from = \"libcuvisor.so\"",
                 "host.install_from",

@@ -11,6 +11,7 @@
 //! <state_root>/allocations/<id>/allocation.json   RECORD: the registry's record
 //! <state_root>/allocations/<id>/limits.conf  LIMITS: the library's limits file
 //! <state_root>/allocations/<id>/state/       STATE: the ledger directory (a tmpfs of its own)
+//! <state_root>/allocations/<id>/cdi-spec.json  CDI_SPEC: a copy of its CDI spec (cdi.rs)
 //! ```
 //!
 //! Under `socket_dir` (kubelet's device-plugin directory): [`KUBELET_SOCKET`] (kubelet's),
@@ -22,6 +23,9 @@ pub const ALLOCATIONS: &str = "allocations";
 pub const RECORD: &str = "allocation.json";
 /// The limits file's name in an allocation's directory.
 pub const LIMITS: &str = "limits.conf";
+/// The copy of a memory allocation's CDI spec in its directory (put back into `[cdi] spec_dir`
+/// at startup when missing there).
+pub const CDI_SPEC: &str = "cdi-spec.json";
 /// The ledger directory's name in an allocation's directory.
 pub const STATE: &str = "state";
 /// The preload file's name under the state root.

@@ -9,6 +9,9 @@
 //! - Leaves:
 //!   - [`config`]: the versioned configuration file; owns every default.
 //!   - [`layout`]: the names of the plugin's files on disk and of its sockets.
+//!   - [`cdi`]: the Container Device Interface: the spec's types, cuvisor's per-allocation
+//!     spec (written atomically, removed with the allocation) and the CDI device names Allocate
+//!     answers under each `[cdi] strategy` (imports only [`answer`]).
 //!   - [`unix`]: a gRPC channel over a Unix socket.
 //!   - [`api`]: the kubelet device-plugin API v1beta1 (generated from `proto/api.proto`).
 //!   - [`registry`]: what has been allocated (kept on disk under the state root).
@@ -70,6 +73,7 @@
 pub mod answer;
 pub mod api;
 pub mod authority;
+pub mod cdi;
 pub mod cleanup;
 pub mod config;
 pub mod coord;

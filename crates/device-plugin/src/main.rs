@@ -355,8 +355,9 @@ fn main() {
                     .refresh(pr.socket.clone(), Duration::from_secs(pr.refresh_seconds)),
             );
         }
-        let mut sweeper =
-            Sweeper::new(plugin.registry_mut().clone(), grace).with_coord_dir(cfg.host_coord_dir());
+        let mut sweeper = Sweeper::new(plugin.registry_mut().clone(), grace)
+            .with_coord_dir(cfg.host_coord_dir())
+            .with_cdi_dir(cfg.cdi.spec_dir.clone());
         if !pr.socket.as_os_str().is_empty() {
             sweeper = sweeper.with_liveness(Box::new(pods.clone()));
         }

@@ -11,7 +11,7 @@ use crate::config::Config;
 use crate::inventory::Inventory;
 use crate::registry::{Kind, Registry, RegistryView};
 use crate::topology::Topology;
-use crate::{inject, plan, HealthMap, HealthReceiver};
+use crate::{cdi, inject, plan, HealthMap, HealthReceiver};
 use std::sync::Mutex;
 
 /// Why a request is refused.
@@ -45,6 +45,8 @@ pub struct Plugin {
     inv: Inventory,
     registry: Registry,
     health: HealthReceiver,
+    /// `[cdi]`, parsed: how Allocate names devices to the runtime.
+    cdi: cdi::Settings,
     /// Serialises Allocate (free-unit accounting).
     allocating: Mutex<()>,
 }
@@ -64,12 +66,32 @@ impl Plugin {
     /// allocations) and writes the shared host files.
     pub fn new(cfg: Config, topology: Topology, health: HealthReceiver) -> Result<Plugin, String> {
         cfg.validate().map_err(|e| e.0)?;
+        let cdi = cfg.cdi.settings()?;
         let unit = cfg.memory_unit_bytes().map_err(|e| e.0)?;
         let inv = Inventory::new(topology, unit)?;
         inject::install_shared(&cfg)?;
         // Every Allocate mounts a tmpfs: a plugin that cannot says so now, not at each one.
         crate::ledger_dir::probe(&cfg.state_root, &cfg.ledger_dir)?;
+        if cdi.strategy.is_cdi() {
+            cdi::probe(&cdi.spec_dir)?;
+        }
         let registry = Registry::open(&cfg.state_root)?;
+        // The CDI specs of recorded allocations, back where the runtime reads them (kubelet
+        // starts containers again from its checkpointed answers, naming them).
+        if cdi.strategy.is_cdi() {
+            for a in registry.view().list() {
+                let kept = a.dir.join(crate::layout::CDI_SPEC);
+                match cdi::reinstall(&cdi.spec_dir, &a.id, &kept) {
+                    Ok(true) => eprintln!(
+                        "cuvisor-device-plugin: allocation {}: its CDI spec put back in {}",
+                        a.id,
+                        cdi.spec_dir.display()
+                    ),
+                    Ok(false) => {}
+                    Err(e) => eprintln!("cuvisor-device-plugin: allocation {}: {e}", a.id),
+                }
+            }
+        }
         // Boards from before a restart keep only the entries of recorded allocations.
         {
             let _boards = crate::coord::lock();
@@ -80,6 +102,7 @@ impl Plugin {
             inv,
             registry,
             health,
+            cdi,
             allocating: Mutex::new(()),
         })
     }
@@ -315,17 +338,50 @@ impl Plugin {
             }
         }
         .map_err(|e| Refusal::Failed(format!("{name}: {e}")))?;
-        if let Err(e) = self.registry.insert(prepared.allocation.clone()) {
-            let a = &prepared.allocation;
+        let a = &prepared.allocation;
+        // Under a CDI strategy the answer names CDI devices; a memory allocation's own spec is
+        // written before kubelet hears of it, and goes with the allocation (the sweeper).
+        let gpus: Vec<cdi::GpuRef<'_>> = a
+            .gpus
+            .iter()
+            .filter_map(|s| {
+                let g = &self.inv.gpus()[self.inv.gpu_by_uuid(&s.uuid)?];
+                Some(cdi::GpuRef {
+                    uuid: &g.uuid,
+                    index: g.index,
+                })
+            })
+            .collect();
+        let (answer, spec) = cdi::settle(
+            &self.cdi,
+            &a.id,
+            &gpus,
+            a.kind == Kind::Memory,
+            prepared.answer.clone(),
+        );
+        let recorded = match &spec {
+            Some(spec) => cdi::write_spec_file(&a.dir.join(crate::layout::CDI_SPEC), spec)
+                .and_then(|()| cdi::write_spec(&self.cdi.spec_dir, &a.id, spec).map(drop)),
+            None => Ok(()),
+        }
+        .and_then(|()| {
+            self.registry
+                .insert(a.clone())
+                .map_err(|e| format!("recording: {e}"))
+        });
+        if let Err(e) = recorded {
             let uuids: Vec<String> = a.gpus.iter().map(|g| g.uuid.clone()).collect();
             crate::coord::release_all(&self.cfg.host_coord_dir(), &uuids, &a.id);
-            let _ = crate::ledger_dir::retire(
-                &prepared.allocation.dir,
-                &crate::tenant_tree::Bounds::default(),
-            );
-            return Err(Refusal::Failed(format!("{name}: recording: {e}")));
+            let _ = cdi::remove_spec(&self.cdi.spec_dir, &a.id);
+            let _ = crate::ledger_dir::retire(&a.dir, &crate::tenant_tree::Bounds::default());
+            return Err(Refusal::Failed(format!("{name}: {e}")));
         }
-        Ok(prepared.answer)
+        Ok(answer)
+    }
+
+    /// `[cdi]`, parsed.
+    pub fn cdi(&self) -> &cdi::Settings {
+        &self.cdi
     }
 }
 
@@ -445,6 +501,126 @@ mod tests {
         assert!(matches!(e, Refusal::Unavailable(_)), "{e:?}");
         let e = p.allocate(Kind::Gpu, &["GPU-nope".into()]).unwrap_err();
         assert!(matches!(e, Refusal::Invalid(_)), "{e:?}");
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    /// Under `cdi-cri`: a memory allocation's answer names NVIDIA's GPU and cuvisor's device and
+    /// holds nothing else; cuvisor's spec is in `spec_dir` with the mounts the `envvar` answer
+    /// gives, and leaves with the allocation when the sweeper retires it. A whole GPU gets
+    /// NVIDIA's name only, and no spec.
+    #[test]
+    fn under_cdi_cri_an_allocation_answers_cdi_names_and_its_spec_goes_with_it() {
+        let (envvar, root) = plugin("cdi-envvar");
+        let want = envvar
+            .allocate(Kind::Memory, &ids(&envvar, 0, 0..2))
+            .unwrap();
+        let _ = std::fs::remove_dir_all(root);
+        let (p0, root) = plugin("cdi-cri");
+        let spec_dir = root.join("cdi");
+        let mut cfg = p0.config().clone();
+        cfg.cdi.strategy = "cdi-cri".into();
+        cfg.cdi.spec_dir = spec_dir.clone();
+        drop(p0);
+        let topology = || {
+            Topology::new(
+                (0..2)
+                    .map(|i| {
+                        let mut g = Gpu::new(i);
+                        g.uuid = Some(format!("GPU-{i:08x}-0000-0000-0000-000000000000"));
+                        g.memory = Some(Memory {
+                            total: 4 * GIB,
+                            free: 4 * GIB,
+                        });
+                        g.minor = Some([7, 3][i]);
+                        g
+                    })
+                    .collect(),
+                vec![vec![Link::pcie(PcieLevel::Single); 2]; 2],
+                16.0,
+            )
+            .unwrap()
+        };
+        let (_tx, rx) = crate::health_channel();
+        let p = Plugin::new(cfg, topology(), rx).unwrap();
+        let a = p.allocate(Kind::Memory, &ids(&p, 0, 0..2)).unwrap();
+        let id = a.annotations[crate::inject::ALLOCATION_ANNOTATION].clone();
+        let uuid = p.inventory().gpus()[0].uuid.clone();
+        assert_eq!(
+            a.cdi_devices,
+            [
+                format!("nvidia.com/gpu={uuid}"),
+                format!("cuvisor.io/allocation={id}")
+            ]
+        );
+        assert!(
+            a.envs.is_empty() && a.mounts.is_empty() && a.devices.is_empty(),
+            "{a:?}"
+        );
+        let file = cdi::spec_file(&spec_dir, &id);
+        let spec: cdi::Spec = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        spec.validate().unwrap();
+        let mounts: Vec<(String, bool)> = spec.devices[0]
+            .container_edits
+            .mounts
+            .iter()
+            .map(|m| (m.container_path.clone(), m.options[0] == "ro"))
+            .collect();
+        let want: Vec<(String, bool)> = want
+            .mounts
+            .iter()
+            .map(|m| (m.container_path.to_string_lossy().into_owned(), m.read_only))
+            .collect();
+        assert_eq!(mounts, want, "the envvar answer's mounts, as CDI mounts");
+        // A restart puts a missing spec back from the allocation's copy.
+        std::fs::remove_file(&file).unwrap();
+        let (_tx2, rx2) = crate::health_channel();
+        let p2 = Plugin::new(p.config().clone(), topology(), rx2).unwrap();
+        assert!(file.exists(), "not put back at startup");
+        drop(p2);
+        // A whole GPU: NVIDIA's name, no spec of its own.
+        let other = p.inventory().gpus()[1].uuid.clone();
+        let w = p.allocate(Kind::Gpu, std::slice::from_ref(&other)).unwrap();
+        assert_eq!(w.cdi_devices, [format!("nvidia.com/gpu={other}")]);
+        assert!(w.devices.is_empty() && w.envs.is_empty());
+        let wid = &w.annotations[crate::inject::ALLOCATION_ANNOTATION];
+        assert!(!cdi::spec_file(&spec_dir, wid).exists());
+        // The sweeper retires the memory allocation (no process in its ledger): its spec goes.
+        let sweeper =
+            crate::cleanup::Sweeper::new(p.registry_mut().clone(), std::time::Duration::ZERO)
+                .with_cdi_dir(spec_dir.clone());
+        let removed = sweeper.sweep();
+        assert!(removed.iter().any(|(r, _)| *r == id), "{removed:?}");
+        assert!(!file.exists(), "the spec outlived its allocation");
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    /// Under a CDI strategy a `spec_dir` that cannot be written stops the plugin at startup,
+    /// with the key's name, rather than failing every Allocate.
+    #[test]
+    fn a_cdi_spec_dir_that_cannot_be_written_stops_the_plugin_at_startup() {
+        let (p0, root) = plugin("cdi-probe");
+        let mut cfg = p0.config().clone();
+        drop(p0);
+        std::fs::write(root.join("file"), "").unwrap();
+        cfg.cdi.strategy = "cdi-annotations".into();
+        cfg.cdi.spec_dir = root.join("file/cdi");
+        let topology = Topology::new(
+            vec![{
+                let mut g = Gpu::new(0);
+                g.uuid = Some("GPU-00000000-0000-0000-0000-000000000000".into());
+                g.memory = Some(Memory {
+                    total: 4 * GIB,
+                    free: 4 * GIB,
+                });
+                g
+            }],
+            vec![vec![Link::pcie(PcieLevel::Single)]],
+            16.0,
+        )
+        .unwrap();
+        let (_tx, rx) = crate::health_channel();
+        let e = Plugin::new(cfg, topology, rx).err().expect("refused");
+        assert!(e.starts_with("[cdi] spec_dir: "), "{e}");
         let _ = std::fs::remove_dir_all(root);
     }
 }

@@ -1435,3 +1435,74 @@ fn a_plugin_that_cannot_mount_ledger_dirs_stops_with_the_reason() {
         "{line}"
     );
 }
+
+/// The binary with `[cdi] strategy = "cdi-cri"`, over kubelet's gRPC: Allocate for 2 units
+/// answers NVIDIA's GPU and cuvisor's allocation as CDI devices and nothing in the plain fields;
+/// cuvisor's spec is in `spec_dir`, of its kind, mounting the limits file whose quota is 2 GiB.
+/// A whole GPU answers NVIDIA's name alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_cdi_cri_allocate_answers_cdi_devices_over_grpc_and_writes_the_spec() {
+    let s = Scratch::new("cdi");
+    let spec_dir = s.0.join("run-cdi");
+    let mut kubelet = Kubelet::start(&s.dp());
+    let _plugin = spawn_plugin_with(
+        &s,
+        "dgx1-v100",
+        0,
+        &format!("[cdi]\nstrategy = \"cdi-cri\"\nspec_dir = {spec_dir:?}\n"),
+    );
+    let regs = kubelet.registrations(2, Duration::from_secs(30)).await;
+    let mut mems = client(&s.dp(), &regs["cuvisor.io/gpu-memory"].endpoint).await;
+    let avail: Vec<String> = first_list(&mut mems)
+        .await
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
+    let pick = preferred(&mut mems, &avail, 2).await.unwrap();
+    let r = allocate(&mut mems, &pick).await.unwrap();
+    let uuid = pick[0].split("-mem-").next().unwrap();
+    let id = &r.annotations["cuvisor.io/allocation"];
+    let names: Vec<&str> = r.cdi_devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            format!("nvidia.com/gpu={uuid}"),
+            format!("cuvisor.io/allocation={id}")
+        ]
+    );
+    assert!(
+        r.envs.is_empty() && r.mounts.is_empty() && r.devices.is_empty(),
+        "{r:?}"
+    );
+    let file = spec_dir.join(format!("cuvisor.io-allocation_{id}.json"));
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(spec["kind"], "cuvisor.io/allocation");
+    assert_eq!(spec["devices"][0]["name"], id.as_str());
+    let mounts = spec["devices"][0]["containerEdits"]["mounts"]
+        .as_array()
+        .unwrap();
+    let limits = mounts
+        .iter()
+        .find(|m| m["containerPath"] == cuvisor_shm::CONTAINER_LIMITS)
+        .unwrap_or_else(|| panic!("no limits file in {spec}"));
+    let text = std::fs::read_to_string(limits["hostPath"].as_str().unwrap()).unwrap();
+    assert!(
+        text.contains(&format!("memory.{uuid} = {}", 2 * GIB)),
+        "{text}"
+    );
+    // A whole GPU (another one: this one has units in use).
+    let mut gpus = client(&s.dp(), &regs["cuvisor.io/gpu"].endpoint).await;
+    let other = first_list(&mut gpus)
+        .await
+        .into_iter()
+        .map(|d| d.id)
+        .find(|g| g != uuid)
+        .unwrap();
+    let w = allocate(&mut gpus, std::slice::from_ref(&other))
+        .await
+        .unwrap();
+    let names: Vec<&str> = w.cdi_devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, [format!("nvidia.com/gpu={other}")]);
+    assert!(w.envs.is_empty() && w.devices.is_empty() && w.mounts.is_empty());
+    kubelet.stop(&s.dp()).await;
+}

@@ -2,6 +2,7 @@
 //! what of it `nvidia-smi topo -m` text can show.
 #![allow(dead_code)]
 
+pub mod cdi;
 pub mod kubelet;
 pub mod pods;
 
