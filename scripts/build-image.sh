@@ -182,7 +182,7 @@ umoci config --image "$ref" --created "$created" --history.created "$created" \
   --config.entrypoint=--config --config.entrypoint /etc/cuvisor/config.toml \
   --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   --config.env NVIDIA_VISIBLE_DEVICES=all \
-  --config.env NVIDIA_DRIVER_CAPABILITIES=utility \
+  --config.env NVIDIA_DRIVER_CAPABILITIES=compute,utility \
   --config.label "org.opencontainers.image.title=cuvisor-device-plugin" \
   --config.label "org.opencontainers.image.description=cuvisor's Kubernetes device plugin and libcuvisor.so" \
   --config.label "org.opencontainers.image.source=$source_url" \

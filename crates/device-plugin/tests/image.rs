@@ -292,7 +292,7 @@ fn bundle(s: &Scratch, lib: &Path, nvml: Nvml, preset: &str) -> PathBuf {
     let env: Vec<String> = serde_json::from_value(p["env"].clone()).unwrap();
     for want in [
         "NVIDIA_VISIBLE_DEVICES=all",
-        "NVIDIA_DRIVER_CAPABILITIES=utility",
+        "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
     ] {
         assert!(
             env.iter().any(|e| e == want),
