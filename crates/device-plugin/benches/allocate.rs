@@ -4,11 +4,10 @@
 //! files (limits file, ledger directory and its tmpfs mount, record). Prints p50/p99/max in µs.
 //! Run: `cargo bench -p cuvisor-device-plugin --bench allocate`.
 
-use cuvisor_device_plugin::api;
 use cuvisor_device_plugin::cleanup::{Liveness, Sweeper};
 use cuvisor_device_plugin::config::Config;
+use cuvisor_device_plugin::plugin::Plugin;
 use cuvisor_device_plugin::registry::{Allocation, Kind};
-use cuvisor_device_plugin::server::Plugin;
 use cuvisor_device_plugin::topology::{Gpu, Link, Memory, PcieLevel, Topology};
 // The DGX-1 (V100) cube-mesh, as the simulator's preset has it.
 use cuvisor_sim::model::DGX1_LINKS as DGX1;
@@ -128,16 +127,9 @@ fn main() {
             })
             .collect()
     };
-    let pref = |kind: Kind, avail: &[String], must: &[String], size: i32| {
+    let pref = |kind: Kind, avail: &[String], must: &[String], size: usize| {
         plugin
-            .preferred(
-                kind,
-                &api::ContainerPreferredAllocationRequest {
-                    available_device_i_ds: avail.to_vec(),
-                    must_include_device_i_ds: must.to_vec(),
-                    allocation_size: size,
-                },
-            )
+            .preferred(kind, avail, must, size)
             .expect("preferred")
     };
     println!("16 GPUs (2 x DGX-1 cube-mesh), 80 GiB each, 1 GiB units; {n} calls each");
@@ -176,12 +168,7 @@ fn main() {
             let g = 8 + i % 8;
             let k0 = (i / 8 % 13) as u32 * 6;
             let ids: Vec<String> = (k0..k0 + 6).map(|k| inv.unit_id(g, k)).collect();
-            plugin
-                .allocate(
-                    Kind::Memory,
-                    &api::ContainerAllocateRequest { devices_ids: ids },
-                )
-                .expect("allocate");
+            plugin.allocate(Kind::Memory, &ids).expect("allocate");
         }),
     );
     ok &= row(
@@ -189,12 +176,7 @@ fn main() {
         time(&mut |i| {
             let g = i % 4 * 2;
             plugin
-                .allocate(
-                    Kind::Gpu,
-                    &api::ContainerAllocateRequest {
-                        devices_ids: vec![uuids[g].clone(), uuids[g + 1].clone()],
-                    },
-                )
+                .allocate(Kind::Gpu, &[uuids[g].clone(), uuids[g + 1].clone()])
                 .expect("allocate");
         }),
     );

@@ -10,7 +10,7 @@ pub use v1beta1::*;
 /// The API version sent in RegisterRequest.
 pub const VERSION: &str = "v1beta1";
 /// kubelet's registration socket, in the device-plugins directory.
-pub const KUBELET_SOCKET: &str = "kubelet.sock";
+pub use crate::layout::KUBELET_SOCKET;
 /// Device health values.
 pub const HEALTHY: &str = "Healthy";
 pub const UNHEALTHY: &str = "Unhealthy";

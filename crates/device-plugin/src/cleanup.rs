@@ -29,7 +29,8 @@
 //! whatever its age, while the other allocations are removed as usual. Sweeps run on a thread
 //! of their own (`main.rs`), so none of it takes time from the gRPC service.
 
-use crate::registry::{Allocation, Kind, Registry, ALLOCATIONS, RECORD};
+use crate::layout::{ALLOCATIONS, RECORD, STATE};
+use crate::registry::{Allocation, Kind, Registry};
 use crate::tenant_tree::Bounds;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -94,13 +95,6 @@ fn age(created_unix: u64) -> Duration {
         .map(|d| d.as_secs())
         .unwrap_or(0);
     Duration::from_secs(now.saturating_sub(created_unix))
-}
-
-/// Whether some process of the container whose ledger directory is `ledger_dir` is alive (holds
-/// a lease in its ledger). No ledger: false. A ledger that cannot be asked (replaced by a FIFO,
-/// a directory, a symlink): true, so that nothing the container plants removes anything.
-pub fn has_live_process(ledger_dir: &Path) -> bool {
-    cuvisor_shm::ledger::any_alive(ledger_dir).unwrap_or(true)
 }
 
 impl Sweeper {
@@ -185,8 +179,8 @@ impl Sweeper {
         if a.kind == Kind::Gpu {
             return None;
         }
-        let ledger = a.ledger_dir.clone().unwrap_or_else(|| a.dir.join("state"));
-        (!has_live_process(&ledger)).then_some(Reason::NoLiveProcesses)
+        let ledger = a.ledger_dir.clone().unwrap_or_else(|| a.dir.join(STATE));
+        (!crate::ledger_dir::has_live_process(&ledger)).then_some(Reason::NoLiveProcesses)
     }
 
     /// One pass: removes what is over; returns (id, reason) of each directory removed. An
@@ -239,7 +233,7 @@ impl Sweeper {
                     .map(|d| d.as_secs())
                     .unwrap_or(0);
                 if age(created) >= self.grace
-                    && !has_live_process(&dir.join("state"))
+                    && !crate::ledger_dir::has_live_process(&dir.join(STATE))
                     && self.retire(&id, &dir)
                 {
                     removed.push((id, Reason::Orphan));

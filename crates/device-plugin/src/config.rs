@@ -41,7 +41,7 @@
 //! domain = 0.1
 //!
 //! [health]
-//! xid_critical = [48, 62, 63, 64, 74, 79, 92, 95, 119, 120, 140]   # health::DEFAULT_CRITICAL_XIDS
+//! xid_critical = [48, 62, 63, 64, 74, 79, 92, 95, 119, 120, 140]   # config::DEFAULT_CRITICAL_XIDS
 //! xid_hold_seconds = 300                 # Unhealthy this long after the last one; 0: until restart
 //! nvlink_min_gbps = 0.0                  # 0: only a link that is down counts
 //! poll_ms = 1000                         # NVLink reads, and the longest an XID wait blocks
@@ -57,8 +57,7 @@
 //! inodes = 64                            # the tmpfs's nr_inodes=
 //! ```
 
-use crate::registry::Kind;
-use crate::server::endpoint;
+use crate::layout;
 use crate::topology::Weights;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -69,6 +68,22 @@ pub const VERSION: u32 = 1;
 /// The longest path a Unix socket can be bound or connected at, in bytes: Linux's `sun_path`
 /// is 108 bytes and Rust's standard library keeps one for the terminating NUL.
 pub const MAX_SOCKET_PATH: usize = 107;
+
+/// Where kubelet serves its PodResources API (`[pod_resources] socket`).
+pub const POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+
+/// The XIDs that mark a GPU Unhealthy by default (`[health] xid_critical`), from NVIDIA's XID
+/// catalog (docs.nvidia.com/deploy/xid-errors): those whose resolution is a GPU reset / node
+/// reboot or that mean broken hardware, not a faulty application: 48 (double-bit ECC error), 62
+/// (internal micro-controller halt), 63 and 64 (page retirement / row remapping event and its
+/// failure: a reset is needed to activate it), 74 (NVLink error), 79 (GPU has fallen off the
+/// bus), 92 (high single-bit ECC error rate), 95 (uncontained ECC error: reset needed), 119 and
+/// 120 (GSP RPC timeout / GSP error), 140 (unrecovered ECC error). Left out: application-caused
+/// XIDs (13 graphics engine exception, 31 MMU fault, 43 channel reset, 45 preemptive cleanup, 68
+/// video processor exception, 109 context switch timeout) — NVIDIA's device plugin skips the
+/// same ones — and 94 (contained ECC error: only the faulting application is affected; NVIDIA's
+/// resolution is restarting the application).
+pub const DEFAULT_CRITICAL_XIDS: &[u64] = &[48, 62, 63, 64, 74, 79, 92, 95, 119, 120, 140];
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -85,7 +100,7 @@ pub struct Config {
     pub health: Health,
     pub cleanup: Cleanup,
     /// Each memory allocation's ledger directory (`crate::ledger_dir`).
-    pub ledger_dir: crate::ledger_dir::LedgerDir,
+    pub ledger_dir: LedgerDir,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -218,7 +233,7 @@ impl Default for ContainerPaths {
 impl Default for PodResources {
     fn default() -> PodResources {
         PodResources {
-            socket: PathBuf::from(crate::podresources::SOCKET),
+            socket: PathBuf::from(POD_RESOURCES_SOCKET),
             refresh_seconds: 10,
         }
     }
@@ -226,12 +241,11 @@ impl Default for PodResources {
 
 impl Default for Health {
     fn default() -> Health {
-        let h = crate::health::HealthConfig::default();
         Health {
-            xid_critical: h.critical_xids,
-            xid_hold_seconds: h.xid_hold_seconds,
-            nvlink_min_gbps: h.nvlink_min_gbps.unwrap_or(0.0),
-            poll_ms: h.poll_ms,
+            xid_critical: DEFAULT_CRITICAL_XIDS.to_vec(),
+            xid_hold_seconds: 300,
+            nvlink_min_gbps: 0.0,
+            poll_ms: 1000,
         }
     }
 }
@@ -242,6 +256,81 @@ impl Default for Cleanup {
             grace_seconds: 300,
             interval_seconds: 60,
         }
+    }
+}
+
+/// `[ledger_dir]` of the configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LedgerDir {
+    /// "tmpfs": a tmpfs of its own per allocation, bounded by `size` and `inodes`; "none": a
+    /// plain directory on the state root's file system, unbounded.
+    pub mount: String,
+    /// The tmpfs's `size=` (a quantity: "1Mi").
+    pub size: String,
+    /// The tmpfs's `nr_inodes=` (its root directory counts as one).
+    pub inodes: u64,
+}
+
+impl Default for LedgerDir {
+    fn default() -> LedgerDir {
+        LedgerDir {
+            mount: "tmpfs".into(),
+            size: "1Mi".into(),
+            inodes: 64,
+        }
+    }
+}
+
+/// The ledger file's size: what one container needs in its directory.
+pub fn ledger_bytes() -> u64 {
+    std::mem::size_of::<cuvisor_shm::ledger::Layout>() as u64
+}
+
+/// The most the tmpfs may be given (it is memory, not disk).
+pub const LEDGER_DIR_MAX_SIZE: u64 = 64 << 20;
+/// The fewest and the most inodes: the root, the ledger and a little room; a bound that means
+/// something.
+pub const LEDGER_DIR_INODES: std::ops::RangeInclusive<u64> = 4..=4096;
+
+impl LedgerDir {
+    /// Whether each allocation gets a tmpfs.
+    pub fn mounts(&self) -> bool {
+        self.mount == "tmpfs"
+    }
+
+    /// The tmpfs's size in bytes, and the first problem with the section, naming its key.
+    pub fn validate(&self) -> Result<u64, String> {
+        match self.mount.as_str() {
+            "tmpfs" | "none" => {}
+            m => {
+                return Err(format!(
+                    "ledger_dir.mount = {m:?}: \"tmpfs\" (a bounded tmpfs per allocation) or \
+                     \"none\" (a plain directory, unbounded)"
+                ))
+            }
+        }
+        let size = cuvisor_shm::quantity::parse_quantity(&self.size)
+            .map_err(|e| format!("ledger_dir.size = {:?}: {e}", self.size))?;
+        // Twice the ledger: it is created whole, and a tenant's own temporary copy must fit.
+        let least = 2 * ledger_bytes();
+        if !(least..=LEDGER_DIR_MAX_SIZE).contains(&size) {
+            return Err(format!(
+                "ledger_dir.size = {:?}: between {least} bytes (twice the {}-byte ledger) and \
+                 64Mi",
+                self.size,
+                ledger_bytes()
+            ));
+        }
+        if !LEDGER_DIR_INODES.contains(&self.inodes) {
+            return Err(format!(
+                "ledger_dir.inodes = {}: between {} and {}",
+                self.inodes,
+                LEDGER_DIR_INODES.start(),
+                LEDGER_DIR_INODES.end()
+            ));
+        }
+        Ok(size)
     }
 }
 
@@ -365,13 +454,13 @@ impl Config {
         }
         // Every socket the plugin binds or connects to must fit in sun_path: a longer one
         // fails at bind or connect, after the plugin has started.
-        let mut sockets = vec![(
-            "socket_dir",
-            self.socket_dir.join(crate::api::KUBELET_SOCKET),
-        )];
-        for (kind, name) in [(Kind::Gpu, &r.gpu), (Kind::Memory, &r.gpu_memory)] {
+        let mut sockets = vec![("socket_dir", self.socket_dir.join(layout::KUBELET_SOCKET))];
+        for (sock, name) in [
+            (layout::GPU_SOCKET, &r.gpu),
+            (layout::MEMORY_SOCKET, &r.gpu_memory),
+        ] {
             if !name.is_empty() {
-                sockets.push(("socket_dir", self.socket_dir.join(endpoint(kind))));
+                sockets.push(("socket_dir", self.socket_dir.join(sock)));
             }
         }
         if !pr.as_os_str().is_empty() {
@@ -437,7 +526,7 @@ impl Config {
         self.host
             .coord_dir
             .clone()
-            .unwrap_or_else(|| self.state_root.join("coord"))
+            .unwrap_or_else(|| self.state_root.join(layout::COORD))
     }
 }
 
@@ -521,15 +610,7 @@ mod tests {
     #[test]
     fn empty_is_the_default() {
         assert_eq!(Config::parse("").unwrap(), Config::default());
-        // One list of critical XIDs: the health checker's.
-        assert_eq!(
-            Config::default().health.xid_critical,
-            crate::health::DEFAULT_CRITICAL_XIDS
-        );
-        assert_eq!(
-            crate::health::HealthConfig::from(&Config::default().health),
-            crate::health::HealthConfig::default()
-        );
+        assert_eq!(Config::default().health.xid_critical, DEFAULT_CRITICAL_XIDS);
         assert_eq!(
             Config::default().memory_unit_bytes().unwrap(),
             1 << 30,
@@ -577,10 +658,10 @@ mod tests {
         assert_eq!(c.topology.bandwidth, 1.0);
         assert_eq!(c.topology.topology, 0.3, "missing weights keep defaults");
         assert_eq!(c.health.xid_critical, vec![79]);
-        let h = crate::health::HealthConfig::from(&c.health);
+        let h = &c.health;
         assert_eq!(
             (h.xid_hold_seconds, h.poll_ms, h.nvlink_min_gbps),
-            (1, 50, Some(20.5))
+            (1, 50, 20.5)
         );
         assert_eq!(c.pod_resources.socket, PathBuf::new());
         assert_eq!(c.pod_resources.refresh_seconds, 10);
@@ -592,12 +673,12 @@ mod tests {
     #[test]
     fn a_socket_dir_too_long_for_a_unix_socket_is_refused() {
         // "/" + dir + "/cuvisor-gpu-memory.sock" (24 bytes): the longest socket in it.
-        let longest = endpoint(Kind::Memory).len() + 2;
+        let longest = layout::MEMORY_SOCKET.len() + 2;
         let dir = |n: usize| format!("/{}", "d".repeat(n));
         let fits = format!("socket_dir = {:?}", dir(MAX_SOCKET_PATH - longest));
         let c = Config::parse(&fits).unwrap();
         assert_eq!(
-            c.socket_dir.join(endpoint(Kind::Memory)).as_os_str().len(),
+            c.socket_dir.join(layout::MEMORY_SOCKET).as_os_str().len(),
             MAX_SOCKET_PATH
         );
         let over = format!("socket_dir = {:?}", dir(MAX_SOCKET_PATH - longest + 1));
@@ -614,7 +695,7 @@ mod tests {
         assert!(Config::parse(&only_gpu).is_ok());
         let kubelet = format!(
             "socket_dir = {:?}",
-            dir(MAX_SOCKET_PATH - crate::api::KUBELET_SOCKET.len() - 1)
+            dir(MAX_SOCKET_PATH - layout::KUBELET_SOCKET.len() - 1)
         );
         let e = Config::parse(&format!("{kubelet}\n[resources]\ngpu_memory = \"\""))
             .unwrap_err()

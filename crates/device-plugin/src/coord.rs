@@ -11,6 +11,7 @@
 //! and records under [`lock`], and [`reconcile`] runs under it, so no entry is taken off between
 //! its assignment and its record; an Allocate that fails takes its entries off at once.
 
+use crate::layout::STATE;
 use crate::registry::{Allocation, Registry};
 use cuvisor_shm::compute::{self, ComputePolicy};
 use cuvisor_shm::coordinator::{self, BoardWriter, POLICY_LIMIT, POLICY_SHARE};
@@ -107,7 +108,7 @@ pub fn reconcile(coord_dir: &Path, registry: &Registry) -> Vec<String> {
     let allocations = registry.view().list();
     let lingering = |container: u64| {
         let dir = registry.root().join(format!("{container:016x}"));
-        dir.is_dir() && crate::cleanup::has_live_process(&dir.join(crate::inject::STATE))
+        dir.is_dir() && crate::ledger_dir::has_live_process(&dir.join(STATE))
     };
     for d in rd.flatten() {
         let name = d.file_name().to_string_lossy().into_owned();
@@ -178,10 +179,7 @@ mod tests {
             })
             .unwrap();
         // c3's directory is still there with a live process (superseded, not yet swept).
-        let state = registry
-            .root()
-            .join("00000000000000c3")
-            .join(crate::inject::STATE);
+        let state = registry.root().join("00000000000000c3").join(STATE);
         let ledger = cuvisor_shm::ledger::Ledger::open_dir(&state).unwrap();
         let _p = ledger.claim_proc(1, 1).unwrap();
         let released = reconcile(&coord, &registry);

@@ -21,16 +21,7 @@
 //!
 //! ## Default critical XIDs
 //!
-//! From NVIDIA's XID catalog (docs.nvidia.com/deploy/xid-errors): those whose resolution is a GPU
-//! reset / node reboot or that mean broken hardware, not a faulty application:
-//! 48 (double-bit ECC error), 62 (internal micro-controller halt), 63 and 64 (page retirement /
-//! row remapping event and its failure: a reset is needed to activate it), 74 (NVLink error),
-//! 79 (GPU has fallen off the bus), 92 (high single-bit ECC error rate), 95 (uncontained ECC error:
-//! reset needed), 119 and 120 (GSP RPC timeout / GSP error), 140 (unrecovered ECC error).
-//! Left out: application-caused XIDs (13 graphics engine exception, 31 MMU fault, 43 channel
-//! reset, 45 preemptive cleanup, 68 video processor exception, 109 context switch timeout) —
-//! NVIDIA's device plugin skips the same ones — and 94 (contained ECC error: only the faulting
-//! application is affected; NVIDIA's resolution is restarting the application).
+//! [`DEFAULT_CRITICAL_XIDS`] (owned by `config`, with the reason for each).
 
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::event::XidError;
@@ -45,8 +36,7 @@ use std::time::{Duration, Instant};
 
 use crate::topology::model::nvlink_gbps_per_link;
 
-/// See the module docs for why each is in.
-pub const DEFAULT_CRITICAL_XIDS: &[u64] = &[48, 62, 63, 64, 74, 79, 92, 95, 119, 120, 140];
+pub use crate::config::DEFAULT_CRITICAL_XIDS;
 
 /// NVML_NVLINK_MAX_LINKS.
 const MAX_LINKS: u32 = 18;
@@ -69,14 +59,9 @@ pub struct HealthConfig {
 }
 
 impl Default for HealthConfig {
+    /// The defaults of the plugin config's `[health]` section (`config` owns them).
     fn default() -> Self {
-        HealthConfig {
-            critical_xids: DEFAULT_CRITICAL_XIDS.to_vec(),
-            xid_hold_seconds: 300,
-            nvlink_min_gbps: None,
-            poll_ms: 1000,
-            disabled: false,
-        }
+        HealthConfig::from(&crate::config::Health::default())
     }
 }
 
@@ -571,6 +556,24 @@ mod tests {
             [Condition::NvlinkSlow { .. }]
         ));
         assert!(t.health(now)["GPU-b"]);
+    }
+
+    /// The plugin config's `[health]` section, defaults and values, as the checker reads it.
+    #[test]
+    fn the_config_section_becomes_the_thresholds() {
+        let d = crate::config::Config::default().health;
+        assert_eq!(HealthConfig::from(&d), HealthConfig::default());
+        assert_eq!(HealthConfig::default().critical_xids, DEFAULT_CRITICAL_XIDS);
+        assert_eq!(HealthConfig::default().nvlink_min_gbps, None, "0 GB/s: off");
+        let c = crate::config::Config::parse(
+            "[health]\nxid_hold_seconds = 1\nnvlink_min_gbps = 20.5\npoll_ms = 50\n",
+        )
+        .unwrap();
+        let h = HealthConfig::from(&c.health);
+        assert_eq!(
+            (h.xid_hold_seconds, h.poll_ms, h.nvlink_min_gbps),
+            (1, 50, Some(20.5))
+        );
     }
 
     #[test]

@@ -22,26 +22,26 @@
 //! the host.
 //!
 //! Whole GPUs get the devices and `NVIDIA_VISIBLE_DEVICES` only: no quota, no library.
+//!
+//! The answer is the domain's [`Answer`]; `server` translates it for kubelet. The file names
+//! are `layout`'s.
 
-use crate::api;
+use crate::answer::{Answer, DeviceNode, Mount};
 use crate::config::Config;
 use crate::inventory::Inventory;
+use crate::layout::{LIMITS, PRELOAD, STATE};
 use crate::registry::{Allocation, GpuShare, Kind};
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-/// The limits file's name in an allocation's directory.
-pub const LIMITS: &str = "limits.conf";
-/// The ledger directory's name in an allocation's directory.
-pub const STATE: &str = "state";
-/// The preload file's name under the state root.
-pub const PRELOAD: &str = "ld.so.preload";
+/// The annotation that names the allocation behind a container.
+pub const ALLOCATION_ANNOTATION: &str = "cuvisor.io/allocation";
 
-/// An allocation made: its record and kubelet's answer.
+/// An allocation made: its record and the container's answer.
 pub struct Prepared {
     pub allocation: Allocation,
-    pub response: api::ContainerAllocateResponse,
+    pub answer: Answer,
 }
 
 fn io(p: &Path, e: std::io::Error) -> String {
@@ -78,10 +78,6 @@ fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
-fn s(p: &Path) -> String {
-    p.to_string_lossy().into_owned()
-}
-
 /// The device specs for GPUs `gpus` (inventory positions): `/dev/nvidia<minor>` of each, at the
 /// same path in the container, then the control nodes present on the host.
 ///
@@ -90,13 +86,13 @@ fn s(p: &Path) -> String {
 /// own stack does the same: NVIDIA/k8s-device-plugin `internal/rm/nvml_devices.go`
 /// (`nvmlDevice.GetPaths`: `fmt.Sprintf("/dev/nvidia%d", minor)` from `GetMinorNumber`) and
 /// NVIDIA/nvidia-container-toolkit `internal/platform-support/dgpu` (`getDevNodePath`, likewise).
-fn devices(cfg: &Config, inv: &Inventory, gpus: &[usize]) -> Vec<api::DeviceSpec> {
-    let spec = |name: &str| api::DeviceSpec {
-        container_path: format!("/dev/{name}"),
-        host_path: s(&cfg.host.dev_dir.join(name)),
+fn devices(cfg: &Config, inv: &Inventory, gpus: &[usize]) -> Vec<DeviceNode> {
+    let spec = |name: &str| DeviceNode {
+        container_path: Path::new("/dev").join(name),
+        host_path: cfg.host.dev_dir.join(name),
         permissions: "rw".into(),
     };
-    let mut out: Vec<api::DeviceSpec> = gpus
+    let mut out: Vec<DeviceNode> = gpus
         .iter()
         .map(|g| spec(&format!("nvidia{}", inv.gpus()[*g].minor)))
         .collect();
@@ -108,12 +104,8 @@ fn devices(cfg: &Config, inv: &Inventory, gpus: &[usize]) -> Vec<api::DeviceSpec
     out
 }
 
-fn mount(container: &Path, host: &Path, read_only: bool) -> api::Mount {
-    api::Mount {
-        container_path: s(container),
-        host_path: s(host),
-        read_only,
-    }
+fn mount(container: &Path, host: &Path, read_only: bool) -> Mount {
+    Mount::new(container, host, read_only)
 }
 
 /// The limits file for memory quotas `(uuid, bytes)` and coordinator entries `(uuid, index)`
@@ -212,7 +204,7 @@ pub fn memory(
         std::fs::set_permissions(&limits, std::fs::Permissions::from_mode(0o444))
             .map_err(|e| io(&limits, e))?;
         let gpus: Vec<usize> = units.keys().copied().collect();
-        let response = api::ContainerAllocateResponse {
+        let answer = Answer {
             envs: [("NVIDIA_VISIBLE_DEVICES".to_string(), visible(inv, &gpus))]
                 .into_iter()
                 .collect(),
@@ -231,7 +223,7 @@ pub fn memory(
             .chain(own_mounts)
             .collect(),
             devices: devices(cfg, inv, &gpus),
-            annotations: [("cuvisor.io/allocation".to_string(), id.clone())]
+            annotations: [(ALLOCATION_ANNOTATION.to_string(), id.clone())]
                 .into_iter()
                 .collect(),
             cdi_devices: Vec::new(),
@@ -247,7 +239,7 @@ pub fn memory(
                 ledger_dir: Some(state),
                 created_unix: now_unix(),
             },
-            response,
+            answer,
         })
     })();
     if result.is_err() {
@@ -275,13 +267,13 @@ pub fn whole(
     gpus: &[usize],
 ) -> Result<Prepared, String> {
     let (id, dir) = new_dir(root)?;
-    let response = api::ContainerAllocateResponse {
+    let answer = Answer {
         envs: [("NVIDIA_VISIBLE_DEVICES".to_string(), visible(inv, gpus))]
             .into_iter()
             .collect(),
         mounts: Vec::new(),
         devices: devices(cfg, inv, gpus),
-        annotations: [("cuvisor.io/allocation".to_string(), id.clone())]
+        annotations: [(ALLOCATION_ANNOTATION.to_string(), id.clone())]
             .into_iter()
             .collect(),
         cdi_devices: Vec::new(),
@@ -305,6 +297,6 @@ pub fn whole(
             ledger_dir: None,
             created_unix: now_unix(),
         },
-        response,
+        answer,
     })
 }

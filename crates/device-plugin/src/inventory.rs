@@ -2,6 +2,7 @@
 //! (`<GPU UUID>-mem-<k>`, one per `memory_unit` bytes of the GPU's memory, rounded down).
 
 use crate::api;
+use crate::config::Config;
 use crate::topology::{Allocator, Topology};
 use crate::HealthMap;
 use std::collections::HashMap;
@@ -172,6 +173,41 @@ impl Inventory {
     }
 }
 
+/// Refuses a configuration whose ListAndWatch response, for a resource it advertises, would be
+/// longer than kubelet accepts ([`api::KUBELET_MAX_MESSAGE`]): kubelet would drop the stream
+/// and the resource would never appear. Checked on the message at its longest (every device
+/// Unhealthy); for memory units, the reason names the smallest `memory_unit` that fits.
+pub fn check_list_sizes(cfg: &Config, inv: &Inventory) -> Result<(), String> {
+    let max = api::KUBELET_MAX_MESSAGE;
+    let r = &cfg.resources;
+    for (memory, name) in [(false, &r.gpu), (true, &r.gpu_memory)] {
+        if name.is_empty() || inv.list_len(memory, max) <= max {
+            continue;
+        }
+        let len = inv.list_len(memory, usize::MAX);
+        let gpus = inv.gpus().len();
+        let over = format!(
+            "would be {len} bytes, over the {max} bytes (4 MiB) kubelet's gRPC client accepts \
+             (grpc-go's default maximum receive message size)"
+        );
+        return Err(if memory {
+            let units: u64 = inv.gpus().iter().map(|g| u64::from(g.units)).sum();
+            let fix = match inv.smallest_unit_within(max) {
+                Some(mib) => format!("; the smallest memory_unit that fits is \"{mib}Mi\""),
+                None => String::new(),
+            };
+            format!(
+                "resources.memory_unit = {:?}: the ListAndWatch response for {name} ({units} \
+                 memory units on {gpus} GPU(s)) {over}{fix}",
+                r.memory_unit
+            )
+        } else {
+            format!("resources.gpu: the ListAndWatch response for {name} ({gpus} GPUs) {over}")
+        });
+    }
+    Ok(())
+}
+
 fn unit_id(g: &GpuInfo, k: u32) -> String {
     format!("{}-mem-{k}", g.uuid)
 }
@@ -286,7 +322,7 @@ mod tests {
         };
         let mib = node(8, 16 << 30, 1 << 20);
         assert!(mib.list_len(true, usize::MAX) > max);
-        let e = crate::server::check_list_sizes(&cfg("1Mi"), &mib).unwrap_err();
+        let e = check_list_sizes(&cfg("1Mi"), &mib).unwrap_err();
         let best = mib.smallest_unit_within(max).unwrap();
         assert!(best > 1);
         assert!(
@@ -299,17 +335,14 @@ mod tests {
         assert!(at(best).list_len(true, max) <= max);
         assert!(at(best - 1).list_len(true, max) > max);
         let unit = format!("{best}Mi");
-        assert_eq!(
-            crate::server::check_list_sizes(&cfg(&unit), &at(best)),
-            Ok(())
-        );
+        assert_eq!(check_list_sizes(&cfg(&unit), &at(best)), Ok(()));
         // Not advertising memory units: nothing to check.
         let mut no_memory = cfg("1Mi");
         no_memory.resources.gpu_memory.clear();
-        assert_eq!(crate::server::check_list_sizes(&no_memory, &mib), Ok(()));
+        assert_eq!(check_list_sizes(&no_memory, &mib), Ok(()));
         // The default, 1Gi: far below the limit.
         assert_eq!(
-            crate::server::check_list_sizes(&cfg("1Gi"), &node(8, 16 << 30, 1 << 30)),
+            check_list_sizes(&cfg("1Gi"), &node(8, 16 << 30, 1 << 30)),
             Ok(())
         );
     }

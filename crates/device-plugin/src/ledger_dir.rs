@@ -46,94 +46,27 @@
 //! what is left (the plugin's files, and in `mount = "none"` the tenant's tree) goes through
 //! [`crate::tenant_tree::remove`] under its bounds.
 
-use crate::registry::RECORD;
+use crate::layout::{RECORD, STATE};
 use crate::tenant_tree::{self, Bounds, GaveUp, Removed};
 use rustix::io::Errno;
 use rustix::mount::{MountFlags, UnmountFlags};
-use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 use std::path::Path;
 
-/// `[ledger_dir]` of the configuration.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LedgerDir {
-    /// "tmpfs": a tmpfs of its own per allocation, bounded by `size` and `inodes`; "none": a
-    /// plain directory on the state root's file system, unbounded.
-    pub mount: String,
-    /// The tmpfs's `size=` (a quantity: "1Mi").
-    pub size: String,
-    /// The tmpfs's `nr_inodes=` (its root directory counts as one).
-    pub inodes: u64,
+pub use crate::config::{ledger_bytes, LedgerDir};
+
+/// The tmpfs's mount data.
+fn data(cfg: &LedgerDir) -> Result<CString, String> {
+    let size = cfg.validate()?;
+    CString::new(format!("size={size},nr_inodes={},mode=1777", cfg.inodes))
+        .map_err(|e| e.to_string())
 }
 
-impl Default for LedgerDir {
-    fn default() -> LedgerDir {
-        LedgerDir {
-            mount: "tmpfs".into(),
-            size: "1Mi".into(),
-            inodes: 64,
-        }
-    }
-}
-
-/// The ledger file's size: what one container needs in its directory.
-pub fn ledger_bytes() -> u64 {
-    std::mem::size_of::<cuvisor_shm::ledger::Layout>() as u64
-}
-
-/// The most the tmpfs may be given (it is memory, not disk).
-pub const MAX_SIZE: u64 = 64 << 20;
-/// The fewest and the most inodes: the root, the ledger and a little room; a bound that means
-/// something.
-pub const INODES: std::ops::RangeInclusive<u64> = 4..=4096;
-
-impl LedgerDir {
-    /// Whether each allocation gets a tmpfs.
-    pub fn mounts(&self) -> bool {
-        self.mount == "tmpfs"
-    }
-
-    /// The tmpfs's size in bytes, and the first problem with the section, naming its key.
-    pub fn validate(&self) -> Result<u64, String> {
-        match self.mount.as_str() {
-            "tmpfs" | "none" => {}
-            m => {
-                return Err(format!(
-                    "ledger_dir.mount = {m:?}: \"tmpfs\" (a bounded tmpfs per allocation) or \
-                     \"none\" (a plain directory, unbounded)"
-                ))
-            }
-        }
-        let size = cuvisor_shm::quantity::parse_quantity(&self.size)
-            .map_err(|e| format!("ledger_dir.size = {:?}: {e}", self.size))?;
-        // Twice the ledger: it is created whole, and a tenant's own temporary copy must fit.
-        let least = 2 * ledger_bytes();
-        if !(least..=MAX_SIZE).contains(&size) {
-            return Err(format!(
-                "ledger_dir.size = {:?}: between {least} bytes (twice the {}-byte ledger) and \
-                 64Mi",
-                self.size,
-                ledger_bytes()
-            ));
-        }
-        if !INODES.contains(&self.inodes) {
-            return Err(format!(
-                "ledger_dir.inodes = {}: between {} and {}",
-                self.inodes,
-                INODES.start(),
-                INODES.end()
-            ));
-        }
-        Ok(size)
-    }
-
-    /// The tmpfs's mount data.
-    fn data(&self) -> Result<CString, String> {
-        let size = self.validate()?;
-        CString::new(format!("size={size},nr_inodes={},mode=1777", self.inodes))
-            .map_err(|e| e.to_string())
-    }
+/// Whether some process of the container whose ledger directory is `ledger_dir` is alive (holds
+/// a lease in its ledger). No ledger: false. A ledger that cannot be asked (replaced by a FIFO,
+/// a directory, a symlink): true, so that nothing the container plants removes anything.
+pub fn has_live_process(ledger_dir: &Path) -> bool {
+    cuvisor_shm::ledger::any_alive(ledger_dir).unwrap_or(true)
 }
 
 /// Mounts the allocation's tmpfs at `state` (an empty directory the plugin just made), when the
@@ -142,7 +75,7 @@ pub fn prepare(state: &Path, cfg: &LedgerDir) -> Result<(), String> {
     if !cfg.mounts() {
         return Ok(());
     }
-    let data = cfg.data()?;
+    let data = data(cfg)?;
     rustix::mount::mount(
         "cuvisor-ledger",
         state,
@@ -200,7 +133,7 @@ pub fn retire(dir: &Path, bounds: &Bounds) -> Result<Removed, GaveUp> {
         // (Not a file, say: the walk below deals with it.)
         Err(_) => {}
     }
-    if let Err(e) = detach(&dir.join(crate::inject::STATE)) {
+    if let Err(e) = detach(&dir.join(STATE)) {
         return Err(GaveUp {
             path: dir.to_path_buf(),
             reason: e,

@@ -22,8 +22,9 @@ use cuvisor_device_plugin::cleanup::Sweeper;
 use cuvisor_device_plugin::config::Config;
 use cuvisor_device_plugin::health;
 use cuvisor_device_plugin::metrics::{self, Metrics};
+use cuvisor_device_plugin::plugin::Plugin;
 use cuvisor_device_plugin::podresources::PodCache;
-use cuvisor_device_plugin::server::Plugin;
+use cuvisor_device_plugin::server;
 use cuvisor_device_plugin::topology::{discover, Allocator};
 use nvml_wrapper::Nvml;
 use std::path::PathBuf;
@@ -192,22 +193,21 @@ fn main() {
                 }
             })
             .map_err(|e| format!("the sweeper's thread: {e}"))?;
-        plugin
-            .run(async {
-                use tokio::signal::unix::{signal, SignalKind};
-                match signal(SignalKind::terminate()) {
-                    Ok(mut term) => {
-                        tokio::select! {
-                            _ = term.recv() => {}
-                            _ = tokio::signal::ctrl_c() => {}
-                        }
-                    }
-                    Err(_) => {
-                        let _ = tokio::signal::ctrl_c().await;
+        server::run(plugin, async {
+            use tokio::signal::unix::{signal, SignalKind};
+            match signal(SignalKind::terminate()) {
+                Ok(mut term) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = tokio::signal::ctrl_c() => {}
                     }
                 }
-            })
-            .await
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+        })
+        .await
     });
     // The runtime (and the plugin with it) goes before the health thread, then NVML.
     drop(rt);

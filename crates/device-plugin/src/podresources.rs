@@ -13,8 +13,8 @@ pub mod v1 {
     tonic::include_proto!("v1");
 }
 
-/// Where kubelet serves the API.
-pub const SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+/// Where kubelet serves the API by default.
+pub use crate::config::POD_RESOURCES_SOCKET as SOCKET;
 
 /// A container, as Kubernetes names it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -51,7 +51,7 @@ pub fn owners(resp: &v1::ListPodResourcesResponse) -> Owners {
 
 /// One `List` call on kubelet's socket.
 pub async fn list(socket: &Path) -> Result<Owners, String> {
-    let ch = crate::server::connect_unix(socket)
+    let ch = crate::unix::connect_unix(socket)
         .await
         .map_err(|e| format!("PodResources {}: {e}", socket.display()))?;
     let resp = v1::pod_resources_lister_client::PodResourcesListerClient::new(ch)

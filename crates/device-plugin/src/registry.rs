@@ -11,10 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-/// The record's file in an allocation's directory.
-pub const RECORD: &str = "allocation.json";
-/// The allocations' directories under the state root.
-pub const ALLOCATIONS: &str = "allocations";
+use crate::layout::{ALLOCATIONS, RECORD};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

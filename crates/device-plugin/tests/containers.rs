@@ -18,8 +18,8 @@ mod support;
 
 use cuvisor_device_plugin::api;
 use cuvisor_device_plugin::config::{Config, HostPaths, PodResources};
+use cuvisor_device_plugin::plugin::Plugin;
 use cuvisor_device_plugin::registry::Kind;
-use cuvisor_device_plugin::server::Plugin;
 use cuvisor_sim::model::Model;
 use cuvisor_sim::state::Shared;
 use cuvisor_testkit::container::{self, Container, Spec};
@@ -105,13 +105,9 @@ impl Node {
     /// Allocate for memory units `units` of GPU 0.
     fn allocate(&self, units: std::ops::Range<u32>) -> api::ContainerAllocateResponse {
         let inv = self.plugin.inventory();
-        let ids = units.map(|k| inv.unit_id(0, k)).collect();
-        self.plugin
-            .allocate(
-                Kind::Memory,
-                &api::ContainerAllocateRequest { devices_ids: ids },
-            )
-            .unwrap()
+        let ids: Vec<String> = units.map(|k| inv.unit_id(0, k)).collect();
+        // The domain's answer, as kubelet receives it.
+        cuvisor_device_plugin::server::response(self.plugin.allocate(Kind::Memory, &ids).unwrap())
     }
 
     /// The container kubelet would make from Allocate's answer `r`, as `uid` (gid the same),

@@ -10,7 +10,7 @@ use cuvisor_device_plugin::api::device_plugin_client::DevicePluginClient;
 use cuvisor_device_plugin::api::registration_server::{Registration, RegistrationServer};
 use cuvisor_device_plugin::api::{self, RegisterRequest};
 
-use cuvisor_device_plugin::server::connect_unix;
+use cuvisor_device_plugin::unix::connect_unix;
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
