@@ -77,6 +77,7 @@ pub mod plugin;
 pub mod podresources;
 pub mod registry;
 pub mod server;
+pub mod tenant_glibc;
 pub mod tenant_tree;
 pub mod topology;
 pub mod unix;

@@ -120,6 +120,9 @@ fn main() {
         Some(p) => Config::load(p).unwrap_or_else(|e| fail(e.0)),
         None => Config::default(),
     };
+    // The library must load in every tenant image (host.tenant_glibc; tenant_glibc.rs).
+    cuvisor_device_plugin::tenant_glibc::check_library(&cfg.host.library, cfg.tenant_glibc())
+        .unwrap_or_else(|e| fail(e));
     let nvml = Arc::new(open_nvml(args.sim.as_deref()).unwrap_or_else(|e| fail(e)));
     let topology = discover(&nvml).unwrap_or_else(|e| fail(format!("GPU discovery: {e:?}")));
     let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| fail(format!("tokio: {e}")));
