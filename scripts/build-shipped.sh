@@ -9,9 +9,10 @@
 #
 # Why zig (cargo-zigbuild, target x86_64-unknown-linux-gnu.2.17) rather than
 #  - an old sysroot (a CentOS 7 / manylinux2014 build image, or an old Debian's libc6-dev): no
-#    such image or release is reachable from here or from CI (only PyPI, crates.io, Debian's
-#    current releases); zig ships, inside a PyPI wheel, link stubs of every glibc version from
-#    2.17 on, so the link itself binds each symbol to the oldest version that has it;
+#    such image or release is reachable from here or from CI (only the Rust and Python package
+#    registries and Debian's current releases); zig ships, inside a PyPI wheel, link stubs of
+#    every glibc version from 2.17 on, so the link itself binds each symbol to the oldest
+#    version that has it;
 #  - avoiding new symbol versions by hand (`.symver` directives, a version script, calling
 #    old names): that has to be redone for every symbol std, the libc crate or a dependency
 #    adds, and nothing checks it while linking. With zig a symbol that 2.17 lacks is a link
