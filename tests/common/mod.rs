@@ -14,8 +14,21 @@ pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
 
 /// target/<profile>/deps/libcuvisor.so, built first if needed (`cargo test` builds it as this
-/// package's library; `cargo bench` and `cargo test --test X` may not).
+/// package's library; `cargo bench` and `cargo test --test X` may not); or the library
+/// CUVISOR_TEST_LIBRARY names, e.g. the shipped one built for glibc 2.17
+/// (`CUVISOR_TEST_LIBRARY=target/shipped/libcuvisor.so cargo test --test interception`, as
+/// .ci/run does).
 pub fn libcuvisor() -> PathBuf {
+    if let Some(given) = std::env::var_os("CUVISOR_TEST_LIBRARY").filter(|v| !v.is_empty()) {
+        let p = std::path::absolute(Path::new(env!("CARGO_MANIFEST_DIR")).join(given))
+            .expect("CUVISOR_TEST_LIBRARY as an absolute path");
+        assert!(
+            p.is_file(),
+            "CUVISOR_TEST_LIBRARY={}: no such file",
+            p.display()
+        );
+        return p;
+    }
     cuvisor_testkit::built(&cuvisor_testkit::profile_dir_of_test()).join("deps/libcuvisor.so")
 }
 

@@ -8,6 +8,14 @@
 //! - and load: a process of its own (`cuvisor __probe-library FILE`, hidden) dlopen()s it with
 //!   RTLD_NOW | RTLD_LOCAL, every symbol bound at once, and reports dlerror. cuvisor itself never
 //!   loads the library: it must not interpose anything in the process that sets up the limits.
+//!   Before that the probe reads the library's symbol version needs (DT_VERNEED) and refuses one
+//!   that needs a newer glibc than the probe's own, naming both (`needs glibc 2.34 (GLIBC_2.34
+//!   of libc.so.6); the command's libc is glibc 2.31`) rather than dlerror's "version
+//!   `GLIBC_2.34' not found". The probe's glibc is the command's: it is started as the command
+//!   will be, by the same ld.so with the same LD_LIBRARY_PATH, so the libc.so.6 that ld.so
+//!   resolves for it is the one the command gets, and `gnu_get_libc_version()` is that libc's
+//!   own answer, with no path to guess (a command with a RUNPATH of its own could still bring
+//!   another libc; a static one ignores LD_PRELOAD altogether).
 //!
 //! The probe runs with an empty environment (no CUVISOR_* variable, so the library's constructor
 //! is inert, and no LD_PRELOAD) but the LD_LIBRARY_PATH the command will get, and is given
@@ -15,6 +23,7 @@
 
 use crate::child;
 use crate::files::{self, Links, NotOpened};
+use cuvisor_elf_needs::GlibcVersion;
 use std::ffi::{CStr, CString, OsStr};
 use std::io::Read as _;
 use std::os::unix::ffi::OsStrExt as _;
@@ -208,8 +217,12 @@ fn probe(path: &Path, ld_library_path: Option<&OsStr>) -> Result<(), String> {
             "does not load: loading it killed the process (signal {sig})"
         )),
         None if said.is_empty() => Err(format!("does not load ({status})")),
-        // The probe's own verdict on a library that loads (not libcuvisor, another version).
-        None if said.starts_with("loads, but") || said.starts_with("is libcuvisor") => {
+        // The probe's own verdicts: a library that needs a newer glibc, or one that loads but
+        // is not libcuvisor (or another version of it).
+        None if said.starts_with("needs glibc")
+            || said.starts_with("loads, but")
+            || said.starts_with("is libcuvisor") =>
+        {
             Err(said.to_string())
         }
         None => Err(format!("does not load: {said}")),
@@ -222,6 +235,9 @@ pub fn probe_main(path: &Path) -> (String, u8) {
     let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
         return ("the path holds a NUL byte\n".into(), 1);
     };
+    if let Some(why) = glibc_too_old(path) {
+        return (format!("{why}\n"), 1);
+    }
     // SAFETY: a NUL-terminated path. dlopen runs the library's constructors here, in a process
     // that exists for nothing else (environment emptied by `probe`).
     let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
@@ -264,6 +280,41 @@ pub fn probe_main(path: &Path) -> (String, u8) {
     (format!("{why}\n"), 1)
 }
 
+/// The largest library the version check reads (libcuvisor.so is about 10 MiB with its debug
+/// lines); a larger file is left to dlopen, which says what it says.
+const MAX_READ: u64 = 512 << 20;
+
+/// This process's glibc, as glibc itself says (`gnu_get_libc_version`).
+fn running_glibc() -> Option<GlibcVersion> {
+    // SAFETY: gnu_get_libc_version takes nothing and returns a pointer to a static,
+    // NUL-terminated string in glibc (never freed).
+    let v = unsafe { CStr::from_ptr(libc::gnu_get_libc_version()) };
+    GlibcVersion::parse(v.to_str().ok()?)
+}
+
+/// Why the library at `path` cannot load against this process's glibc: a symbol version it
+/// needs (`GLIBC_2.34`) is newer than the glibc here. None when it can, or when the file cannot
+/// be read as ELF (dlopen then says why).
+fn glibc_too_old(path: &Path) -> Option<String> {
+    let file = files::open_regular(path, Links::Follow).ok()?;
+    let mut bytes = Vec::new();
+    (&file).take(MAX_READ).read_to_end(&mut bytes).ok()?;
+    let needs = cuvisor_elf_needs::parse(&bytes).ok()?;
+    let here = running_glibc()?;
+    glibc_verdict(&needs, here)
+}
+
+/// The verdict on a library's needs against a glibc: the newest need beyond it, both named.
+fn glibc_verdict(needs: &cuvisor_elf_needs::Dynamic, glibc: GlibcVersion) -> Option<String> {
+    let (newest, need) = needs.newest_glibc_needed()?;
+    (newest > glibc).then(|| {
+        format!(
+            "needs glibc {newest} ({} of {}); the command's libc is glibc {glibc}",
+            need.version, need.file
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,6 +337,38 @@ mod tests {
         put(&mut h, 16, e_type);
         put(&mut h, 18, MACHINE.unwrap_or(0));
         h
+    }
+
+    #[test]
+    fn a_library_needing_a_newer_glibc_is_named_with_both_versions() {
+        let need = |file: &str, version: &str| cuvisor_elf_needs::VersionNeed {
+            file: file.into(),
+            version: version.into(),
+        };
+        let lib = cuvisor_elf_needs::Dynamic {
+            needed: vec!["libc.so.6".into(), "libdl.so.2".into()],
+            version_needs: vec![
+                need("libc.so.6", "GLIBC_2.2.5"),
+                need("libc.so.6", "GLIBC_2.34"),
+                need("libdl.so.2", "GLIBC_2.3.4"),
+                need("libc.so.6", "GLIBC_PRIVATE"),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            glibc_verdict(&lib, GlibcVersion::new(2, 31)).as_deref(),
+            Some("needs glibc 2.34 (GLIBC_2.34 of libc.so.6); the command's libc is glibc 2.31")
+        );
+        assert_eq!(glibc_verdict(&lib, GlibcVersion::new(2, 34)), None);
+        assert_eq!(glibc_verdict(&lib, GlibcVersion::new(2, 36)), None);
+        assert_eq!(
+            glibc_verdict(
+                &cuvisor_elf_needs::Dynamic::default(),
+                GlibcVersion::new(2, 17)
+            ),
+            None
+        );
+        assert!(running_glibc().is_some_and(|v| v >= GlibcVersion::new(2, 17)));
     }
 
     #[test]

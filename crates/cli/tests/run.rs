@@ -921,6 +921,85 @@ fn library_etc_hostname_is_refused_instead_of_running_without_a_quota() {
     assert!(!marker.exists());
 }
 
+/// This process's glibc, as glibc says.
+fn glibc_here() -> String {
+    // SAFETY: gnu_get_libc_version returns a static NUL-terminated string.
+    unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) }
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The attack: a libcuvisor.so built on a newer machine than the one it is used on (the issue:
+/// built on glibc 2.36, it needs GLIBC_2.34; Ubuntu 20.04 has 2.31). dlerror's answer,
+/// "version `GLIBC_2.34' not found", names neither glibc; the refusal names both, in one line,
+/// and nothing runs. Made here from the built library with its newest needed GLIBC_ version
+/// string rewritten in place (same length, digits made 9s: GLIBC_2.34 -> GLIBC_9.99), which no
+/// glibc defines.
+#[test]
+fn library_needing_a_newer_glibc_is_refused_naming_both_versions() {
+    let scratch = Scratch::new("newer-glibc");
+    let marker = scratch.path("ran");
+    let touch = format!("touch {}", marker.display());
+    let mut lib = std::fs::read(built().join("deps/libcuvisor.so")).unwrap();
+    let needs = cuvisor_elf_needs::parse(&lib).unwrap();
+    let (_, newest) = needs.newest_glibc_needed().expect("it needs some glibc");
+    let (file, from) = (newest.file.clone(), newest.version.clone());
+    let to: String = from
+        .chars()
+        .enumerate()
+        .map(|(i, c)| if i >= 6 && c.is_ascii_digit() { '9' } else { c })
+        .collect();
+    let (from_z, to_z) = (format!("{from}\0"), format!("{to}\0"));
+    let mut rewritten = 0;
+    let mut at = 0;
+    while let Some(p) = lib[at..]
+        .windows(from_z.len())
+        .position(|w| w == from_z.as_bytes())
+    {
+        let start = at + p;
+        lib[start..start + to_z.len()].copy_from_slice(to_z.as_bytes());
+        rewritten += 1;
+        at = start + to_z.len();
+    }
+    assert!(rewritten > 0, "{from} not found in the library");
+    let newer = scratch.path("libcuvisor-newer.so");
+    std::fs::write(&newer, &lib).unwrap();
+    assert_eq!(
+        cuvisor_elf_needs::parse(&lib)
+            .unwrap()
+            .newest_glibc_needed()
+            .map(|(_, n)| n.version.clone()),
+        Some(to.clone())
+    );
+    let lib = newer.to_str().unwrap();
+    let ran = cuvisor_within(
+        std::time::Duration::from_secs(20),
+        &[
+            "run",
+            "--memory",
+            "1Gi",
+            "--library",
+            lib,
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ],
+        &scratch,
+        &[],
+    )
+    .exits(2);
+    let want = format!(
+        "error: --library {lib}: needs glibc {} ({to} of {file}); the command's libc is glibc {}\n",
+        &to[6..],
+        glibc_here()
+    );
+    assert_eq!(ran.stderr(), want, "{}", ran.show());
+    assert!(!marker.exists(), "the command ran:\n{}", ran.show());
+    assert_eq!(scratch.leftovers(), Vec::<PathBuf>::new());
+}
+
 /// The attack: `--sim FIFO` (a machine file that is a FIFO) hung `cuvisor run` in its read. A
 /// machine file must be a regular file of at most 1 MiB: anything else is refused at once,
 /// and nothing runs.

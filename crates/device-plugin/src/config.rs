@@ -30,6 +30,8 @@
 //!
 //! [host]                                 # paths on the node
 //! library = "/usr/local/lib/cuvisor/libcuvisor.so"
+//! tenant_glibc = "2.17"                  # the oldest glibc of the tenant images: a library
+//!                                        # that needs newer is refused at startup (exit 2)
 //! dev_dir = "/dev"                       # /dev/nvidiaN, /dev/nvidiactl, ...
 //! control_devices = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
 //! coord_dir = "/var/lib/cuvisor/coord"   # default: <state_root>/coord
@@ -74,6 +76,7 @@
 
 use crate::topology::Weights;
 use crate::{cdi, layout};
+use cuvisor_elf_needs::GlibcVersion;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -92,6 +95,10 @@ pub const MAX_NVML_RETRY_SECONDS: u64 = 3600;
 
 /// Where kubelet serves its PodResources API (`[pod_resources] socket`).
 pub const POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+
+/// `host.tenant_glibc`'s default: CentOS 7's glibc, the oldest of the images CUDA's containers
+/// are built on, and the floor HAMi documents for its library (docs/glibc.md).
+pub const DEFAULT_TENANT_GLIBC: GlibcVersion = GlibcVersion::new(2, 17);
 
 /// The XIDs that mark a GPU Unhealthy by default (`[health] xid_critical`), from NVIDIA's XID
 /// catalog (docs.nvidia.com/deploy/xid-errors): those whose resolution is a GPU reset / node
@@ -151,6 +158,9 @@ pub struct Resources {
 #[serde(default, deny_unknown_fields)]
 pub struct HostPaths {
     pub library: PathBuf,
+    /// The oldest glibc of the tenant images ("2.17", CentOS 7's): `library` must need nothing
+    /// newer (crate::tenant_glibc, checked at startup; docs/glibc.md).
+    pub tenant_glibc: String,
     pub dev_dir: PathBuf,
     /// Device nodes every GPU container gets, besides /dev/nvidiaN (names under dev_dir; those
     /// that do not exist on the host are skipped).
@@ -271,6 +281,7 @@ impl Default for HostPaths {
     fn default() -> HostPaths {
         HostPaths {
             library: PathBuf::from("/usr/local/lib/cuvisor/libcuvisor.so"),
+            tenant_glibc: DEFAULT_TENANT_GLIBC.to_string(),
             dev_dir: PathBuf::from("/dev"),
             control_devices: ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
                 .map(String::from)
@@ -629,6 +640,12 @@ impl Config {
                 "host.install_from = {from:?}: must be an absolute path (or \"\": nothing copied)"
             ));
         }
+        if GlibcVersion::parse(&self.host.tenant_glibc).is_none() {
+            return err(format!(
+                "host.tenant_glibc = {:?}: not a glibc version (like \"2.17\")",
+                self.host.tenant_glibc
+            ));
+        }
         for d in &self.host.control_devices {
             if d.is_empty() || d.contains('/') {
                 return err(format!(
@@ -706,6 +723,11 @@ impl Config {
             )));
         }
         Ok(Some(addr))
+    }
+
+    /// `host.tenant_glibc` as a version (validated: the default's when it does not parse).
+    pub fn tenant_glibc(&self) -> GlibcVersion {
+        GlibcVersion::parse(&self.host.tenant_glibc).unwrap_or(DEFAULT_TENANT_GLIBC)
     }
 
     /// The memory unit in bytes.
@@ -800,6 +822,23 @@ fn check_compute(text: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tenant_glibc_defaults_to_2_17_and_must_be_a_version() {
+        let c = Config::parse("version = 1\n").unwrap();
+        assert_eq!(c.host.tenant_glibc, "2.17");
+        assert_eq!(c.tenant_glibc(), GlibcVersion::new(2, 17));
+        let c = Config::parse("version = 1\n[host]\ntenant_glibc = \"2.28\"\n").unwrap();
+        assert_eq!(c.tenant_glibc(), GlibcVersion::new(2, 28));
+        for bad in ["", "2", "glibc 2.17", "GLIBC_2.17", "2.17.x"] {
+            let e = Config::parse(&format!("version = 1\n[host]\ntenant_glibc = {bad:?}\n"))
+                .unwrap_err();
+            assert_eq!(
+                e.0,
+                format!("host.tenant_glibc = {bad:?}: not a glibc version (like \"2.17\")")
+            );
+        }
+    }
 
     #[test]
     fn empty_is_the_default() {

@@ -92,6 +92,7 @@ pub mod registry;
 pub mod selfcheck;
 pub mod server;
 pub mod status;
+pub mod tenant_glibc;
 pub mod tenant_tree;
 pub mod topology;
 pub mod unix;

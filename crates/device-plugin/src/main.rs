@@ -283,6 +283,10 @@ fn main() {
     };
     // Before NVML: the library is on the host even while the driver is not (yet) reachable.
     install_library(&cfg);
+    // After the copy: the library must load in every tenant image (host.tenant_glibc;
+    // tenant_glibc.rs).
+    cuvisor_device_plugin::tenant_glibc::check_library(&cfg.host.library, cfg.tenant_glibc())
+        .unwrap_or_else(|e| fail(e));
     // Still single-threaded: the simulated library reads CUVISOR_SIM at init.
     let library = match args.sim.as_deref() {
         Some(spec) => sim_library(spec).unwrap_or_else(|e| fail(e)),

@@ -6,6 +6,7 @@
 
 mod support;
 
+use support::glibc_here;
 use support::kubelet::Kubelet;
 
 use cuvisor_device_plugin::api;
@@ -75,6 +76,7 @@ impl Drop for PluginProcess {
     }
 }
 
+/// This machine's glibc, as glibc says.
 fn write_config(s: &Scratch, metrics_port: u16, sections: &str) -> PathBuf {
     let p = s.0.join("plugin.toml");
     let pod_resources = if sections.contains("[pod_resources]") {
@@ -87,10 +89,13 @@ fn write_config(s: &Scratch, metrics_port: u16, sections: &str) -> PathBuf {
         format!(
             "version = 1\nsocket_dir = {:?}\nstate_root = {:?}\nmetrics_port = {metrics_port}\n\
              {pod_resources}{sections}\n\
-             [host]\nlibrary = {:?}\ndev_dir = {:?}\ncontrol_devices = [\"nvidiactl\", \"nvidia-uvm\", \"nvidia-uvm-tools\"]\n",
+             [host]\nlibrary = {:?}\ntenant_glibc = {:?}\ndev_dir = {:?}\ncontrol_devices = [\"nvidiactl\", \"nvidia-uvm\", \"nvidia-uvm-tools\"]\n",
             s.dp(),
             s.state_root(),
             built().join("deps/libcuvisor.so"),
+            // The library of these tests is built here, for this machine's glibc, and so are
+            // their tenants (the shipped one, built for 2.17: crates/elf-needs/tests/shipped.rs).
+            glibc_here(),
             s.0.join("dev"),
         ),
     )
@@ -1145,6 +1150,38 @@ fn a_socket_dir_too_long_for_a_unix_socket_stops_the_plugin() {
     assert!(
         line.contains("socket_dir: the Unix socket path ") && line.contains("at most 107 bytes"),
         "{line}"
+    );
+}
+
+/// The attack on the tenants: a library built on a newer machine than the tenant images (the
+/// issue: built on glibc 2.36 it needs GLIBC_2.34; Ubuntu 20.04 has 2.31, UBI 8 2.28) is
+/// skipped by ld.so in those images, through /etc/ld.so.preload, and their programs run with no
+/// quota. Now the plugin refuses, at startup, a library that needs a newer glibc than
+/// `[host] tenant_glibc`: exit 2 and one line naming both versions. (Here the tenants' glibc is
+/// set one minor below the newest the library needs, whatever machine built it.)
+#[test]
+fn a_library_needing_a_newer_glibc_than_the_tenants_stops_the_plugin() {
+    let s = Scratch::new("tenant-glibc");
+    let lib = built().join("deps/libcuvisor.so");
+    let needs = cuvisor_elf_needs::parse(&std::fs::read(&lib).unwrap()).unwrap();
+    let (newest, need) = needs.newest_glibc_needed().expect("a glibc library");
+    let older = cuvisor_elf_needs::GlibcVersion::new(newest.major, newest.minor - 1);
+    let cfg = write_config(&s, 0, "");
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        &format!("tenant_glibc = {:?}", glibc_here()),
+        &format!("tenant_glibc = \"{older}\""),
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let (code, err) = run_plugin_to_exit(&s, "single", &cfg, Duration::from_secs(20));
+    assert_eq!(code, Some(2), "{err}");
+    one_line_reason(
+        &err,
+        &format!(
+            "host.library {} needs glibc {newest} ({} of {}), newer than host.tenant_glibc = \"{older}\"",
+            lib.display(),
+            need.version,
+            need.file
+        ),
     );
 }
 

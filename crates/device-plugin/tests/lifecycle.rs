@@ -48,10 +48,11 @@ impl Scratch {
             &p,
             format!(
                 "version = 1\nsocket_dir = {:?}\nstate_root = {:?}\n{metrics}\n\
-                 [pod_resources]\nsocket = \"\"\n[host]\nlibrary = {:?}\ndev_dir = {:?}\n{sections}\n",
+                 [pod_resources]\nsocket = \"\"\n[host]\nlibrary = {:?}\ntenant_glibc = {:?}\ndev_dir = {:?}\n{sections}\n",
                 self.dp(),
                 self.0.join("state"),
                 built().join("deps/libcuvisor.so"),
+                support::glibc_here(),
                 self.0.join("dev"),
             ),
         )

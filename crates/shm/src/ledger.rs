@@ -970,10 +970,22 @@ pub fn any_alive(dir: &Path) -> std::io::Result<bool> {
 }
 
 /// A random, non-zero 64-bit id (getrandom; the clock and pid if that fails).
+///
+/// The system call, not glibc's `getrandom` wrapper: the wrapper exists only from glibc 2.25,
+/// and the shipped library must load against glibc 2.17 (docs/glibc.md); `syscall` is there
+/// since 2.2.5. A kernel without the call (before 3.17) answers ENOSYS: the fallback below.
 pub fn random_id() -> u64 {
     let mut v = 0u64;
-    // SAFETY: getrandom writes at most 8 bytes into `v`, which we own.
-    let n = unsafe { libc::getrandom(&mut v as *mut u64 as *mut libc::c_void, 8, 0) };
+    // SAFETY: getrandom(2) writes at most 8 bytes into `v`, which we own; the arguments are
+    // the buffer, its length and no flags, as the system call takes them.
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_getrandom,
+            &mut v as *mut u64 as *mut libc::c_void,
+            8usize,
+            0usize,
+        )
+    };
     if n != 8 {
         let mut ts = libc::timespec {
             tv_sec: 0,
