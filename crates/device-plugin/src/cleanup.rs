@@ -11,7 +11,7 @@
 //!   a CUDA process has no ledger file at all: the same. This rule cannot tell a container
 //!   that is idle between two CUDA programs from one that is gone; PodResources can.
 //!
-//! Pids are never evidence here: the plugin runs in the host's pid namespace and every
+//! Pids are never evidence here: the plugin runs in its pod's pid namespace and every
 //! container has its own, so a pid a container recorded names nothing (or another process)
 //! from here. The plugin never gives back a container's charges either: only the container's
 //! own processes judge and reclaim its dead processes' slots. Neither rule removes an
