@@ -589,6 +589,77 @@ pub fn probe(spec_dir: &Path) -> Result<(), String> {
     std::fs::remove_file(&p).map_err(|e| why(io(&p, e)))
 }
 
+/// The CDI directories a runtime reads by default, static then dynamic (`pkg/cdi/spec-dirs.go`).
+pub const DEFAULT_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
+
+/// Of the device names `wanted` (`kind=name`), those that no spec file in `dirs` declares: a
+/// warning at startup, because a container whose answer names one fails to start ("unresolvable
+/// CDI devices"). Not a refusal: NVIDIA's spec may be written after the plugin starts
+/// (`nvidia-cdi-refresh` at boot). The files are the node's, written by root; still, each is
+/// read only up to 4 MiB, at most 256 of them, and whatever does not parse declares nothing.
+/// JSON is parsed; YAML (how `nvidia-ctk cdi generate` writes by default) is read by its
+/// `kind:` and `name:` lines, which is how that generator lays a spec out.
+pub fn undeclared(dirs: &[&Path], wanted: &[String]) -> Vec<String> {
+    const MAX_FILES: usize = 256;
+    const MAX_BYTES: u64 = 4 << 20;
+    let mut declared = std::collections::BTreeSet::new();
+    let files = dirs
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flat_map(|r| r.flatten())
+        .map(|e| e.path())
+        .filter(|p| {
+            matches!(
+                p.extension().and_then(|e| e.to_str()),
+                Some("json" | "yaml" | "yml")
+            )
+        })
+        .take(MAX_FILES);
+    for p in files {
+        let Ok(f) = std::fs::File::open(&p) else {
+            continue;
+        };
+        let mut text = String::new();
+        if std::io::Read::read_to_string(&mut std::io::Read::take(f, MAX_BYTES), &mut text).is_err()
+        {
+            continue;
+        }
+        if let Ok(spec) = serde_json::from_str::<Spec>(&text) {
+            declared.extend(spec.devices.iter().map(|d| qualified(&spec.kind, &d.name)));
+        } else {
+            declared.extend(yaml_declared(&text));
+        }
+    }
+    wanted
+        .iter()
+        .filter(|w| !declared.contains(*w))
+        .cloned()
+        .collect()
+}
+
+/// The `kind=name` pairs of a YAML CDI spec, by its top-level `kind:` and its devices' `name:`
+/// lines (quoted or not).
+fn yaml_declared(text: &str) -> Vec<String> {
+    let value = |l: &str, key: &str| {
+        l.trim_start()
+            .trim_start_matches("- ")
+            .strip_prefix(key)
+            .map(|v| v.trim().trim_matches(|c| c == '"' || c == '\'').to_string())
+    };
+    let kind = text
+        .lines()
+        .filter(|l| !l.starts_with(' ') && !l.starts_with('-'))
+        .find_map(|l| value(l, "kind:"));
+    let Some(kind) = kind else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| value(l, "name:"))
+        .filter(|n| !n.is_empty())
+        .map(|n| qualified(&kind, &n))
+        .collect()
+}
+
 /// Removes allocation `id`'s spec from `spec_dir`: true when it was there.
 pub fn remove_spec(spec_dir: &Path, id: &str) -> Result<bool, String> {
     let p = spec_file(spec_dir, id);
@@ -921,5 +992,50 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("intelRdt"), "{e}");
+    }
+
+    /// `nvidia-ctk cdi generate`'s YAML layout (kind at the top, one `- name:` per device) and
+    /// a JSON spec both declare their devices; a GPU named by neither is reported, and files
+    /// that are not specs declare nothing.
+    #[test]
+    fn gpus_no_spec_on_the_node_declares_are_reported() {
+        let dir =
+            std::env::temp_dir().join(format!("cuvisor-cdi-undeclared-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("nvidia.yaml"),
+            "---\ncdiVersion: 0.5.0\ncontainerEdits:\n  env:\n  - NVIDIA_VISIBLE_DEVICES=void\n\
+             devices:\n- containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n  name: \"0\"\n\
+             - containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n  name: GPU-aaaa\n\
+             - name: all\nkind: nvidia.com/gpu\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("other.json"),
+            r#"{"cdiVersion":"0.5.0","kind":"example.com/gpu","devices":[{"name":"GPU-bbbb","containerEdits":{"env":["A=1"]}}]}"#,
+        )
+        .unwrap();
+        std::fs::write(dir.join("junk.json"), "{not json").unwrap();
+        std::fs::write(
+            dir.join("notes.txt"),
+            "kind: nvidia.com/gpu\nname: GPU-cccc\n",
+        )
+        .unwrap();
+        let wanted: Vec<String> = [
+            "nvidia.com/gpu=GPU-aaaa",
+            "nvidia.com/gpu=0",
+            "nvidia.com/gpu=GPU-bbbb",
+            "example.com/gpu=GPU-bbbb",
+            "nvidia.com/gpu=GPU-cccc",
+        ]
+        .map(String::from)
+        .to_vec();
+        let missing = undeclared(&[&dir, Path::new("/nonexistent-cdi-dir")], &wanted);
+        assert_eq!(
+            missing,
+            ["nvidia.com/gpu=GPU-bbbb", "nvidia.com/gpu=GPU-cccc"]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -12,6 +12,7 @@ use crate::inventory::Inventory;
 use crate::registry::{Kind, Registry, RegistryView};
 use crate::topology::Topology;
 use crate::{cdi, inject, plan, HealthMap, HealthReceiver};
+use std::path::Path;
 use std::sync::Mutex;
 
 /// Why a request is refused.
@@ -61,6 +62,38 @@ struct Hold {
     by: Vec<String>,
 }
 
+/// Under a CDI strategy Allocate names NVIDIA's device of each GPU; a GPU that no spec the
+/// plugin can see declares makes every tenant on it fail to start, so it is said once at startup,
+/// with what to do (docs/cdi.md).
+fn warn_undeclared_gpus(cdi: &cdi::Settings, inv: &Inventory) {
+    let wanted: Vec<String> = inv
+        .gpus()
+        .iter()
+        .map(|g| {
+            cdi.nvidia_device(cdi::GpuRef {
+                uuid: &g.uuid,
+                index: g.index,
+            })
+        })
+        .collect();
+    let mut dirs: Vec<&Path> = cdi::DEFAULT_SPEC_DIRS.iter().map(Path::new).collect();
+    dirs.push(&cdi.spec_dir);
+    let missing = cdi::undeclared(&dirs, &wanted);
+    if !missing.is_empty() {
+        eprintln!(
+            "cuvisor-device-plugin: warning: no CDI spec in {} declares {}: containers given \
+             them will not start (\"unresolvable CDI devices\"); write NVIDIA's spec on the node \
+             (nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml) or set [cdi] nvidia_kind \
+             and nvidia_device_name to the spec it has (docs/cdi.md)",
+            dirs.iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            missing.join(", ")
+        );
+    }
+}
+
 impl Plugin {
     /// Checks the configuration, opens the registry under the state root (reloading recorded
     /// allocations) and writes the shared host files.
@@ -91,6 +124,9 @@ impl Plugin {
                     Err(e) => eprintln!("cuvisor-device-plugin: allocation {}: {e}", a.id),
                 }
             }
+        }
+        if cdi.strategy.is_cdi() {
+            warn_undeclared_gpus(&cdi, &inv);
         }
         // Boards from before a restart keep only the entries of recorded allocations.
         {
