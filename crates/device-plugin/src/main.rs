@@ -282,6 +282,15 @@ fn main() {
         None => Config::default(),
     };
     // Before NVML: the library is on the host even while the driver is not (yet) reachable.
+    // The library must load in every tenant image (host.tenant_glibc; tenant_glibc.rs): the
+    // image's is checked before it replaces the node's, and the node's after.
+    if !cfg.host.install_from.as_os_str().is_empty() {
+        cuvisor_device_plugin::tenant_glibc::check_install_source(
+            &cfg.host.install_from,
+            cfg.tenant_glibc(),
+        )
+        .unwrap_or_else(|e| fail(e));
+    }
     install_library(&cfg);
     // After the copy: the library must load in every tenant image (host.tenant_glibc;
     // tenant_glibc.rs).

@@ -19,22 +19,33 @@ const MAX_LIBRARY_BYTES: u64 = 512 << 20;
 
 /// Why `library` cannot be injected into tenants whose glibc is `tenant_glibc`, or Ok.
 pub fn check_library(library: &Path, tenant_glibc: GlibcVersion) -> Result<(), String> {
+    check("host.library", library, tenant_glibc)
+}
+
+/// The same check on `[host] install_from`, before it is copied over `[host] library`: an image
+/// whose library tenants could not load must not replace the one on the node that they can
+/// (containers kubelet starts again from its checkpointed answers mount whatever is there).
+pub fn check_install_source(source: &Path, tenant_glibc: GlibcVersion) -> Result<(), String> {
+    check("host.install_from", source, tenant_glibc)
+}
+
+fn check(key: &str, library: &Path, tenant_glibc: GlibcVersion) -> Result<(), String> {
     let shown = library.display();
     let file = match std::fs::File::open(library) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(format!("host.library {shown}: cannot read it: {e}")),
+        Err(e) => return Err(format!("{key} {shown}: cannot read it: {e}")),
     };
     let mut bytes = Vec::new();
     file.take(MAX_LIBRARY_BYTES)
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("host.library {shown}: cannot read it: {e}"))?;
+        .map_err(|e| format!("{key} {shown}: cannot read it: {e}"))?;
     let needs = cuvisor_elf_needs::parse(&bytes).map_err(|e| {
-        format!("host.library {shown}: {e}; ld.so would skip it and tenants would have no quota")
+        format!("{key} {shown}: {e}; ld.so would skip it and tenants would have no quota")
     })?;
     match needs.newest_glibc_needed() {
         Some((newest, need)) if newest > tenant_glibc => Err(format!(
-            "host.library {shown} needs glibc {newest} ({} of {}), newer than host.tenant_glibc \
+            "{key} {shown} needs glibc {newest} ({} of {}), newer than host.tenant_glibc \
              = \"{tenant_glibc}\": tenant images with that glibc could not load it (build it \
              with scripts/build-shipped.sh, or raise host.tenant_glibc)",
             need.version, need.file

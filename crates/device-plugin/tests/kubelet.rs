@@ -1185,6 +1185,54 @@ fn a_library_needing_a_newer_glibc_than_the_tenants_stops_the_plugin() {
     );
 }
 
+/// An image whose library needs a newer glibc than `[host] tenant_glibc` (an upgrade built
+/// without scripts/build-shipped.sh) must not replace the node's library before the plugin
+/// refuses it: kubelet starts existing tenants again from its checkpointed answers, which mount
+/// whatever is at `[host] library`. Before, the copy came first and the check after.
+#[test]
+fn an_image_library_the_tenants_cannot_load_does_not_replace_the_nodes() {
+    let s = Scratch::new("install-glibc");
+    let lib = built().join("deps/libcuvisor.so");
+    let needs = cuvisor_elf_needs::parse(&std::fs::read(&lib).unwrap()).unwrap();
+    let (newest, _) = needs.newest_glibc_needed().expect("a glibc library");
+    let older = cuvisor_elf_needs::GlibcVersion::new(newest.major, newest.minor - 1);
+    // The node's library: one the tenants can load (here: any file the check does not judge,
+    // standing for it; its bytes must survive).
+    let node_lib = s.0.join("node-lib/libcuvisor.so");
+    std::fs::create_dir_all(node_lib.parent().unwrap()).unwrap();
+    std::fs::write(&node_lib, b"the node's library").unwrap();
+    let cfg = write_config(&s, 0, "");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace(
+            &format!("tenant_glibc = {:?}", glibc_here()),
+            &format!("tenant_glibc = \"{older}\"\ninstall_from = {lib:?}"),
+        )
+        .replace(
+            &format!("library = {lib:?}"),
+            &format!("library = {node_lib:?}"),
+        );
+    std::fs::write(&cfg, &text).unwrap();
+    assert!(
+        text.contains("install_from") && text.contains("node-lib"),
+        "{text}"
+    );
+    let (code, err) = run_plugin_to_exit(&s, "single", &cfg, Duration::from_secs(20));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.lines()
+            .last()
+            .unwrap_or("")
+            .contains("host.install_from"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&node_lib).unwrap(),
+        b"the node's library",
+        "the node's library was replaced: {err}"
+    );
+}
+
 /// A socket directory that cannot be made (a file stands in its way): binding fails after
 /// start-up. The plugin used to run on without serving; now it stops with the reason.
 #[test]
