@@ -28,9 +28,10 @@ use std::time::Duration;
 
 /// How often the running plugin checks itself and rewrites its status.
 pub const PERIOD: Duration = Duration::from_secs(2);
-/// A status older than this is not alive (its writer does not run). Several periods, plus the
-/// time the checks may take ([`CHECK_TIMEOUT`]).
-pub const STALE_AFTER: Duration = Duration::from_secs(10);
+/// A status older than this is not alive (its writer does not run). A period plus the longest
+/// a check of both resources may take when each answers only when asked again
+/// (2 x ([`CHECK_TIMEOUT`] + 0.5 s + [`CHECK_TIMEOUT`]) = 9 s), with room to spare.
+pub const STALE_AFTER: Duration = Duration::from_secs(20);
 /// How long the plugin's own check of one socket may take.
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 /// The largest status file read.

@@ -457,9 +457,18 @@ pub fn parse(bytes: &[u8]) -> Result<Dynamic, Error> {
 }
 
 /// The dynamic string table: NUL-terminated names at offsets below its size.
+///
+/// Entries may point at one name many times (a hostile file's chains overlap), so what is
+/// copied out is bounded: a name of at most [`MAX_NAME`] bytes (library and version names are
+/// short), and in all at most four times the file plus 1 MiB.
 struct Strings<'a> {
     table: &'a [u8],
+    copied: std::cell::Cell<usize>,
+    budget: usize,
 }
+
+/// The longest name read (PATH_MAX).
+const MAX_NAME: usize = 4096;
 
 impl<'a> Strings<'a> {
     fn new(bytes: &'a [u8], offset: u64, size: u64) -> Result<Strings<'a>, Error> {
@@ -468,7 +477,11 @@ impl<'a> Strings<'a> {
         let len = usize::try_from(size).map_err(|_| Error::Truncated(what))?;
         let end = start.checked_add(len).ok_or(Error::Truncated(what))?;
         let table = bytes.get(start..end).ok_or(Error::Truncated(what))?;
-        Ok(Strings { table })
+        Ok(Strings {
+            table,
+            copied: std::cell::Cell::new(0),
+            budget: bytes.len().saturating_mul(4).saturating_add(1 << 20),
+        })
     }
 
     fn get(&self, index: u64, what: &str) -> Result<String, Error> {
@@ -481,6 +494,20 @@ impl<'a> Strings<'a> {
         let len = rest.iter().position(|&c| c == 0).ok_or_else(|| {
             Error::Malformed(format!("{what} runs past the end of the string table"))
         })?;
+        if len > MAX_NAME {
+            return Err(Error::Malformed(format!(
+                "{what} is {len} bytes long (at most {MAX_NAME})"
+            )));
+        }
+        let copied = self.copied.get() + len;
+        if copied > self.budget {
+            return Err(Error::Malformed(
+                "its names, read through its version chains, add up to more than the file could \
+                 hold"
+                    .into(),
+            ));
+        }
+        self.copied.set(copied);
         Ok(String::from_utf8_lossy(&rest[..len]).into_owned())
     }
 }

@@ -509,3 +509,37 @@ fn this_program_and_its_libc_agree() {
         }
     }
 }
+
+/// A name longer than any library or version name (a hostile string table) is an error, not a
+/// copy of however much the file holds.
+#[test]
+fn a_name_longer_than_path_max_is_refused() {
+    let long: &'static str = Box::leak("G".repeat(MAX_NAME + 1).into_boxed_str());
+    let spec = Spec {
+        soname: None,
+        needed: vec!["libc.so.6"],
+        verneed: vec![("libc.so.6", vec![long])],
+        verdef: vec![],
+    };
+    let f = build(true, true, &spec);
+    match parse(&f) {
+        Err(Error::Malformed(m)) => assert!(m.contains("at most 4096"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Entries may name one string many times (overlapping chains): what is copied out in all is
+/// bounded by the file's size, so a 1 MiB file cannot make gigabytes of names.
+#[test]
+fn names_read_again_and_again_stop_at_a_budget_of_the_files_size() {
+    let mut bytes = vec![b'x'; MAX_NAME];
+    bytes.push(0);
+    let strings = Strings::new(&bytes, 0, bytes.len() as u64).unwrap();
+    let mut reads = 0usize;
+    while strings.get(0, "a name").is_ok() {
+        reads += 1;
+        assert!(reads < 1 << 20, "no budget");
+    }
+    let budget = bytes.len() * 4 + (1 << 20);
+    assert_eq!(reads, budget / MAX_NAME);
+}
