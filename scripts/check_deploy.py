@@ -99,6 +99,13 @@ def check_variant(name, components, docs):
           f"{name}: exec probes from the plugin's own state (probe, probe --ready)")
     check(not spec.get("initContainers") and not spec.get("hostPID") and not spec.get("hostNetwork"),
           f"{name}: no init container, no host pid or network namespace")
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    off_operator = {"key": "nvidia.com/gpu.deploy.device-plugin", "operator": "NotIn", "values": ["true"]}
+    check(len(terms) == 3 and all(off_operator in t["matchExpressions"] for t in terms),
+          f"{name}: every node-affinity term keeps off nodes where the GPU Operator runs its device plugin")
+    cdi_dirs = {m["mountPath"]: m.get("readOnly", False) for m in c["volumeMounts"]}
+    check(cdi_dirs.get("/var/run/cdi") is False and cdi_dirs.get("/etc/cdi") is True,
+          f"{name}: /var/run/cdi read-write (cuvisor's specs), /etc/cdi read-only (NVIDIA's, checked)")
     has_rc = "runtimeClassName" in spec
     check(has_rc == ("default-runtime" not in components),
           f"{name}: runtimeClassName {'nvidia' if has_rc else 'absent'}")
