@@ -194,6 +194,10 @@ async fn wait_for_nvml(
     }
 }
 
+/// How long opening NVML, one attempt, or discovering the GPUs may take before the plugin
+/// counts as stuck (discovery reads every GPU and NVLink: seconds on an 8-GPU node).
+const STARTUP_PATIENCE: Duration = Duration::from_secs(300);
+
 /// Whether SIGTERM or SIGINT has come (see [`catch_termination`]).
 type Stop = tokio::sync::watch::Receiver<bool>;
 
@@ -308,7 +312,11 @@ fn main() {
         .unwrap_or_else(|e| fail(format!("{}: {e}", cfg.state_root.display())));
     let stop = catch_termination(&rt);
     let status_path = cfg.state_root.join(layout::STATUS);
-    let life = Arc::new(Life::new());
+    // A start-up stage that stays as it is longer than an NVML retry plus STARTUP_PATIENCE is
+    // stuck (NVML or discovery hanging on a GPU): the probe then says not alive.
+    let life = Arc::new(Life::with_patience(
+        Duration::from_secs(cfg.nvml.retry_seconds) + STARTUP_PATIENCE,
+    ));
     rt.spawn(selfcheck::run(status_path.clone(), life.clone()));
     let nvml = match rt.block_on(wait_for_nvml(&cfg.nvml, &library, &life, stop.clone())) {
         Ok(Some(nvml)) => Arc::new(nvml),

@@ -35,6 +35,16 @@ pub async fn answers(sock: &Path) -> Result<(), String> {
 /// half a second apart, before it counts as not answering: kubelet's restart removes the
 /// sockets, and the server is back within its poll) and is registered.
 pub async fn check(life: &Life) -> (Phase, String) {
+    if let Some(still) = life.stuck_for() {
+        let stage = match life.stage() {
+            Stage::WaitingForNvml(_) => "an attempt to open NVML",
+            _ => "opening NVML or discovering the GPUs",
+        };
+        return (
+            Phase::Stuck,
+            format!("{stage} has not returned for {} s", still.as_secs()),
+        );
+    }
     match life.stage() {
         Stage::Starting => (Phase::Starting, String::new()),
         Stage::WaitingForNvml(why) => (Phase::WaitingForNvml, why),
@@ -119,6 +129,28 @@ mod tests {
             assert!(e.starts_with("not alive"), "{e}");
         }
         let _ = std::fs::remove_dir_all(d);
+    }
+
+    /// A start-up stage that stays as it is for longer than the patience (NVML or discovery
+    /// hanging on a GPU that hangs the driver) is stuck, and stuck is not alive; the same
+    /// stage set again (the next attempt) is progress. Without patience, never stuck.
+    #[tokio::test]
+    async fn a_start_up_that_does_not_move_on_is_stuck_and_not_alive() {
+        // A life made now starts now (not at boot): not stuck at once.
+        let life = Life::with_patience(std::time::Duration::from_millis(50));
+        assert_eq!(check(&life).await.0, Phase::Starting);
+        tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+        let (phase, detail) = check(&life).await;
+        assert_eq!(phase, Phase::Stuck, "{detail}");
+        assert!(detail.contains("discovering the GPUs"), "{detail}");
+        let s = status::now(phase, detail);
+        let e = status::verdict(&s, status::Need::Alive, s.at_ms, status::start_ticks).unwrap_err();
+        assert!(e.starts_with("not alive"), "{e}");
+        life.set_stage(Stage::WaitingForNvml("no libnvidia-ml.so.1".into()));
+        assert_eq!(check(&life).await.0, Phase::WaitingForNvml);
+        let forever = Life::new();
+        tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+        assert_eq!(check(&forever).await.0, Phase::Starting);
     }
 
     /// Before the servers run, the stage is the phase: waiting for NVML is alive, not ready.

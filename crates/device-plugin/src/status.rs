@@ -12,7 +12,8 @@
 //! - its writer is still running: the pid exists *and* started at the recorded time, so that a
 //!   file left by a previous instance is not taken for this one's (in a container the plugin is
 //!   pid 1 every time; the start time tells the instances apart);
-//! - the phase is not [`Phase::NotServing`]: a gRPC server that does not answer
+//! - the phase is not [`Phase::NotServing`] nor [`Phase::Stuck`]: a gRPC server that does not
+//!   answer, or a start-up that hangs in NVML or discovery, is not alive;
 //!   GetDevicePluginOptions on its socket, asked by the plugin itself, is not alive.
 //!
 //! and **ready** only when alive and [`Phase::Ready`]: every resource's server answers and is
@@ -51,6 +52,10 @@ pub enum Phase {
     Ready,
     /// Some server does not answer on its socket.
     NotServing,
+    /// Start-up has not moved on for longer than it may take ([`Life::with_patience`]): opening
+    /// NVML or discovering the GPUs does not return (a GPU that hangs the driver). Not alive, so
+    /// that kubelet starts the plugin again.
+    Stuck,
 }
 
 /// The status file's content.
@@ -172,7 +177,7 @@ pub fn verdict(
     } else {
         format!(": {}", s.detail)
     };
-    if s.phase == Phase::NotServing {
+    if matches!(s.phase, Phase::NotServing | Phase::Stuck) {
         return Err(format!("not alive: {phase}{why}"));
     }
     if need == Need::Ready && s.phase != Phase::Ready {
@@ -202,15 +207,21 @@ fn phase_name(p: Phase) -> &'static str {
         Phase::Serving => "serving, not registered with kubelet",
         Phase::Ready => "serving and registered with kubelet",
         Phase::NotServing => "a gRPC server does not answer",
+        Phase::Stuck => "start-up does not move on",
     }
 }
 
 /// What the running plugin knows of itself between checks: where it is in its start-up, and
 /// which resources are registered with the running kubelet (set by the server).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Life {
-    stage: Mutex<Stage>,
+    /// The stage, and when it was last set (`CLOCK_BOOTTIME` ms): each attempt to open NVML
+    /// sets it again, so it tells how long start-up has not moved on.
+    stage: Mutex<(Stage, u64)>,
     registered: Mutex<BTreeMap<String, bool>>,
+    /// How long a start-up stage may stay as it is before the plugin counts as stuck; zero:
+    /// forever.
+    patience: Duration,
 }
 
 /// The start-up, before the servers run.
@@ -224,17 +235,46 @@ pub enum Stage {
     Running(Vec<(String, std::path::PathBuf)>),
 }
 
+impl Default for Life {
+    fn default() -> Life {
+        Life::new()
+    }
+}
+
 impl Life {
+    /// A life starting now, never counted as stuck.
     pub fn new() -> Life {
-        Life::default()
+        Life::with_patience(Duration::ZERO)
+    }
+
+    /// A life whose start-up stages (starting, waiting for NVML) count as stuck once one has
+    /// stayed as it is for longer than `patience`.
+    pub fn with_patience(patience: Duration) -> Life {
+        Life {
+            stage: Mutex::new((Stage::Starting, boottime_ms())),
+            registered: Mutex::default(),
+            patience,
+        }
     }
 
     pub fn set_stage(&self, s: Stage) {
-        *self.stage.lock().unwrap_or_else(|e| e.into_inner()) = s;
+        *self.stage.lock().unwrap_or_else(|e| e.into_inner()) = (s, boottime_ms());
     }
 
     pub fn stage(&self) -> Stage {
-        self.stage.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.stage
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .clone()
+    }
+
+    /// How long a start-up stage has stayed as it is, if longer than the patience.
+    pub fn stuck_for(&self) -> Option<Duration> {
+        let (stage, since) = &*self.stage.lock().unwrap_or_else(|e| e.into_inner());
+        let still = Duration::from_millis(boottime_ms().saturating_sub(*since));
+        (!matches!(stage, Stage::Running(_)) && !self.patience.is_zero() && still > self.patience)
+            .then_some(still)
     }
 
     /// Whether resource `name` is registered with the kubelet that runs now.
