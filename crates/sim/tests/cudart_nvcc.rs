@@ -22,7 +22,7 @@ use python::{at, u};
 
 use cuvisor_sim::model::Model;
 use cuvisor_sim::state::{now_ns, Shared};
-use cuvisor_testkit::assert_share_within_2pp as within;
+use cuvisor_testkit::assert_share_near as within;
 use serde_json::Value;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
