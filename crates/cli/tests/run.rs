@@ -921,15 +921,6 @@ fn library_etc_hostname_is_refused_instead_of_running_without_a_quota() {
     assert!(!marker.exists());
 }
 
-/// This process's glibc, as glibc says.
-fn glibc_here() -> String {
-    // SAFETY: gnu_get_libc_version returns a static NUL-terminated string.
-    unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) }
-        .to_str()
-        .unwrap()
-        .to_string()
-}
-
 /// The attack: a libcuvisor.so built on a newer machine than the one it is used on (the issue:
 /// built on glibc 2.36, it needs GLIBC_2.34; Ubuntu 20.04 has 2.31). dlerror's answer,
 /// "version `GLIBC_2.34' not found", names neither glibc; the refusal names both, in one line,
@@ -993,7 +984,7 @@ fn library_needing_a_newer_glibc_is_refused_naming_both_versions() {
     let want = format!(
         "error: --library {lib}: needs glibc {} ({to} of {file}); the command's libc is glibc {}\n",
         &to[6..],
-        glibc_here()
+        cuvisor_testkit::glibc_here()
     );
     assert_eq!(ran.stderr(), want, "{}", ran.show());
     assert!(!marker.exists(), "the command ran:\n{}", ran.show());

@@ -285,21 +285,20 @@ fn main() {
         Some(p) => Config::load(p).unwrap_or_else(|e| fail(e.0)),
         None => Config::default(),
     };
-    // Before NVML: the library is on the host even while the driver is not (yet) reachable.
-    // The library must load in every tenant image (host.tenant_glibc; tenant_glibc.rs): the
-    // image's is checked before it replaces the node's, and the node's after.
-    if !cfg.host.install_from.as_os_str().is_empty() {
+    // The library must load in every tenant image (host.tenant_glibc; tenant_glibc.rs): the one
+    // Allocate will mount, checked before it replaces the node's when it comes from the image.
+    let tenant_glibc = cfg.tenant_glibc();
+    if cfg.host.install_from.as_os_str().is_empty() {
+        cuvisor_device_plugin::tenant_glibc::check_library(&cfg.host.library, tenant_glibc)
+    } else {
         cuvisor_device_plugin::tenant_glibc::check_install_source(
             &cfg.host.install_from,
-            cfg.tenant_glibc(),
+            tenant_glibc,
         )
-        .unwrap_or_else(|e| fail(e));
     }
+    .unwrap_or_else(|e| fail(e));
+    // Before NVML: the library is on the host even while the driver is not (yet) reachable.
     install_library(&cfg);
-    // After the copy: the library must load in every tenant image (host.tenant_glibc;
-    // tenant_glibc.rs).
-    cuvisor_device_plugin::tenant_glibc::check_library(&cfg.host.library, cfg.tenant_glibc())
-        .unwrap_or_else(|e| fail(e));
     // Still single-threaded: the simulated library reads CUVISOR_SIM at init.
     let library = match args.sim.as_deref() {
         Some(spec) => sim_library(spec).unwrap_or_else(|e| fail(e)),

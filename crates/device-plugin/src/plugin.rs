@@ -77,7 +77,9 @@ fn warn_undeclared_gpus(cdi: &cdi::Settings, inv: &Inventory) {
         })
         .collect();
     let mut dirs: Vec<&Path> = cdi::DEFAULT_SPEC_DIRS.iter().map(Path::new).collect();
-    dirs.push(&cdi.spec_dir);
+    if !dirs.contains(&cdi.spec_dir.as_path()) {
+        dirs.push(&cdi.spec_dir);
+    }
     let missing = cdi::undeclared(&dirs, &wanted);
     if !missing.is_empty() {
         eprintln!(

@@ -62,26 +62,6 @@ library = "/var/lib/cuvisor/lib/libcuvisor.so"
 install_from = "/usr/local/lib/cuvisor/libcuvisor.so"
 "#;
 
-/// Docker's (and containerd's) default capabilities, what a Kubernetes container gets, and
-/// CAP_SYS_ADMIN for the ledger directories' tmpfs.
-const CAPS: [&str; 15] = [
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_FSETID",
-    "CAP_FOWNER",
-    "CAP_MKNOD",
-    "CAP_NET_RAW",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_SETFCAP",
-    "CAP_SETPCAP",
-    "CAP_NET_BIND_SERVICE",
-    "CAP_SYS_CHROOT",
-    "CAP_KILL",
-    "CAP_AUDIT_WRITE",
-    "CAP_SYS_ADMIN",
-];
-
 fn archive() -> PathBuf {
     match std::env::var_os("CUVISOR_IMAGE_ARCHIVE") {
         Some(p) if !p.is_empty() => PathBuf::from(p),
@@ -304,7 +284,13 @@ fn bundle(s: &Scratch, lib: &Path, nvml: Nvml, preset: &str) -> PathBuf {
         .unwrap()
         .push(json!(format!("CUVISOR_SIM={preset}")));
     p["terminal"] = json!(false);
-    p["capabilities"] = json!({ "bounding": CAPS, "effective": CAPS, "permitted": CAPS });
+    // What a Kubernetes container gets (testkit's default set), and CAP_SYS_ADMIN for the ledger
+    // directories' tmpfs.
+    let caps: Vec<&str> = cuvisor_testkit::container::CAPS
+        .into_iter()
+        .chain(["CAP_SYS_ADMIN"])
+        .collect();
+    p["capabilities"] = json!({ "bounding": caps, "effective": caps, "permitted": caps });
     c["root"]["readonly"] = json!(true);
     c["hostname"] = json!("cuvisor-device-plugin");
 

@@ -6,7 +6,7 @@
 
 mod support;
 
-use support::glibc_here;
+use cuvisor_testkit::glibc_here;
 use support::kubelet::Kubelet;
 
 use cuvisor_device_plugin::api;

@@ -52,7 +52,7 @@ impl Scratch {
                 self.dp(),
                 self.0.join("state"),
                 built().join("deps/libcuvisor.so"),
-                support::glibc_here(),
+                cuvisor_testkit::glibc_here(),
                 self.0.join("dev"),
             ),
         )

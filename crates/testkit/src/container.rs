@@ -436,7 +436,7 @@ const PRIVATE: [&str; 4] = ["/proc", "/dev", "/tmp", "/run"];
 
 /// Docker's (and containerd's) default capability set: what a Kubernetes container gets. Only
 /// the bounding set matters for a non-root user: execve gives it none of them.
-const CAPS: [&str; 14] = [
+pub const CAPS: [&str; 14] = [
     "CAP_CHOWN",
     "CAP_DAC_OVERRIDE",
     "CAP_FSETID",

@@ -118,3 +118,12 @@ pub fn assert_share_near(got: f64, want: f64, what: &str) {
         SHARE_TOLERANCE * 100.0
     );
 }
+
+/// This machine's glibc version ("2.36"), as glibc itself says: the tests inject libraries built
+/// here, which need it.
+pub fn glibc_here() -> String {
+    // SAFETY: gnu_get_libc_version takes nothing and returns a static NUL-terminated string.
+    unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) }
+        .to_string_lossy()
+        .into_owned()
+}

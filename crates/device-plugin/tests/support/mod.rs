@@ -88,12 +88,3 @@ pub fn fixture(name: &str) -> String {
         .join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
-
-/// This machine's glibc version ("2.36"): the plugin's tests inject a library built here, which
-/// needs it, so their configurations set `[host] tenant_glibc` to it.
-pub fn glibc_here() -> String {
-    // SAFETY: gnu_get_libc_version returns a static NUL-terminated string.
-    unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) }
-        .to_string_lossy()
-        .into_owned()
-}
