@@ -21,7 +21,6 @@ mod nvml;
 mod procaddr;
 
 use std::ffi::{c_void, CStr};
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering::*};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -141,16 +140,14 @@ pub struct Hook {
     pub real: &'static Real,
 }
 
-/// Runs a wrapper body behind a panic boundary: a bug in cuvisor becomes an error code with one
-/// line on stderr, never an unwind into the program.
+/// Runs a wrapper body behind the panic boundary all three libraries share
+/// (`cuvisor_cuda_abi::ffi::catch`): a bug in cuvisor becomes an error code with one line on
+/// stderr, never an unwind into the program.
 pub fn guard<R: Copy>(on_panic: R, f: impl FnOnce() -> R) -> R {
-    match std::panic::catch_unwind(AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(_) => {
-            crate::log::error("internal error in a wrapped call (refused; please report)");
-            on_panic
-        }
-    }
+    cuvisor_cuda_abi::ffi::catch(None, || Some(f())).unwrap_or_else(|| {
+        crate::log::error("internal error in a wrapped call (refused; please report)");
+        on_panic
+    })
 }
 
 /// The table of wrapped entry points. One line per entry point:
@@ -196,11 +193,11 @@ macro_rules! hooks {
         }
     };
     // The real library lacks it: CUDA_ERROR_NOT_SUPPORTED / NVML_ERROR_FUNCTION_NOT_FOUND.
-    (@missing Cuda) => { 801 };
-    (@missing Nvml) => { 13 };
+    (@missing Cuda) => { cuvisor_cuda_abi::cuda::err::NOT_SUPPORTED };
+    (@missing Nvml) => { cuvisor_cuda_abi::nvml::ret::ERROR_FUNCTION_NOT_FOUND };
     // A panic inside cuvisor: CUDA_ERROR_UNKNOWN / NVML_ERROR_UNKNOWN.
-    (@panic Cuda) => { 999 };
-    (@panic Nvml) => { 999 };
+    (@panic Cuda) => { <cuvisor_cuda_abi::ffi::Cuda as cuvisor_cuda_abi::ffi::Api>::INTERNAL };
+    (@panic Nvml) => { <cuvisor_cuda_abi::ffi::Nvml as cuvisor_cuda_abi::ffi::Api>::INTERNAL };
 }
 pub(crate) use hooks;
 

@@ -8,4 +8,5 @@
 #![allow(non_camel_case_types, non_snake_case)]
 
 pub mod cuda;
+pub mod ffi;
 pub mod nvml;

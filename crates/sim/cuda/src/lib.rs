@@ -20,80 +20,53 @@ mod proc_table;
 mod procaddr;
 
 use cuvisor_cuda_abi::cuda::{err, CUresult};
+use cuvisor_cuda_abi::ffi::{self, Cuda};
 use cuvisor_sim::Sim;
 use std::collections::HashMap;
 use std::ffi::{c_char, CStr};
-use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, OnceLock};
 
 pub(crate) type Res = Result<(), CUresult>;
 
-/// Panic boundary of every exported function: a bug in the simulator is an error code, never an
-/// unwind into C.
+// ---- the C boundary -----------------------------------------------------------------------------
+// One copy for libcuvisor and both simulated libraries (`cuvisor_cuda_abi::ffi`); these names fix
+// the API to CUDA's, whose codes the boundary answers with: CUDA_ERROR_INVALID_VALUE for a NULL
+// pointer or string, CUDA_ERROR_UNKNOWN for a panic (a bug in the simulator, never an unwind into C).
+
+/// Panic boundary of every exported function.
 pub(crate) fn guard(f: impl FnOnce() -> Res) -> CUresult {
-    match std::panic::catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => err::SUCCESS,
-        Ok(Err(e)) => e,
-        Err(_) => err::UNKNOWN,
-    }
+    ffi::guard::<Cuda>(f)
 }
 
 /// Defines exported driver entry points. Each body returns `Res` and runs behind [`guard`].
 macro_rules! export {
-    ($( $(#[$m:meta])* fn $name:ident ( $($a:ident : $t:ty),* $(,)? ) $body:block )*) => {$(
-        $(#[$m])*
-        #[no_mangle]
-        pub extern "C" fn $name($($a: $t),*) -> cuvisor_cuda_abi::cuda::CUresult {
-            $crate::guard(move || $body)
-        }
-    )*};
+    ($($t:tt)*) => { cuvisor_cuda_abi::export!(cuvisor_cuda_abi::ffi::Cuda; $($t)*); };
 }
 pub(crate) use export;
 
-// ---- pointers from C ----------------------------------------------------------------------------
-// The driver API's contract is that every pointer argument is either NULL or valid for the access
-// the function documents. These helpers check NULL (CUDA_ERROR_INVALID_VALUE, as the driver does)
-// and rely on the contract for the rest.
-
 pub(crate) fn write<T>(p: *mut T, v: T) -> Res {
-    if p.is_null() {
-        return Err(err::INVALID_VALUE);
-    }
-    // SAFETY: non-null, and by the API contract valid for one write of T (unaligned tolerated).
-    unsafe { p.write_unaligned(v) };
-    Ok(())
+    // SAFETY: the exported functions pass their caller's pointer arguments, which the API
+    // contract makes NULL or valid for this access.
+    unsafe { ffi::write::<Cuda, T>(p, v) }
 }
 
 pub(crate) fn read<T: Copy>(p: *const T) -> Result<T, CUresult> {
-    if p.is_null() {
-        return Err(err::INVALID_VALUE);
-    }
-    // SAFETY: non-null, and by the API contract valid for one read of T.
-    Ok(unsafe { p.read_unaligned() })
+    // SAFETY: the exported functions pass their caller's pointer arguments, which the API
+    // contract makes NULL or valid for this access.
+    unsafe { ffi::read::<Cuda, T>(p) }
 }
 
 pub(crate) fn cstr<'a>(p: *const c_char) -> Result<&'a str, CUresult> {
-    if p.is_null() {
-        return Err(err::INVALID_VALUE);
-    }
-    // SAFETY: non-null and, by the API contract, a NUL-terminated string alive for this call.
-    unsafe { CStr::from_ptr(p) }
-        .to_str()
-        .map_err(|_| err::INVALID_VALUE)
+    // SAFETY: the exported functions pass their caller's pointer arguments, which the API
+    // contract makes NULL or valid for this access.
+    unsafe { ffi::cstr::<Cuda>(p) }
 }
 
 /// Copies `s` NUL-terminated into a caller buffer of `len` bytes (truncating like the driver).
 pub(crate) fn write_cstr(dst: *mut c_char, len: i32, s: &str) -> Res {
-    if dst.is_null() || len <= 0 {
-        return Err(err::INVALID_VALUE);
-    }
-    let n = s.len().min(len as usize - 1);
-    // SAFETY: dst is non-null and, by contract, `len` bytes long; we write n + 1 <= len bytes.
-    unsafe {
-        std::ptr::copy_nonoverlapping(s.as_ptr(), dst as *mut u8, n);
-        *dst.add(n) = 0;
-    }
-    Ok(())
+    let len = usize::try_from(len).map_err(|_| err::INVALID_VALUE)?;
+    // SAFETY: as above; `len` is the caller's own buffer length.
+    unsafe { ffi::write_cstr_truncated::<Cuda>(dst, len, s) }
 }
 
 /// Raw byte copy between two ranges the caller has validated.

@@ -21,82 +21,49 @@ mod sensors;
 mod stubs;
 mod topology;
 
+use cuvisor_cuda_abi::ffi::{self, Nvml};
 use cuvisor_cuda_abi::nvml::{nvmlReturn_t, ret};
 use cuvisor_sim::Sim;
 use std::ffi::{c_char, c_int, c_uint, CStr, CString};
-use std::panic::AssertUnwindSafe;
 use std::sync::{Mutex, OnceLock};
 
 pub(crate) type Res = Result<(), nvmlReturn_t>;
 
-/// Panic boundary of every exported function: a bug in the simulator is NVML_ERROR_UNKNOWN, never
-/// an unwind into C.
-pub(crate) fn guard(f: impl FnOnce() -> Res) -> nvmlReturn_t {
-    match std::panic::catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => ret::SUCCESS,
-        Ok(Err(e)) => e,
-        Err(_) => ret::ERROR_UNKNOWN,
-    }
-}
+// ---- the C boundary -----------------------------------------------------------------------------
+// One copy for libcuvisor and both simulated libraries (`cuvisor_cuda_abi::ffi`); these names fix
+// the API to NVML's, whose codes the boundary answers with: NVML_ERROR_INVALID_ARGUMENT for a NULL
+// pointer or string (as NVML does), NVML_ERROR_UNKNOWN for a panic (a bug in the simulator, never
+// an unwind into C).
 
-/// Defines exported NVML entry points. Each body returns `Res` and runs behind [`guard`].
+/// Defines exported NVML entry points. Each body returns `Res` and runs behind `ffi::guard`.
 macro_rules! export {
-    ($( $(#[$m:meta])* fn $name:ident ( $($a:ident : $t:ty),* $(,)? ) $body:block )*) => {$(
-        $(#[$m])*
-        #[no_mangle]
-        pub extern "C" fn $name($($a: $t),*) -> cuvisor_cuda_abi::nvml::nvmlReturn_t {
-            $crate::guard(move || $body)
-        }
-    )*};
+    ($($t:tt)*) => { cuvisor_cuda_abi::export!(cuvisor_cuda_abi::ffi::Nvml; $($t)*); };
 }
 pub(crate) use export;
 
-// ---- pointers from C ----------------------------------------------------------------------------
-// NVML's contract is that every pointer argument is either NULL or valid for the access the
-// function documents. These helpers answer NULL with NVML_ERROR_INVALID_ARGUMENT (as NVML does)
-// and rely on the contract for the rest.
-
 pub(crate) fn write<T>(p: *mut T, v: T) -> Res {
-    if p.is_null() {
-        return Err(ret::ERROR_INVALID_ARGUMENT);
-    }
-    // SAFETY: non-null, and by the API contract valid for one write of T (unaligned tolerated).
-    unsafe { p.write_unaligned(v) };
-    Ok(())
+    // SAFETY: the exported functions pass their caller's pointer arguments, which the API
+    // contract makes NULL or valid for this access.
+    unsafe { ffi::write::<Nvml, T>(p, v) }
 }
 
 pub(crate) fn read<T: Copy>(p: *const T) -> Result<T, nvmlReturn_t> {
-    if p.is_null() {
-        return Err(ret::ERROR_INVALID_ARGUMENT);
-    }
-    // SAFETY: non-null, and by the API contract valid for one read of T.
-    Ok(unsafe { p.read_unaligned() })
+    // SAFETY: the exported functions pass their caller's pointer arguments, which the API
+    // contract makes NULL or valid for this access.
+    unsafe { ffi::read::<Nvml, T>(p) }
 }
 
 /// Writes `items` to a caller array the caller has sized: at least `items.len()` elements.
 pub(crate) fn write_array<T: Copy>(p: *mut T, items: &[T]) -> Res {
-    if items.is_empty() {
-        return Ok(());
-    }
-    if p.is_null() {
-        return Err(ret::ERROR_INVALID_ARGUMENT);
-    }
-    for (i, v) in items.iter().enumerate() {
-        // SAFETY: non-null, and the caller checked (against the count the API passes with the
-        // array) that the array holds at least items.len() elements.
-        unsafe { p.add(i).write_unaligned(*v) };
-    }
-    Ok(())
+    // SAFETY: the exported functions pass their caller's pointer arguments, which the API
+    // contract makes NULL or valid for this access.
+    unsafe { ffi::write_array::<Nvml, T>(p, items) }
 }
 
 pub(crate) fn cstr<'a>(p: *const c_char) -> Result<&'a str, nvmlReturn_t> {
-    if p.is_null() {
-        return Err(ret::ERROR_INVALID_ARGUMENT);
-    }
-    // SAFETY: non-null and, by the API contract, a NUL-terminated string alive for this call.
-    unsafe { CStr::from_ptr(p) }
-        .to_str()
-        .map_err(|_| ret::ERROR_INVALID_ARGUMENT)
+    // SAFETY: the exported functions pass their caller's pointer arguments, which the API
+    // contract makes NULL or valid for this access.
+    unsafe { ffi::cstr::<Nvml>(p) }
 }
 
 /// Copies `s` NUL-terminated into a caller buffer of `len` bytes; NVML_ERROR_INSUFFICIENT_SIZE
@@ -108,26 +75,15 @@ pub(crate) fn write_str(dst: *mut c_char, len: c_uint, s: &str) -> Res {
     if s.len() + 1 > len as usize {
         return Err(ret::ERROR_INSUFFICIENT_SIZE);
     }
-    copy_cstr(dst, s.len(), s);
-    Ok(())
+    // SAFETY: as above; `len` is the caller's own buffer length.
+    unsafe { ffi::write_cstr_truncated::<Nvml>(dst, len as usize, s) }
 }
 
 /// Copies at most `len - 1` bytes of `s` and a NUL into a caller buffer of `len` bytes.
 pub(crate) fn write_str_truncated(dst: *mut c_char, len: c_uint, s: &str) -> Res {
-    if dst.is_null() || len == 0 {
-        return Err(ret::ERROR_INVALID_ARGUMENT);
-    }
-    copy_cstr(dst, s.len().min(len as usize - 1), s);
-    Ok(())
-}
-
-fn copy_cstr(dst: *mut c_char, n: usize, s: &str) {
-    // SAFETY: dst is non-null and, by contract, holds the caller's length in bytes; both callers
-    // checked n + 1 <= that length.
-    unsafe {
-        std::ptr::copy_nonoverlapping(s.as_ptr(), dst as *mut u8, n);
-        *dst.add(n) = 0;
-    }
+    // SAFETY: the exported functions pass their caller's pointer arguments, which the API
+    // contract makes NULL or valid for this access.
+    unsafe { ffi::write_cstr_truncated::<Nvml>(dst, len as usize, s) }
 }
 
 /// A fixed C char array holding `s` (truncated to fit with its NUL), for struct fields.
