@@ -11,6 +11,8 @@
 //! Both need the CUDA 13.5 wheels (`cuda.h`, nvcc): where they cannot be installed the tests
 //! print SKIPPED, or fail when `CI` is set (see `cuvisor_testkit::wheels::venv`).
 mod common;
+#[path = "common/python.rs"]
+mod python;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -37,13 +39,13 @@ fn cu13(test: &str) -> Option<PathBuf> {
     )
 }
 
-fn run_on_sim(exe: &Path, preset: &str, tag: &str) -> (bool, String, String) {
+/// Runs `exe` on the simulated `preset`, under `cuvisor run RUN -- exe` unless `run` is empty
+/// (see `python::on_sim`): (exit status 0, stdout, stderr).
+fn run_on_sim(exe: &Path, preset: &str, tag: &str, run: &[&str]) -> (bool, String, String) {
     let state = common::state_file(tag);
-    let mut cmd = Command::new(exe);
-    common::sim_env(&mut cmd, preset, &state);
+    let mut cmd = python::on_sim(exe, run, preset, &state);
     let out = cmd.output().expect("run the program");
-    let _ = std::fs::remove_file(&state);
-    let _ = std::fs::remove_file(exe);
+    python::remove_state(&state);
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -77,16 +79,23 @@ fn c_client_copies_memsets_arrays_and_objects_byte_for_byte() {
         src.display(),
         String::from_utf8_lossy(&built.stderr)
     );
-    let (ok, out, err) = run_on_sim(&exe, "dgx-a100", "c-copies");
-    assert!(ok, "{out}\n{err}");
-    // The count of checks is the program's own (a check skipped would be a smaller number);
-    // well over a hundred thousand bytes are compared one by one.
-    let n: u64 = out
-        .lines()
-        .find_map(|l| l.strip_prefix("OK "))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no OK line: {out}\n{err}"));
-    assert!(n > 10_000, "{n} checks: {out}");
+    // Plainly, then under `cuvisor run --memory 6Gi` (libcuvisor counting the arrays, levels
+    // and planes): the same checks hold, and the program's free memory is the same at its end
+    // as at its start.
+    let plain = run_on_sim(&exe, "dgx-a100", "c-copies", &[]);
+    let quota = run_on_sim(&exe, "dgx-a100", "c-copies-quota", &["--memory", "6Gi"]);
+    let _ = std::fs::remove_file(&exe);
+    for (ok, out, err) in [plain, quota] {
+        assert!(ok, "{out}\n{err}");
+        // The count of checks is the program's own (a check skipped would be a smaller
+        // number); tens of thousands of bytes are compared one by one.
+        let n: u64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix("OK "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no OK line: {out}\n{err}"));
+        assert!(n > 10_000, "{n} checks: {out}");
+    }
 }
 
 #[test]
@@ -110,7 +119,8 @@ fn an_nvcc_built_program_copies_2d_into_arrays_and_makes_surface_objects() {
         src.display(),
         String::from_utf8_lossy(&built.stderr)
     );
-    let (ok, out, err) = run_on_sim(&exe, "single", "cudart-copies");
+    let (ok, out, err) = run_on_sim(&exe, "single", "cudart-copies", &[]);
+    let _ = std::fs::remove_file(&exe);
     assert!(ok, "{out}\n{err}");
     let done: u64 = out
         .lines()
