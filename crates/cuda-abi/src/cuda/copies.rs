@@ -121,6 +121,116 @@ pub struct CUDA_MEMCPY3D_PEER {
     pub Depth: usize,
 }
 
+/// The CUDA 2.x ABI's 2D copy (`cuMemcpy2D` without `_v2`; cuda.h declares it for the driver's
+/// own build only, `CUDA_MEMCPY2D_v1`): 32-bit offsets, pitches, extents and device pointers.
+/// Its layout is checked by `crates/sim/tests/c/copies_v1.c`, built against that declaration.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_MEMCPY2D_v1 {
+    pub srcXInBytes: c_uint,
+    pub srcY: c_uint,
+    pub srcMemoryType: c_uint,
+    pub srcHost: *const c_void,
+    pub srcDevice: c_uint,
+    pub srcArray: CUarray,
+    pub srcPitch: c_uint,
+    pub dstXInBytes: c_uint,
+    pub dstY: c_uint,
+    pub dstMemoryType: c_uint,
+    pub dstHost: *mut c_void,
+    pub dstDevice: c_uint,
+    pub dstArray: CUarray,
+    pub dstPitch: c_uint,
+    pub WidthInBytes: c_uint,
+    pub Height: c_uint,
+}
+
+/// The CUDA 2.x ABI's 3D copy (`CUDA_MEMCPY3D_v1`, as [`CUDA_MEMCPY2D_v1`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_MEMCPY3D_v1 {
+    pub srcXInBytes: c_uint,
+    pub srcY: c_uint,
+    pub srcZ: c_uint,
+    pub srcLOD: c_uint,
+    pub srcMemoryType: c_uint,
+    pub srcHost: *const c_void,
+    pub srcDevice: c_uint,
+    pub srcArray: CUarray,
+    pub reserved0: *mut c_void,
+    pub srcPitch: c_uint,
+    pub srcHeight: c_uint,
+    pub dstXInBytes: c_uint,
+    pub dstY: c_uint,
+    pub dstZ: c_uint,
+    pub dstLOD: c_uint,
+    pub dstMemoryType: c_uint,
+    pub dstHost: *mut c_void,
+    pub dstDevice: c_uint,
+    pub dstArray: CUarray,
+    pub reserved1: *mut c_void,
+    pub dstPitch: c_uint,
+    pub dstHeight: c_uint,
+    pub WidthInBytes: c_uint,
+    pub Height: c_uint,
+    pub Depth: c_uint,
+}
+
+impl From<CUDA_MEMCPY2D_v1> for CUDA_MEMCPY2D {
+    fn from(c: CUDA_MEMCPY2D_v1) -> Self {
+        CUDA_MEMCPY2D {
+            srcXInBytes: c.srcXInBytes as usize,
+            srcY: c.srcY as usize,
+            srcMemoryType: c.srcMemoryType,
+            srcHost: c.srcHost,
+            srcDevice: c.srcDevice as CUdeviceptr,
+            srcArray: c.srcArray,
+            srcPitch: c.srcPitch as usize,
+            dstXInBytes: c.dstXInBytes as usize,
+            dstY: c.dstY as usize,
+            dstMemoryType: c.dstMemoryType,
+            dstHost: c.dstHost,
+            dstDevice: c.dstDevice as CUdeviceptr,
+            dstArray: c.dstArray,
+            dstPitch: c.dstPitch as usize,
+            WidthInBytes: c.WidthInBytes as usize,
+            Height: c.Height as usize,
+        }
+    }
+}
+
+impl From<CUDA_MEMCPY3D_v1> for CUDA_MEMCPY3D {
+    fn from(c: CUDA_MEMCPY3D_v1) -> Self {
+        CUDA_MEMCPY3D {
+            srcXInBytes: c.srcXInBytes as usize,
+            srcY: c.srcY as usize,
+            srcZ: c.srcZ as usize,
+            srcLOD: c.srcLOD as usize,
+            srcMemoryType: c.srcMemoryType,
+            srcHost: c.srcHost,
+            srcDevice: c.srcDevice as CUdeviceptr,
+            srcArray: c.srcArray,
+            reserved0: c.reserved0,
+            srcPitch: c.srcPitch as usize,
+            srcHeight: c.srcHeight as usize,
+            dstXInBytes: c.dstXInBytes as usize,
+            dstY: c.dstY as usize,
+            dstZ: c.dstZ as usize,
+            dstLOD: c.dstLOD as usize,
+            dstMemoryType: c.dstMemoryType,
+            dstHost: c.dstHost,
+            dstDevice: c.dstDevice as CUdeviceptr,
+            dstArray: c.dstArray,
+            reserved1: c.reserved1,
+            dstPitch: c.dstPitch as usize,
+            dstHeight: c.dstHeight as usize,
+            WidthInBytes: c.WidthInBytes as usize,
+            Height: c.Height as usize,
+            Depth: c.Depth as usize,
+        }
+    }
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CUDA_ARRAY_SPARSE_PROPERTIES {

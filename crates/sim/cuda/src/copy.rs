@@ -374,7 +374,10 @@ fn split2d(c: &CUDA_MEMCPY2D) -> (Desc, Desc, Extent) {
 }
 
 fn copy2d(on: On, p: *const CUDA_MEMCPY2D) -> Res {
-    let c: CUDA_MEMCPY2D = read(p)?;
+    copy2d_of(on, read(p)?)
+}
+
+fn copy2d_of(on: On, c: CUDA_MEMCPY2D) -> Res {
     order(on)?;
     let (src, dst, e) = split2d(&c);
     copy(&src, &dst, e)
@@ -423,7 +426,10 @@ fn split3d(c: &CUDA_MEMCPY3D) -> Copy3D {
 }
 
 fn copy3d(on: On, p: *const CUDA_MEMCPY3D) -> Res {
-    let c: CUDA_MEMCPY3D = read(p)?;
+    copy3d_of(on, read(p)?)
+}
+
+fn copy3d_of(on: On, c: CUDA_MEMCPY3D) -> Res {
     order(on)?;
     // "The srcLOD and dstLOD members of the CUDA_MEMCPY3D structure must be set to 0";
     // reserved0 and reserved1 "Must be NULL" (cuda.h 13.5).
@@ -897,4 +903,29 @@ export! {
     fn cuMemsetD2D16Async_ptsz(dst: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize, s: CUstream) { memset2d(pt(s), dst, pitch, v as u32, 2, w, h) }
     fn cuMemsetD2D32Async(dst: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize, s: CUstream) { memset2d(st(s), dst, pitch, v, 4, w, h) }
     fn cuMemsetD2D32Async_ptsz(dst: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize, s: CUstream) { memset2d(pt(s), dst, pitch, v, 4, w, h) }
+
+    // The CUDA 2.x ABI (32-bit device pointers, offsets and sizes; cuGetProcAddress hands these
+    // out below version 3020): the same copies, widened.
+    fn cuMemcpyDtoD(dst: c_uint, src: c_uint, n: c_uint) { linear(S, dev(dst as u64), dev(src as u64), n as usize) }
+    fn cuMemcpyHtoDAsync(dst: c_uint, src: *const c_void, n: c_uint, s: CUstream) { linear(st(s), dev(dst as u64), host_src(src), n as usize) }
+    fn cuMemcpyDtoHAsync(dst: *mut c_void, src: c_uint, n: c_uint, s: CUstream) { linear(st(s), host_dst(dst), dev(src as u64), n as usize) }
+    fn cuMemcpyDtoDAsync(dst: c_uint, src: c_uint, n: c_uint, s: CUstream) { linear(st(s), dev(dst as u64), dev(src as u64), n as usize) }
+    fn cuMemcpyHtoA(dst: CUarray, off: c_uint, src: *const c_void, n: c_uint) { array_copy(S, array_line(dst, off as usize, n as usize), Ok(host_src(src)), n as usize) }
+    fn cuMemcpyAtoH(dst: *mut c_void, src: CUarray, off: c_uint, n: c_uint) { array_copy(S, Ok(host_dst(dst)), array_line(src, off as usize, n as usize), n as usize) }
+    fn cuMemcpyAtoD(dst: c_uint, src: CUarray, off: c_uint, n: c_uint) { array_copy(S, Ok(dev(dst as u64)), array_line(src, off as usize, n as usize), n as usize) }
+    fn cuMemcpyDtoA(dst: CUarray, off: c_uint, src: c_uint, n: c_uint) { array_copy(S, array_line(dst, off as usize, n as usize), Ok(dev(src as u64)), n as usize) }
+    fn cuMemcpyAtoA(dst: CUarray, doff: c_uint, src: CUarray, soff: c_uint, n: c_uint) { array_copy(S, array_line(dst, doff as usize, n as usize), array_line(src, soff as usize, n as usize), n as usize) }
+    fn cuMemcpyHtoAAsync(dst: CUarray, off: c_uint, src: *const c_void, n: c_uint, s: CUstream) { array_copy(st(s), array_line(dst, off as usize, n as usize), Ok(host_src(src)), n as usize) }
+    fn cuMemcpyAtoHAsync(dst: *mut c_void, src: CUarray, off: c_uint, n: c_uint, s: CUstream) { array_copy(st(s), Ok(host_dst(dst)), array_line(src, off as usize, n as usize), n as usize) }
+    fn cuMemcpy2D(p: *const CUDA_MEMCPY2D_v1) { copy2d_of(S, read(p)?.into()) }
+    fn cuMemcpy2DUnaligned(p: *const CUDA_MEMCPY2D_v1) { copy2d_of(S, read(p)?.into()) }
+    fn cuMemcpy2DAsync(p: *const CUDA_MEMCPY2D_v1, s: CUstream) { copy2d_of(st(s), read(p)?.into()) }
+    fn cuMemcpy3D(p: *const CUDA_MEMCPY3D_v1) { copy3d_of(S, read(p)?.into()) }
+    fn cuMemcpy3DAsync(p: *const CUDA_MEMCPY3D_v1, s: CUstream) { copy3d_of(st(s), read(p)?.into()) }
+    fn cuMemsetD8(dst: c_uint, v: u8, n: c_uint) { memset(S, dst as u64, v as u32, 1, n as usize) }
+    fn cuMemsetD16(dst: c_uint, v: u16, n: c_uint) { memset(S, dst as u64, v as u32, 2, n as usize) }
+    fn cuMemsetD32(dst: c_uint, v: u32, n: c_uint) { memset(S, dst as u64, v, 4, n as usize) }
+    fn cuMemsetD2D8(dst: c_uint, pitch: c_uint, v: u8, w: c_uint, h: c_uint) { memset2d(S, dst as u64, pitch as usize, v as u32, 1, w as usize, h as usize) }
+    fn cuMemsetD2D16(dst: c_uint, pitch: c_uint, v: u16, w: c_uint, h: c_uint) { memset2d(S, dst as u64, pitch as usize, v as u32, 2, w as usize, h as usize) }
+    fn cuMemsetD2D32(dst: c_uint, pitch: c_uint, v: u32, w: c_uint, h: c_uint) { memset2d(S, dst as u64, pitch as usize, v, 4, w as usize, h as usize) }
 }
