@@ -430,9 +430,9 @@ fn get_level(out: *mut CUarray, h: CUmipmappedArray, level: c_uint) -> Res {
 /// cuArrayGetSparseProperties / cuMipmappedArrayGetSparseProperties: "If the CUDA array is not
 /// allocated with flag CUDA_ARRAY3D_SPARSE CUDA_ERROR_INVALID_VALUE will be returned"; "For CUDA
 /// arrays obtained using cuMipmappedArrayGetLevel, CUDA_ERROR_INVALID_VALUE will be returned"
-/// (cuda.h 13.5). Sparse arrays are not modelled (creating one charges it whole), so every array
-/// here answers INVALID_VALUE... except a sparse one, for which the simulator has no tile layout
-/// to report: CUDA_ERROR_NOT_SUPPORTED.
+/// (cuda.h 13.5); so do plane arrays here. Sparse arrays are not modelled (creating one charges
+/// it whole, and there is no tile layout to report): a sparse array answers
+/// CUDA_ERROR_NOT_SUPPORTED.
 fn sparse_properties(out: *mut CUDA_ARRAY_SPARSE_PROPERTIES, flags: c_uint, owned: bool) -> Res {
     if out.is_null() || !owned || flags & CUDA_ARRAY3D_SPARSE == 0 {
         return Err(err::INVALID_VALUE);
