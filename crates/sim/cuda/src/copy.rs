@@ -431,12 +431,18 @@ fn copy3d(on: On, p: *const CUDA_MEMCPY3D) -> Res {
 
 fn copy3d_of(on: On, c: CUDA_MEMCPY3D) -> Res {
     order(on)?;
+    copy3d_now(&c)
+}
+
+/// A `CUDA_MEMCPY3D` checked and done, with no stream ordering of its own: what a copy does once
+/// its turn has come (also what a graph's memcpy node, which holds one, does when it runs).
+pub(crate) fn copy3d_now(c: &CUDA_MEMCPY3D) -> Res {
     // "The srcLOD and dstLOD members of the CUDA_MEMCPY3D structure must be set to 0";
     // reserved0 and reserved1 "Must be NULL" (cuda.h 13.5).
     if c.srcLOD != 0 || c.dstLOD != 0 || !c.reserved0.is_null() || !c.reserved1.is_null() {
         return Err(err::INVALID_VALUE);
     }
-    let k = split3d(&c);
+    let k = split3d(c);
     copy(&k.src, &k.dst, k.e)
 }
 
@@ -746,7 +752,25 @@ fn memset2d(
     height: usize,
 ) -> Res {
     order(on)?;
+    fill_now(dst, pitch, value, elem, width, height)
+}
+
+/// A 2D memset checked and done, with no stream ordering of its own (see [`memset2d`]; also what
+/// a graph's memset node, which holds these parameters, does when it runs).
+pub(crate) fn fill_now(
+    dst: u64,
+    pitch: usize,
+    value: u32,
+    elem: u64,
+    width: usize,
+    height: usize,
+) -> Res {
     let bad = err::INVALID_VALUE;
+    // Elements of 1, 2 or 4 bytes (cuMemsetD2D8/16/32; CUDA_MEMSET_NODE_PARAMS: "Size of each
+    // element in bytes. Must be 1, 2, or 4.").
+    if !matches!(elem, 1 | 2 | 4) {
+        return Err(bad);
+    }
     let row = (width as u64).checked_mul(elem).ok_or(bad)?;
     let h = height as u64;
     let pitch = if h > 1 { pitch as u64 } else { row };
