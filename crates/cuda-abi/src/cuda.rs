@@ -437,6 +437,9 @@ pub struct CUDA_ARRAY3D_DESCRIPTOR_v1 {
     pub Flags: c_uint,
 }
 
+mod copies;
+pub use copies::*;
+
 /// How a `CUarray_format` lays out texels: blocks of `w` x `h` texels, `bytes` each, and
 /// whether the descriptor's NumChannels multiplies them (the plain integer and float formats,
 /// whose element is one channel) or the format fixes its own channels (all the others).

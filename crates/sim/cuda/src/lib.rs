@@ -6,11 +6,14 @@
 //! duration the caller picks (`sim_busy*` kernels: their first u64 parameter, in ns).
 //!
 //! Layout: `abi` helpers and the export macro here; `ctx` devices and contexts; `mem` every
-//! allocation path, copies and pools; `exec` modules, launches, streams, events and graphs;
-//! `procaddr` cuGetProcAddress; `export_table` cuGetExportTable, the private tables NVIDIA's
+//! allocation path and pools; `array` CUDA arrays, texture and surface objects; `copy` copies
+//! and memsets; `exec` modules, launches, streams, events and graphs; `procaddr`
+//! cuGetProcAddress; `export_table` cuGetExportTable, the private tables NVIDIA's
 //! runtime asks for.
 #![allow(clippy::missing_safety_doc)]
 
+mod array;
+mod copy;
 mod ctx;
 mod exec;
 mod export_table;
@@ -231,11 +234,6 @@ macro_rules! not_supported {
 }
 
 not_supported! {
-    cuMemcpy2D_v2 cuMemcpy2DAsync_v2 cuMemcpy3D_v2 cuMemcpy3DAsync_v2 cuMemcpy2DUnaligned_v2
-    cuMemcpyAtoH_v2 cuMemcpyHtoA_v2 cuMemcpyAtoD_v2 cuMemcpyDtoA_v2 cuMemcpyAtoA_v2
-    cuMemcpyPeer cuMemcpyPeerAsync cuMemcpy3DPeer cuMemcpy3DPeerAsync
-    cuMemsetD2D8_v2 cuMemsetD2D16_v2 cuMemsetD2D32_v2
-    cuTexObjectCreate cuTexObjectDestroy cuSurfObjectCreate cuSurfObjectDestroy
     cuLinkCreate_v2 cuLinkAddData_v2 cuLinkAddFile_v2 cuLinkComplete cuLinkDestroy
     cuImportExternalMemory cuExternalMemoryGetMappedBuffer cuDestroyExternalMemory
     cuImportExternalSemaphore cuSignalExternalSemaphoresAsync cuWaitExternalSemaphoresAsync

@@ -1,4 +1,5 @@
-//! Every way device memory is taken and given back, plus copies and memsets.
+//! Every way device memory is taken and given back (copies and memsets: `copy.rs`; arrays:
+//! `array.rs`).
 //!
 //! Physical memory is charged to the shared device state (so processes contend for real) and to
 //! this process's slot (so NVML lists it and it is reclaimed if the process dies). Addresses come
@@ -15,7 +16,7 @@
 //! - VMM: cuMemCreate charges the physical handle; mapping charges nothing more; the memory goes
 //!   back when the handle is released and no longer mapped. Two mappings of one handle do not
 //!   share bytes in the simulator.
-//! - arrays and mipmapped arrays: charged by their element size, not addressable for copies.
+//! - arrays and mipmapped arrays: see `array.rs`.
 //! - memory shared between processes (VMM allocations exported as POSIX file descriptors,
 //!   allocations exported with cuIpcGetMemHandle): at its first export its charge moves out of
 //!   the creator's process slot into an entry of the shared state that no process owns
@@ -128,7 +129,7 @@ fn arena_for(kind: Kind, dev: usize) -> Result<&'static Arena, CUresult> {
 
 /// Charges `bytes` of device `dev`; if the device looks full, first gives back the memory of
 /// processes that died (the real driver frees it when they exit) and tries once more.
-fn charge(dev: usize, bytes: u64) -> Res {
+pub(crate) fn charge(dev: usize, bytes: u64) -> Res {
     let d = drv()?;
     let cap = d.sim.model.devices[dev].memory;
     if d.sim.shared.charge(d.slot, dev, bytes, cap) {
@@ -140,7 +141,7 @@ fn charge(dev: usize, bytes: u64) -> Res {
     Err(err::OUT_OF_MEMORY)
 }
 
-fn uncharge(dev: usize, bytes: u64) {
+pub(crate) fn uncharge(dev: usize, bytes: u64) {
     if let Ok(d) = drv() {
         if bytes > 0 {
             d.sim.shared.uncharge(d.slot, dev, bytes);
@@ -280,18 +281,11 @@ pub(crate) fn free_context(ch: usize, dev: usize) {
     // The context's graph memory goes with it: its live graph allocations were freed above, and
     // what the device's graph memory pool still reserves is released (nothing runs any more).
     graph_trim(dev);
-    arrays().retain(|_, a| {
-        if a.ctx == ch {
-            uncharge(a.dev, a.charged);
-            false
-        } else {
-            true
-        }
-    });
+    crate::array::free_context(ch);
 }
 
 /// Checks that [addr, addr + n) lies inside one live device allocation; returns its device.
-fn device_range(addr: u64, n: u64, mark_dirty: bool) -> Result<usize, CUresult> {
+pub(crate) fn device_range(addr: u64, n: u64, mark_dirty: bool) -> Result<usize, CUresult> {
     let t = table().read().unwrap_or_else(|e| e.into_inner());
     let (base, r) = t.range(..=addr).next_back().ok_or(err::INVALID_VALUE)?;
     if addr.checked_add(n).is_none_or(|end| end > base + r.size) {
@@ -320,17 +314,8 @@ fn contiguous_range(addr: u64, n: u64) -> Res {
     Ok(())
 }
 
-/// For unified-addressing copies: is this address device memory (checked), or host memory?
-fn classify(addr: u64, n: u64, write: bool) -> Result<(), CUresult> {
-    match device_range(addr, n, write) {
-        Ok(_) => Ok(()),
-        Err(_) if in_any_arena(addr) => Err(err::INVALID_VALUE), // freed or out of bounds
-        Err(_) if addr == 0 => Err(err::INVALID_VALUE),
-        Err(_) => Ok(()), // host memory: the caller vouches for it
-    }
-}
-
-fn in_any_arena(addr: u64) -> bool {
+/// Whether `addr` lies in the simulator's device address space (any arena), allocated or not.
+pub(crate) fn in_any_arena(addr: u64) -> bool {
     let d = match drv() {
         Ok(d) => d,
         Err(_) => return false,
@@ -338,66 +323,6 @@ fn in_any_arena(addr: u64) -> bool {
     (0..d.sim.model.devices.len()).any(|i| arena(i).map(|a| a.contains(addr)).unwrap_or(false))
         || low_arena().map(|a| a.contains(addr)).unwrap_or(false)
         || va_arena().map(|a| a.contains(addr)).unwrap_or(false)
-}
-
-/// A synchronous copy waits for the work queued before it in the context (legacy stream rules).
-fn wait_for_context() -> Res {
-    let (_, c) = ctx::current()?;
-    exec::sync_device_work(&c);
-    Ok(())
-}
-
-fn copy_htod(dst: u64, src: *const c_void, n: usize) -> Res {
-    ctx::current()?;
-    if src.is_null() && n > 0 {
-        return Err(err::INVALID_VALUE);
-    }
-    device_range(dst, n as u64, true)?;
-    crate::copy_bytes(dst, src as u64, n);
-    Ok(())
-}
-
-fn copy_dtoh(dst: *mut c_void, src: u64, n: usize) -> Res {
-    ctx::current()?;
-    if dst.is_null() && n > 0 {
-        return Err(err::INVALID_VALUE);
-    }
-    device_range(src, n as u64, false)?;
-    crate::copy_bytes(dst as u64, src, n);
-    Ok(())
-}
-
-fn copy_dtod(dst: u64, src: u64, n: usize) -> Res {
-    ctx::current()?;
-    device_range(src, n as u64, false)?;
-    device_range(dst, n as u64, true)?;
-    crate::copy_bytes(dst, src, n);
-    Ok(())
-}
-
-fn copy_any(dst: u64, src: u64, n: usize) -> Res {
-    ctx::current()?;
-    classify(src, n as u64, false)?;
-    classify(dst, n as u64, true)?;
-    crate::copy_bytes(dst, src, n);
-    Ok(())
-}
-
-fn memset(dst: u64, value: u32, elem: usize, count: usize) -> Res {
-    ctx::current()?;
-    let n = elem.checked_mul(count).ok_or(err::INVALID_VALUE)?;
-    if !dst.is_multiple_of(elem as u64) {
-        return Err(err::INVALID_VALUE);
-    }
-    device_range(dst, n as u64, true)?;
-    let bytes = value.to_le_bytes();
-    let pattern = &bytes[..elem];
-    // SAFETY: [dst, dst + n) was just checked to lie inside one live allocation of ours.
-    let buf = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, n) };
-    for chunk in buf.chunks_exact_mut(elem) {
-        chunk.copy_from_slice(pattern);
-    }
-    Ok(())
 }
 
 // ---- stream-ordered pools -----------------------------------------------------------------------
@@ -986,59 +911,6 @@ fn location_device(loc: CUmemLocation) -> Result<Option<usize>, CUresult> {
     }
 }
 
-// ---- arrays -------------------------------------------------------------------------------------
-
-struct ArrayObj {
-    dev: usize,
-    ctx: usize,
-    charged: u64,
-}
-
-fn arrays() -> &'static Registry<ArrayObj> {
-    static R: OnceLock<Registry<ArrayObj>> = OnceLock::new();
-    R.get_or_init(Registry::new)
-}
-
-/// Bytes of an array, or CUDA_ERROR_INVALID_VALUE where the driver refuses its descriptor
-/// (see `array_bytes` in cuda-abi: every format of the CUDA 13 headers, checked arithmetic; a
-/// size that does not fit in 64 bits needs extents beyond every device's maximum, which the
-/// real driver refuses with CUDA_ERROR_INVALID_VALUE).
-fn array_bytes(
-    w: usize,
-    h: usize,
-    d: usize,
-    format: c_int,
-    channels: c_uint,
-    levels: u32,
-) -> Result<u64, CUresult> {
-    cuvisor_cuda_abi::cuda::array_bytes(w as u64, h as u64, d as u64, format, channels, levels)
-        .ok_or(err::INVALID_VALUE)
-}
-
-fn create_array(out: *mut CUarray, bytes: u64) -> Res {
-    let (ch, c) = ctx::current()?;
-    if out.is_null() {
-        return Err(err::INVALID_VALUE);
-    }
-    let charged = bytes
-        .checked_next_multiple_of(ALIGN)
-        .ok_or(err::INVALID_VALUE)?;
-    charge(c.dev, charged)?;
-    let (h, _) = arrays().insert(ArrayObj {
-        dev: c.dev,
-        ctx: ch,
-        charged,
-    });
-    write(out, h as CUarray)
-}
-
-fn destroy_array(h: usize) -> Res {
-    drv()?;
-    let a = arrays().remove(h)?;
-    uncharge(a.dev, a.charged);
-    Ok(())
-}
-
 // ---- host memory --------------------------------------------------------------------------------
 
 fn host_allocs() -> &'static Mutex<HashSet<usize>> {
@@ -1232,39 +1104,6 @@ export! {
         ctx::current()?;
         if p.is_null() { Err(err::INVALID_VALUE) } else { Ok(()) }
     }
-
-    fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) { wait_for_context()?; copy_htod(dst, src, n) }
-    fn cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) { wait_for_context()?; copy_htod(dst, src, n) }
-    fn cuMemcpyHtoD(dst: c_uint, src: *const c_void, n: c_uint) { wait_for_context()?; copy_htod(dst as u64, src, n as usize) }
-    fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_dtoh(dst, src, n) }
-    fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_dtoh(dst, src, n) }
-    fn cuMemcpyDtoH(dst: *mut c_void, src: c_uint, n: c_uint) { wait_for_context()?; copy_dtoh(dst, src as u64, n as usize) }
-    fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_dtod(dst, src, n) }
-    fn cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_dtod(dst, src, n) }
-    fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_any(dst, src, n) }
-    fn cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_any(dst, src, n) }
-
-    fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) { exec::stream(s, false)?; copy_htod(dst, src, n) }
-    fn cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) { exec::stream(s, true)?; copy_htod(dst, src, n) }
-    fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) { exec::stream(s, false)?; copy_dtoh(dst, src, n) }
-    fn cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) { exec::stream(s, true)?; copy_dtoh(dst, src, n) }
-    fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { exec::stream(s, false)?; copy_dtod(dst, src, n) }
-    fn cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { exec::stream(s, true)?; copy_dtod(dst, src, n) }
-    fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { exec::stream(s, false)?; copy_any(dst, src, n) }
-    fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { exec::stream(s, true)?; copy_any(dst, src, n) }
-
-    fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize) { wait_for_context()?; memset(dst, v as u32, 1, n) }
-    fn cuMemsetD8_v2_ptds(dst: CUdeviceptr, v: u8, n: usize) { wait_for_context()?; memset(dst, v as u32, 1, n) }
-    fn cuMemsetD16_v2(dst: CUdeviceptr, v: u16, n: usize) { wait_for_context()?; memset(dst, v as u32, 2, n) }
-    fn cuMemsetD16_v2_ptds(dst: CUdeviceptr, v: u16, n: usize) { wait_for_context()?; memset(dst, v as u32, 2, n) }
-    fn cuMemsetD32_v2(dst: CUdeviceptr, v: u32, n: usize) { wait_for_context()?; memset(dst, v, 4, n) }
-    fn cuMemsetD32_v2_ptds(dst: CUdeviceptr, v: u32, n: usize) { wait_for_context()?; memset(dst, v, 4, n) }
-    fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, s: CUstream) { exec::stream(s, false)?; memset(dst, v as u32, 1, n) }
-    fn cuMemsetD8Async_ptsz(dst: CUdeviceptr, v: u8, n: usize, s: CUstream) { exec::stream(s, true)?; memset(dst, v as u32, 1, n) }
-    fn cuMemsetD16Async(dst: CUdeviceptr, v: u16, n: usize, s: CUstream) { exec::stream(s, false)?; memset(dst, v as u32, 2, n) }
-    fn cuMemsetD16Async_ptsz(dst: CUdeviceptr, v: u16, n: usize, s: CUstream) { exec::stream(s, true)?; memset(dst, v as u32, 2, n) }
-    fn cuMemsetD32Async(dst: CUdeviceptr, v: u32, n: usize, s: CUstream) { exec::stream(s, false)?; memset(dst, v, 4, n) }
-    fn cuMemsetD32Async_ptsz(dst: CUdeviceptr, v: u32, n: usize, s: CUstream) { exec::stream(s, true)?; memset(dst, v, 4, n) }
 
     fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) {
         let (i, _) = ctx::device(dev)?;
@@ -1622,32 +1461,6 @@ export! {
     fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, _flags: c_uint) { ipc_open(pdptr, handle) }
     fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, _flags: c_uint) { ipc_open(pdptr, handle) }
     fn cuIpcCloseMemHandle(dptr: CUdeviceptr) { ipc_close(dptr) }
-
-    fn cuArrayCreate_v2(out: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) {
-        let d: CUDA_ARRAY_DESCRIPTOR = read(desc)?;
-        create_array(out, array_bytes(d.Width, d.Height, 1, d.Format, d.NumChannels, 1)?)
-    }
-    fn cuArray3DCreate_v2(out: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) {
-        let d: CUDA_ARRAY3D_DESCRIPTOR = read(desc)?;
-        create_array(out, array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, 1)?)
-    }
-    /// The CUDA 2.x forms: 32-bit extents (cuda.h `CUDA_ARRAY_DESCRIPTOR_v1`), otherwise the
-    /// same (libcuda exports both; cuGetProcAddress hands these out below version 3020).
-    fn cuArrayCreate(out: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) {
-        let d: CUDA_ARRAY_DESCRIPTOR_v1 = read(desc)?;
-        create_array(out, array_bytes(d.Width as usize, d.Height as usize, 1, d.Format, d.NumChannels, 1)?)
-    }
-    fn cuArray3DCreate(out: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1) {
-        let d: CUDA_ARRAY3D_DESCRIPTOR_v1 = read(desc)?;
-        create_array(out, array_bytes(d.Width as usize, d.Height as usize, d.Depth as usize, d.Format, d.NumChannels, 1)?)
-    }
-    fn cuArrayDestroy(a: CUarray) { destroy_array(a as usize) }
-    fn cuMipmappedArrayCreate(out: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) {
-        let d: CUDA_ARRAY3D_DESCRIPTOR = read(desc)?;
-        let total = array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, levels)?;
-        create_array(out as *mut CUarray, total)
-    }
-    fn cuMipmappedArrayDestroy(a: CUmipmappedArray) { destroy_array(a as usize) }
 }
 
 /// Names this process in IPC handles, machine-wide: pids repeat across pid namespaces (two

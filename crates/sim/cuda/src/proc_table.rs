@@ -1018,6 +1018,73 @@ pub static PROC_TABLE: &[ProcEntry] = &[
         versions: &[(10000, "cuWaitExternalSemaphoresAsync")],
         per_thread: &[(10000, "cuWaitExternalSemaphoresAsync_ptsz")],
     },
+    // ---- added by i17-copy ----
+    // Versions from CUDA 13.5 cudaTypedefs.h (PFN_<name>_v<version>[_ptsz]).
+    ProcEntry {
+        base: "cuMemcpyHtoAAsync",
+        versions: &[(2000, "cuMemcpyHtoAAsync"), (3020, "cuMemcpyHtoAAsync_v2")],
+        per_thread: &[(7000, "cuMemcpyHtoAAsync_v2_ptsz")],
+    },
+    ProcEntry {
+        base: "cuMemcpyAtoHAsync",
+        versions: &[(2000, "cuMemcpyAtoHAsync"), (3020, "cuMemcpyAtoHAsync_v2")],
+        per_thread: &[(7000, "cuMemcpyAtoHAsync_v2_ptsz")],
+    },
+    ProcEntry {
+        base: "cuMemsetD2D8Async",
+        versions: &[(3020, "cuMemsetD2D8Async")],
+        per_thread: &[(7000, "cuMemsetD2D8Async_ptsz")],
+    },
+    ProcEntry {
+        base: "cuMemsetD2D16Async",
+        versions: &[(3020, "cuMemsetD2D16Async")],
+        per_thread: &[(7000, "cuMemsetD2D16Async_ptsz")],
+    },
+    ProcEntry {
+        base: "cuMemsetD2D32Async",
+        versions: &[(3020, "cuMemsetD2D32Async")],
+        per_thread: &[(7000, "cuMemsetD2D32Async_ptsz")],
+    },
+    ProcEntry {
+        base: "cuMemcpyBatchAsync",
+        versions: &[(12080, "cuMemcpyBatchAsync"), (13000, "cuMemcpyBatchAsync_v2")],
+        per_thread: &[(12080, "cuMemcpyBatchAsync_ptsz"), (13000, "cuMemcpyBatchAsync_v2_ptsz")],
+    },
+    ProcEntry {
+        base: "cuMemcpy3DBatchAsync",
+        versions: &[(12080, "cuMemcpy3DBatchAsync"), (13000, "cuMemcpy3DBatchAsync_v2")],
+        per_thread: &[(12080, "cuMemcpy3DBatchAsync_ptsz"), (13000, "cuMemcpy3DBatchAsync_v2_ptsz")],
+    },
+    ProcEntry {
+        base: "cuMemcpyWithAttributesAsync",
+        versions: &[(13020, "cuMemcpyWithAttributesAsync")],
+        per_thread: &[(13020, "cuMemcpyWithAttributesAsync_ptsz")],
+    },
+    ProcEntry {
+        base: "cuMemcpy3DWithAttributesAsync",
+        versions: &[(13020, "cuMemcpy3DWithAttributesAsync")],
+        per_thread: &[(13020, "cuMemcpy3DWithAttributesAsync_ptsz")],
+    },
+    ProcEntry {
+        base: "cuArrayGetDescriptor",
+        versions: &[(2000, "cuArrayGetDescriptor"), (3020, "cuArrayGetDescriptor_v2")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuArray3DGetDescriptor",
+        versions: &[(2000, "cuArray3DGetDescriptor"), (3020, "cuArray3DGetDescriptor_v2")],
+        per_thread: &[],
+    },
+    ProcEntry { base: "cuArrayGetSparseProperties", versions: &[(11010, "cuArrayGetSparseProperties")], per_thread: &[] },
+    ProcEntry { base: "cuMipmappedArrayGetSparseProperties", versions: &[(11010, "cuMipmappedArrayGetSparseProperties")], per_thread: &[] },
+    ProcEntry { base: "cuArrayGetMemoryRequirements", versions: &[(11060, "cuArrayGetMemoryRequirements")], per_thread: &[] },
+    ProcEntry { base: "cuMipmappedArrayGetMemoryRequirements", versions: &[(11060, "cuMipmappedArrayGetMemoryRequirements")], per_thread: &[] },
+    ProcEntry { base: "cuArrayGetPlane", versions: &[(11020, "cuArrayGetPlane")], per_thread: &[] },
+    ProcEntry { base: "cuMipmappedArrayGetLevel", versions: &[(5000, "cuMipmappedArrayGetLevel")], per_thread: &[] },
+    ProcEntry { base: "cuTexObjectGetResourceDesc", versions: &[(5000, "cuTexObjectGetResourceDesc")], per_thread: &[] },
+    ProcEntry { base: "cuTexObjectGetTextureDesc", versions: &[(5000, "cuTexObjectGetTextureDesc")], per_thread: &[] },
+    ProcEntry { base: "cuTexObjectGetResourceViewDesc", versions: &[(5000, "cuTexObjectGetResourceViewDesc")], per_thread: &[] },
+    ProcEntry { base: "cuSurfObjectGetResourceDesc", versions: &[(5000, "cuSurfObjectGetResourceDesc")], per_thread: &[] },
 ];
 
 #[cfg(test)]
