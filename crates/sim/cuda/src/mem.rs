@@ -34,6 +34,7 @@
 
 use crate::ctx;
 use crate::exec;
+use crate::stream;
 use crate::{drv, export, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::arena::{round_up, Arena, ALIGN};
@@ -343,59 +344,104 @@ fn in_any_arena(addr: u64) -> bool {
 /// A synchronous copy waits for the work queued before it in the context (legacy stream rules).
 fn wait_for_context() -> Res {
     let (_, c) = ctx::current()?;
-    exec::sync_device_work(&c);
+    stream::sync_device_work(&c);
     Ok(())
 }
 
-fn copy_htod(dst: u64, src: *const c_void, n: usize) -> Res {
+/// A checked copy or memset, to run now (the synchronous calls) or in stream order (the
+/// asynchronous ones, see `stream::ordered`). Its ranges were checked when it was made; host
+/// memory is the caller's to keep alive until the stream gets there (the driver API contract).
+pub(crate) type Work = Box<dyn FnOnce() + Send>;
+
+fn copy_work(dst: u64, src: u64, n: usize) -> Work {
+    Box::new(move || crate::copy_bytes(dst, src, n))
+}
+
+fn copy_htod(dst: u64, src: *const c_void, n: usize) -> Result<Work, CUresult> {
     ctx::current()?;
     if src.is_null() && n > 0 {
         return Err(err::INVALID_VALUE);
     }
     device_range(dst, n as u64, true)?;
-    crate::copy_bytes(dst, src as u64, n);
-    Ok(())
+    Ok(copy_work(dst, src as u64, n))
 }
 
-fn copy_dtoh(dst: *mut c_void, src: u64, n: usize) -> Res {
+fn copy_dtoh(dst: *mut c_void, src: u64, n: usize) -> Result<Work, CUresult> {
     ctx::current()?;
     if dst.is_null() && n > 0 {
         return Err(err::INVALID_VALUE);
     }
     device_range(src, n as u64, false)?;
-    crate::copy_bytes(dst as u64, src, n);
-    Ok(())
+    Ok(copy_work(dst as u64, src, n))
 }
 
-fn copy_dtod(dst: u64, src: u64, n: usize) -> Res {
+fn copy_dtod(dst: u64, src: u64, n: usize) -> Result<Work, CUresult> {
     ctx::current()?;
     device_range(src, n as u64, false)?;
     device_range(dst, n as u64, true)?;
-    crate::copy_bytes(dst, src, n);
-    Ok(())
+    Ok(copy_work(dst, src, n))
 }
 
-fn copy_any(dst: u64, src: u64, n: usize) -> Res {
+fn copy_any(dst: u64, src: u64, n: usize) -> Result<Work, CUresult> {
     ctx::current()?;
     classify(src, n as u64, false)?;
     classify(dst, n as u64, true)?;
-    crate::copy_bytes(dst, src, n);
-    Ok(())
+    Ok(copy_work(dst, src, n))
 }
 
-fn memset(dst: u64, value: u32, elem: usize, count: usize) -> Res {
+fn memset(dst: u64, value: u32, elem: usize, count: usize) -> Result<Work, CUresult> {
     ctx::current()?;
     let n = elem.checked_mul(count).ok_or(err::INVALID_VALUE)?;
     if !dst.is_multiple_of(elem as u64) {
         return Err(err::INVALID_VALUE);
     }
     device_range(dst, n as u64, true)?;
-    let bytes = value.to_le_bytes();
-    let pattern = &bytes[..elem];
-    // SAFETY: [dst, dst + n) was just checked to lie inside one live allocation of ours.
-    let buf = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, n) };
-    for chunk in buf.chunks_exact_mut(elem) {
-        chunk.copy_from_slice(pattern);
+    Ok(Box::new(move || {
+        let bytes = value.to_le_bytes();
+        let pattern = &bytes[..elem];
+        // SAFETY: [dst, dst + n) was checked to lie inside one live allocation of ours.
+        let buf = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, n) };
+        for chunk in buf.chunks_exact_mut(elem) {
+            chunk.copy_from_slice(pattern);
+        }
+    }))
+}
+
+/// Runs a checked copy or memset now.
+fn now(w: Result<Work, CUresult>) -> Res {
+    w.map(|w| w())
+}
+
+/// The target of a stream memory operation (cuStreamWaitValue*, cuStreamWriteValue*): a word
+/// of device memory, or of host memory the caller registered (its "device pointer" from
+/// cuMemHostGetDevicePointer is its host address here). "This function cannot be used with
+/// managed memory (cuMemAllocManaged)" (cuda.h, cuStreamWaitValue32). The device accesses it
+/// as one aligned word.
+pub(crate) fn memop_target(addr: u64, n: u64) -> Res {
+    if !addr.is_multiple_of(n) {
+        return Err(err::INVALID_VALUE);
+    }
+    classify(addr, n, true)?;
+    let t = table().read().unwrap_or_else(|e| e.into_inner());
+    if let Some((base, r)) = t.range(..=addr).next_back() {
+        if r.kind == Kind::Managed && addr < base + r.size {
+            return Err(err::INVALID_VALUE);
+        }
+    }
+    Ok(())
+}
+
+/// cuStreamAttachMemAsync's range: a managed allocation, and "length must be either zero or
+/// the entire allocation's size" (cuda.h); the allocation as the program asked for it (its
+/// size rounds up to what the simulator keeps).
+pub(crate) fn managed_whole(addr: u64, length: u64) -> Res {
+    let t = table().read().unwrap_or_else(|e| e.into_inner());
+    let (&base, r) = t.range(..=addr).next_back().ok_or(err::INVALID_VALUE)?;
+    if r.kind != Kind::Managed || addr >= base + r.size {
+        return Err(err::INVALID_VALUE);
+    }
+    if length != 0 && (addr != base || round_up(length, ALIGN) != r.size) {
+        return Err(err::INVALID_VALUE);
     }
     Ok(())
 }
@@ -546,7 +592,7 @@ fn alloc_from_pool(
     if dptr.is_null() || size == 0 {
         return Err(err::INVALID_VALUE);
     }
-    let stream = exec::stream(s, pt)?;
+    let stream = stream::stream(s, pt)?;
     let pool = live_pool(pool_h)?;
     // "During stream capture, this function results in the creation of an allocation node. In
     // this case, the allocation is owned by the graph instead of the memory pool. The memory
@@ -570,12 +616,12 @@ fn alloc_from_pool(
 }
 
 fn alloc_async(dptr: *mut CUdeviceptr, size: usize, s: CUstream, pt: bool) -> Res {
-    let stream = exec::stream(s, pt)?;
+    let stream = stream::stream(s, pt)?;
     alloc_from_pool(dptr, size, current_pool(stream.dev), s, pt)
 }
 
 fn free_async(dptr: CUdeviceptr, s: CUstream, pt: bool) -> Res {
-    let stream = exec::stream(s, pt)?;
+    let stream = stream::stream(s, pt)?;
     // "During stream capture, this function results in the creation of a free node"
     // (cuMemFreeAsync, CUDA driver API reference): nothing is freed now.
     if let Some(r) = exec::capture_free(&stream, dptr) {
@@ -1233,38 +1279,38 @@ export! {
         if p.is_null() { Err(err::INVALID_VALUE) } else { Ok(()) }
     }
 
-    fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) { wait_for_context()?; copy_htod(dst, src, n) }
-    fn cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) { wait_for_context()?; copy_htod(dst, src, n) }
-    fn cuMemcpyHtoD(dst: c_uint, src: *const c_void, n: c_uint) { wait_for_context()?; copy_htod(dst as u64, src, n as usize) }
-    fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_dtoh(dst, src, n) }
-    fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_dtoh(dst, src, n) }
-    fn cuMemcpyDtoH(dst: *mut c_void, src: c_uint, n: c_uint) { wait_for_context()?; copy_dtoh(dst, src as u64, n as usize) }
-    fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_dtod(dst, src, n) }
-    fn cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_dtod(dst, src, n) }
-    fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_any(dst, src, n) }
-    fn cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_any(dst, src, n) }
+    fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) { wait_for_context()?; now(copy_htod(dst, src, n)) }
+    fn cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) { wait_for_context()?; now(copy_htod(dst, src, n)) }
+    fn cuMemcpyHtoD(dst: c_uint, src: *const c_void, n: c_uint) { wait_for_context()?; now(copy_htod(dst as u64, src, n as usize)) }
+    fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) { wait_for_context()?; now(copy_dtoh(dst, src, n)) }
+    fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) { wait_for_context()?; now(copy_dtoh(dst, src, n)) }
+    fn cuMemcpyDtoH(dst: *mut c_void, src: c_uint, n: c_uint) { wait_for_context()?; now(copy_dtoh(dst, src as u64, n as usize)) }
+    fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { wait_for_context()?; now(copy_dtod(dst, src, n)) }
+    fn cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { wait_for_context()?; now(copy_dtod(dst, src, n)) }
+    fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { wait_for_context()?; now(copy_any(dst, src, n)) }
+    fn cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { wait_for_context()?; now(copy_any(dst, src, n)) }
 
-    fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) { exec::stream(s, false)?; copy_htod(dst, src, n) }
-    fn cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) { exec::stream(s, true)?; copy_htod(dst, src, n) }
-    fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) { exec::stream(s, false)?; copy_dtoh(dst, src, n) }
-    fn cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) { exec::stream(s, true)?; copy_dtoh(dst, src, n) }
-    fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { exec::stream(s, false)?; copy_dtod(dst, src, n) }
-    fn cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { exec::stream(s, true)?; copy_dtod(dst, src, n) }
-    fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { exec::stream(s, false)?; copy_any(dst, src, n) }
-    fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { exec::stream(s, true)?; copy_any(dst, src, n) }
+    fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) { stream::ordered(s, false, || copy_htod(dst, src, n)) }
+    fn cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) { stream::ordered(s, true, || copy_htod(dst, src, n)) }
+    fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) { stream::ordered(s, false, || copy_dtoh(dst, src, n)) }
+    fn cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) { stream::ordered(s, true, || copy_dtoh(dst, src, n)) }
+    fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { stream::ordered(s, false, || copy_dtod(dst, src, n)) }
+    fn cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { stream::ordered(s, true, || copy_dtod(dst, src, n)) }
+    fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { stream::ordered(s, false, || copy_any(dst, src, n)) }
+    fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { stream::ordered(s, true, || copy_any(dst, src, n)) }
 
-    fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize) { wait_for_context()?; memset(dst, v as u32, 1, n) }
-    fn cuMemsetD8_v2_ptds(dst: CUdeviceptr, v: u8, n: usize) { wait_for_context()?; memset(dst, v as u32, 1, n) }
-    fn cuMemsetD16_v2(dst: CUdeviceptr, v: u16, n: usize) { wait_for_context()?; memset(dst, v as u32, 2, n) }
-    fn cuMemsetD16_v2_ptds(dst: CUdeviceptr, v: u16, n: usize) { wait_for_context()?; memset(dst, v as u32, 2, n) }
-    fn cuMemsetD32_v2(dst: CUdeviceptr, v: u32, n: usize) { wait_for_context()?; memset(dst, v, 4, n) }
-    fn cuMemsetD32_v2_ptds(dst: CUdeviceptr, v: u32, n: usize) { wait_for_context()?; memset(dst, v, 4, n) }
-    fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, s: CUstream) { exec::stream(s, false)?; memset(dst, v as u32, 1, n) }
-    fn cuMemsetD8Async_ptsz(dst: CUdeviceptr, v: u8, n: usize, s: CUstream) { exec::stream(s, true)?; memset(dst, v as u32, 1, n) }
-    fn cuMemsetD16Async(dst: CUdeviceptr, v: u16, n: usize, s: CUstream) { exec::stream(s, false)?; memset(dst, v as u32, 2, n) }
-    fn cuMemsetD16Async_ptsz(dst: CUdeviceptr, v: u16, n: usize, s: CUstream) { exec::stream(s, true)?; memset(dst, v as u32, 2, n) }
-    fn cuMemsetD32Async(dst: CUdeviceptr, v: u32, n: usize, s: CUstream) { exec::stream(s, false)?; memset(dst, v, 4, n) }
-    fn cuMemsetD32Async_ptsz(dst: CUdeviceptr, v: u32, n: usize, s: CUstream) { exec::stream(s, true)?; memset(dst, v, 4, n) }
+    fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize) { wait_for_context()?; now(memset(dst, v as u32, 1, n)) }
+    fn cuMemsetD8_v2_ptds(dst: CUdeviceptr, v: u8, n: usize) { wait_for_context()?; now(memset(dst, v as u32, 1, n)) }
+    fn cuMemsetD16_v2(dst: CUdeviceptr, v: u16, n: usize) { wait_for_context()?; now(memset(dst, v as u32, 2, n)) }
+    fn cuMemsetD16_v2_ptds(dst: CUdeviceptr, v: u16, n: usize) { wait_for_context()?; now(memset(dst, v as u32, 2, n)) }
+    fn cuMemsetD32_v2(dst: CUdeviceptr, v: u32, n: usize) { wait_for_context()?; now(memset(dst, v, 4, n)) }
+    fn cuMemsetD32_v2_ptds(dst: CUdeviceptr, v: u32, n: usize) { wait_for_context()?; now(memset(dst, v, 4, n)) }
+    fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, s: CUstream) { stream::ordered(s, false, || memset(dst, v as u32, 1, n)) }
+    fn cuMemsetD8Async_ptsz(dst: CUdeviceptr, v: u8, n: usize, s: CUstream) { stream::ordered(s, true, || memset(dst, v as u32, 1, n)) }
+    fn cuMemsetD16Async(dst: CUdeviceptr, v: u16, n: usize, s: CUstream) { stream::ordered(s, false, || memset(dst, v as u32, 2, n)) }
+    fn cuMemsetD16Async_ptsz(dst: CUdeviceptr, v: u16, n: usize, s: CUstream) { stream::ordered(s, true, || memset(dst, v as u32, 2, n)) }
+    fn cuMemsetD32Async(dst: CUdeviceptr, v: u32, n: usize, s: CUstream) { stream::ordered(s, false, || memset(dst, v, 4, n)) }
+    fn cuMemsetD32Async_ptsz(dst: CUdeviceptr, v: u32, n: usize, s: CUstream) { stream::ordered(s, true, || memset(dst, v, 4, n)) }
 
     fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) {
         let (i, _) = ctx::device(dev)?;
@@ -1652,7 +1698,7 @@ export! {
 
 /// Names this process in IPC handles, machine-wide: pids repeat across pid namespaces (two
 /// containers' processes are often both pid 1), so a handle carries this instead.
-fn process_token() -> u64 {
+pub(crate) fn process_token() -> u64 {
     static T: OnceLock<u64> = OnceLock::new();
     *T.get_or_init(|| {
         let mut v = 0u64;
