@@ -108,10 +108,11 @@ fn record(ev: CUevent, h: CUstream, flags: c_uint, pt: bool) -> Res {
     if e.ctx != s.ctx.load(Relaxed) && s.ctx.load(Relaxed) != 0 {
         return Err(err::INVALID_HANDLE);
     }
-    if s.busy() {
-        e.set(EVENT_PENDING);
-    }
-    s.submit(move |s| e.set(s.done_at().max(now_ns())));
+    let pending = e.clone();
+    s.submit_or(
+        move || pending.set(EVENT_PENDING),
+        move |s| e.set(s.done_at().max(now_ns())),
+    );
     Ok(())
 }
 
@@ -174,6 +175,12 @@ fn stream_wait(h: CUstream, ev: CUevent, flags: c_uint, pt: bool) -> Res {
     let e = event(ev)?;
     if flags & !CU_EVENT_WAIT_EXTERNAL != 0 {
         return Err(err::INVALID_VALUE);
+    }
+    if s.capturing() {
+        return Ok(()); // becomes an event-wait node of the captured graph (the graph chapter's)
+    }
+    if flags & CU_EVENT_WAIT_EXTERNAL != 0 {
+        return Err(err::INVALID_VALUE); // "This flag is invalid when used outside of capture."
     }
     let t = e.time();
     if t != EVENT_PENDING {

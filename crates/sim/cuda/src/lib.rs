@@ -155,8 +155,12 @@ pub(crate) struct Driver {
 
 static DRIVER: OnceLock<Result<Driver, CUresult>> = OnceLock::new();
 
-/// The initialised driver, or CUDA_ERROR_NOT_INITIALIZED before a successful cuInit.
+/// The initialised driver, or CUDA_ERROR_NOT_INITIALIZED before a successful cuInit
+/// (CUDA_ERROR_NOT_PERMITTED inside a host function or callback: see `stream`).
 pub(crate) fn drv() -> Result<&'static Driver, CUresult> {
+    if stream::in_host_function() {
+        return Err(err::NOT_PERMITTED);
+    }
     match DRIVER.get() {
         Some(Ok(d)) => Ok(d),
         _ => Err(err::NOT_INITIALIZED),

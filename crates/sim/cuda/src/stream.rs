@@ -96,12 +96,22 @@ impl Stream {
     /// Runs `w` in stream order: now, when no host work is pending on the stream; otherwise
     /// after it, on the stream's driver thread.
     pub(crate) fn submit(&self, w: impl FnOnce(&Stream) + Send + 'static) {
+        self.submit_or(|| {}, w)
+    }
+
+    /// As `submit`; `queued` runs first (under the queue's lock) when `w` has to wait.
+    pub(crate) fn submit_or(
+        &self,
+        queued: impl FnOnce(),
+        w: impl FnOnce(&Stream) + Send + 'static,
+    ) {
         let mut q = lock(&self.queue);
         if !q.draining {
             drop(q);
             w(self);
             return;
         }
+        queued();
         q.items.push_back(Box::new(w));
         pending_add(self.ctx_key(), 1);
     }
@@ -287,6 +297,26 @@ fn create_stream(out: *mut CUstream, flags: c_uint, priority: i32) -> Res {
     write(out, h as CUstream)
 }
 
+thread_local! {
+    /// Set on a driver thread while it runs a host function or callback.
+    static IN_HOST_FN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is running a host function or callback: "Callbacks must not make
+/// any CUDA API calls. Attempting to use a CUDA API will result in CUDA_ERROR_NOT_PERMITTED"
+/// (cuda.h, cuStreamAddCallback; for cuLaunchHostFunc it "may result in" it). The driver's
+/// entry points answer so (see `crate::drv`), rather than deadlock waiting for themselves.
+pub(crate) fn in_host_function() -> bool {
+    IN_HOST_FN.with(|f| f.get())
+}
+
+/// Runs a host function or callback as the driver thread does.
+fn call_host(f: impl FnOnce()) {
+    IN_HOST_FN.with(|x| x.set(true));
+    f();
+    IN_HOST_FN.with(|x| x.set(false));
+}
+
 /// `CUhostFn`: `void (*)(void *userData)`.
 type HostFn = Option<extern "C" fn(*mut c_void)>;
 /// `CUstreamCallback`: `void (*)(CUstream hStream, CUresult status, void *userData)`.
@@ -306,7 +336,7 @@ fn host_func(h: CUstream, f: HostFn, data: *mut c_void, pt: bool) -> Res {
     let data = data as usize;
     s.submit_host(move |s| {
         sleep_until(s.done_at());
-        f(data as *mut c_void);
+        call_host(|| f(data as *mut c_void));
     });
     Ok(())
 }
@@ -328,7 +358,7 @@ fn add_callback(h: CUstream, cb: Callback, data: *mut c_void, flags: c_uint, pt:
     let (h, data) = (h as usize, data as usize);
     s.submit_host(move |s| {
         sleep_until(s.done_at());
-        cb(h as CUstream, err::SUCCESS, data as *mut c_void);
+        call_host(|| cb(h as CUstream, err::SUCCESS, data as *mut c_void));
     });
     Ok(())
 }
@@ -401,10 +431,10 @@ fn set_attr(s: &Stream, id: u32, v: [u8; 64]) -> Res {
         return Err(err::INVALID_VALUE);
     }
     match id {
-        ATTR_SYNCHRONIZATION_POLICY => {
-            if !(SYNC_POLICY_AUTO..=SYNC_POLICY_BLOCKING_SYNC).contains(&u32_at(&v, 0)) {
-                return Err(err::INVALID_VALUE);
-            }
+        ATTR_SYNCHRONIZATION_POLICY
+            if !(SYNC_POLICY_AUTO..=SYNC_POLICY_BLOCKING_SYNC).contains(&u32_at(&v, 0)) =>
+        {
+            return Err(err::INVALID_VALUE);
         }
         ATTR_PRIORITY => {
             // Clamped into the device's range, as cuStreamCreateWithPriority does.

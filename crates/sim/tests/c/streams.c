@@ -80,7 +80,7 @@ CUresult cuIpcOpenEventHandle(CUevent *, CUipcEventHandle);
 CUresult cuProfilerStart(void);
 CUresult cuProfilerStop(void);
 
-enum { SUCCESS = 0, INVALID_VALUE = 1, INVALID_CONTEXT = 201, INVALID_HANDLE = 400, NOT_READY = 600 };
+enum { SUCCESS = 0, INVALID_VALUE = 1, INVALID_CONTEXT = 201, INVALID_HANDLE = 400, NOT_READY = 600, NOT_PERMITTED = 800 };
 enum { EVENT_BLOCKING_SYNC = 1, EVENT_DISABLE_TIMING = 2, EVENT_INTERPROCESS = 4 };
 #define PER_THREAD ((CUstream)0x2)
 
@@ -111,6 +111,7 @@ struct order {
     int on_driver_thread;
     double returned_ms;
     int calls;
+    CUresult api_in_cb;  /* what a driver call made inside the callback answered */
 };
 
 static void order_callback(CUstream s, CUresult status, void *p) {
@@ -119,6 +120,7 @@ static void order_callback(CUstream s, CUresult status, void *p) {
     o->status_arg = status;
     o->on_driver_thread = !pthread_equal(pthread_self(), o->main_thread);
     o->seen = o->seen_by_cb[0];
+    o->api_in_cb = cuStreamQuery(s);
     sleep_ms(200);
     o->later_src[0] = 7777;
     o->calls++;
@@ -162,6 +164,8 @@ static void stream_order(void) {
     CHECK(h_out[0] == 7777, "the later memcpy copied %d: it ran before the callback returned", h_out[0]);
     CHECK(o.stream_arg == s && o.status_arg == SUCCESS, "callback got (%p, %d)", o.stream_arg, o.status_arg);
     CHECK(o.on_driver_thread, "the callback ran on the calling thread");
+    /* cuda.h: "Attempting to use a CUDA API will result in CUDA_ERROR_NOT_PERMITTED" */
+    CHECK(o.api_in_cb == NOT_PERMITTED, "cuStreamQuery inside a callback answered %d", o.api_in_cb);
     EXPECT(cuStreamQuery(s), SUCCESS);
     EXPECT(cuEventQuery(after), SUCCESS);
 
@@ -260,6 +264,7 @@ static void events(void) {
     EXPECT(cuEventRecordWithFlags(t1, s, 1), INVALID_VALUE); /* EXTERNAL outside capture */
     EXPECT(cuEventRecordWithFlags(t1, s, 2), INVALID_VALUE);
     EXPECT(cuStreamWaitEvent(s, t1, 2), INVALID_VALUE);
+    EXPECT(cuStreamWaitEvent(s, t1, 1), INVALID_VALUE); /* WAIT_EXTERNAL outside capture */
     CUipcEventHandle h;
     EXPECT(cuIpcGetEventHandle(&h, t1), INVALID_HANDLE); /* not CU_EVENT_INTERPROCESS */
     EXPECT(cuIpcGetEventHandle(&h, ipc), SUCCESS);
