@@ -112,7 +112,7 @@ fn register(dev: usize, flags: u32) -> usize {
         dev,
         flags: AtomicU32::new(flags),
         alive: AtomicBool::new(false),
-        legacy: Arc::new(Stream::new(dev, 0, 0, work_tail.clone())),
+        legacy: Stream::new_legacy(dev, work_tail.clone()),
         work_tail,
         overhead: AtomicU64::new(0),
         id: {

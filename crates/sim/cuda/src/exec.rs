@@ -44,7 +44,7 @@ impl Stream {
             .is_some()
     }
     /// Queues `dur` ns of work in stream order (or records it, while capturing).
-    fn run(&self, node: Node) -> Res {
+    fn run(self: &Arc<Self>, node: Node) -> Res {
         {
             let cap = self.capture.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(c) = cap.as_ref() {

@@ -27,7 +27,7 @@ use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 /// Work queued behind host work, run by the stream's driver thread.
@@ -53,6 +53,12 @@ pub(crate) struct Stream {
     /// The capture sequence in progress on this stream, if any (see `exec`).
     pub(crate) capture: Mutex<Option<crate::exec::Capture>>,
     queue: Mutex<Queue>,
+    /// Items ever queued behind host work, and of those the ones run: an item that waits for
+    /// this stream's work so far waits until `ran` reaches `queued` as it was then.
+    queued: AtomicU64,
+    ran: AtomicU64,
+    /// The context's legacy (NULL) stream.
+    legacy: bool,
     /// Attribute values set with cuStreamSetAttribute / cuStreamCopyAttributes, by id (the
     /// 64-byte `CUstreamAttrValue`).
     attrs: Mutex<HashMap<u32, [u8; 64]>>,
@@ -75,8 +81,17 @@ impl Stream {
             ctx_tail,
             capture: Mutex::new(None),
             queue: Mutex::new(Queue::default()),
+            queued: AtomicU64::new(0),
+            ran: AtomicU64::new(0),
+            legacy: false,
             attrs: Mutex::new(HashMap::new()),
         }
+    }
+    /// A context's legacy default stream.
+    pub fn new_legacy(dev: usize, ctx_tail: Arc<AtomicU64>) -> Arc<Stream> {
+        let mut s = Stream::new(dev, 0, 0, ctx_tail);
+        s.legacy = true;
+        enlist(Arc::new(s))
     }
     pub fn set_ctx(&self, h: usize) {
         self.ctx.store(h, Relaxed);
@@ -93,37 +108,44 @@ impl Stream {
         Arc::as_ptr(&self.ctx_tail) as usize
     }
 
-    /// Runs `w` in stream order: now, when no host work is pending on the stream; otherwise
-    /// after it, on the stream's driver thread.
-    pub(crate) fn submit(&self, w: impl FnOnce(&Stream) + Send + 'static) {
+    /// Runs `w` in stream order: now, when nothing it must follow is pending; otherwise after
+    /// it, on the stream's driver thread.
+    pub(crate) fn submit(self: &Arc<Self>, w: impl FnOnce(&Stream) + Send + 'static) {
         self.submit_or(|| {}, w)
     }
 
     /// As `submit`; `queued` runs first (under the queue's lock) when `w` has to wait.
     pub(crate) fn submit_or(
-        &self,
+        self: &Arc<Self>,
         queued: impl FnOnce(),
         w: impl FnOnce(&Stream) + Send + 'static,
     ) {
-        let mut q = lock(&self.queue);
-        if !q.draining {
+        let deps = implicit_deps(self);
+        let q = lock(&self.queue);
+        if !q.draining && deps.is_empty() {
             drop(q);
             w(self);
             return;
         }
         queued();
-        q.items.push_back(Box::new(w));
-        pending_add(self.ctx_key(), 1);
+        self.push(q, after(deps, w));
     }
 
     /// Queues `w`, which may block (a host function, a wait), behind the stream's work; the
     /// stream's driver thread runs it and what follows.
     pub(crate) fn submit_host(self: &Arc<Self>, w: impl FnOnce(&Stream) + Send + 'static) {
-        let mut q = lock(&self.queue);
-        q.items.push_back(Box::new(w));
+        let deps = implicit_deps(self);
+        let q = lock(&self.queue);
+        self.push(q, after(deps, w));
+    }
+
+    fn push(self: &Arc<Self>, mut q: MutexGuard<'_, Queue>, w: Work) {
+        q.items.push_back(w);
+        self.queued.fetch_add(1, AcqRel);
         pending_add(self.ctx_key(), 1);
         if !q.draining {
             q.draining = true;
+            DRAINING.fetch_add(1, AcqRel);
             let s = self.clone();
             std::thread::Builder::new()
                 .name("cuvisor-sim-stream".into())
@@ -152,6 +174,7 @@ fn drain(s: Arc<Stream>) {
                 Some(w) => w,
                 None => {
                     q.draining = false;
+                    DRAINING.fetch_sub(1, AcqRel);
                     drop(q);
                     notify();
                     return;
@@ -160,9 +183,71 @@ fn drain(s: Arc<Stream>) {
         };
         // A panicking host function must not take the queue (and every waiter) with it.
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w(&s)));
+        s.ran.fetch_add(1, AcqRel);
         pending_add(s.ctx_key(), -1);
         notify();
     }
+}
+
+/// Queues being drained in this process: while none is, no work waits for any.
+static DRAINING: AtomicUsize = AtomicUsize::new(0);
+
+/// Every stream of the process that may be synchronized with implicitly: created streams,
+/// per-thread default streams and the contexts' legacy streams.
+fn all_streams() -> &'static Mutex<Vec<Weak<Stream>>> {
+    static A: OnceLock<Mutex<Vec<Weak<Stream>>>> = OnceLock::new();
+    A.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+fn enlist(s: Arc<Stream>) -> Arc<Stream> {
+    let mut a = lock(all_streams());
+    a.retain(|w| w.strong_count() > 0);
+    a.push(Arc::downgrade(&s));
+    s
+}
+
+/// What work on `me` must wait for besides its own stream. CUDA driver API reference, "Stream
+/// synchronization behavior": "The legacy default stream is an implicit stream which
+/// synchronizes with all other streams in the same CUcontext except for non-blocking streams
+/// ... When an action is taken in the legacy stream ..., the legacy stream first waits on all
+/// blocking streams, the action is queued in the legacy stream, and then all blocking streams
+/// wait on the legacy stream"; the per-thread default stream "is not a non-blocking stream and
+/// will synchronize with the legacy default stream if both are used in a program". Each is a
+/// stream and how many of its queued items must have run. Kernels need nothing here: every
+/// kernel of the device runs in one timeline.
+fn implicit_deps(me: &Arc<Stream>) -> Vec<(Arc<Stream>, u64)> {
+    if DRAINING.load(Acquire) == 0 || me.flags & CU_STREAM_NON_BLOCKING != 0 {
+        return Vec::new();
+    }
+    let key = me.ctx_key();
+    lock(all_streams())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|o| {
+            o.ctx_key() == key
+                && !Arc::ptr_eq(o, me)
+                && o.flags & CU_STREAM_NON_BLOCKING == 0
+                && (me.legacy || o.legacy)
+        })
+        .filter_map(|o| {
+            let n = o.queued.load(Acquire);
+            (o.ran.load(Acquire) < n).then_some((o, n))
+        })
+        .collect()
+}
+
+/// `w`, first waiting for `deps` (and taking their kernels' end as its own start).
+fn after(deps: Vec<(Arc<Stream>, u64)>, w: impl FnOnce(&Stream) + Send + 'static) -> Work {
+    if deps.is_empty() {
+        return Box::new(w);
+    }
+    Box::new(move |s: &Stream| {
+        wait_for(|| deps.iter().all(|(o, n)| o.ran.load(Acquire) >= *n));
+        for (o, _) in &deps {
+            s.tail.fetch_max(o.done_at(), AcqRel);
+        }
+        w(s)
+    })
 }
 
 /// Queued items per context (key: its `work_tail`), for synchronous calls that wait for all
@@ -231,7 +316,7 @@ pub(crate) fn stream(h: CUstream, per_thread: bool) -> Result<Arc<Stream>, CUres
             m.borrow_mut()
                 .entry(ch)
                 .or_insert_with(|| {
-                    let s = Arc::new(Stream::new(c.dev, 0, 0, c.work_tail.clone()));
+                    let s = enlist(Arc::new(Stream::new(c.dev, 0, 0, c.work_tail.clone())));
                     s.set_ctx(ch);
                     s
                 })
@@ -294,6 +379,7 @@ fn create_stream(out: *mut CUstream, flags: c_uint, priority: i32) -> Res {
         c.work_tail.clone(),
     ));
     s.set_ctx(ch);
+    enlist(s);
     write(out, h as CUstream)
 }
 

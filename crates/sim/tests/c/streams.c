@@ -208,6 +208,8 @@ static void stream_order(void) {
 struct seq { int log[8]; int n; };
 static void step(void *p) { struct seq *q = p; sleep_ms(30); q->log[q->n] = q->n + 1; q->n++; }
 static void legacy_cb(CUstream s, CUresult st, void *p) { (void)s; (void)st; step(p); }
+static void set_later(void *p) { struct { int *at; int value; int ms; } *x = p; sleep_ms(x->ms); *x->at = x->value; }
+static void look_at(void *p) { struct { int *at; int saw; } *x = p; x->saw = *x->at; }
 
 static void default_streams(void) {
     struct seq q = {{0}, 0};
@@ -223,6 +225,37 @@ static void default_streams(void) {
     EXPECT(cuStreamAddCallback_ptsz(PER_THREAD, legacy_cb, &p, 0), SUCCESS);
     EXPECT(cuStreamSynchronize_ptsz(NULL), SUCCESS);
     CHECK(p.n == 2, "per-thread stream: %d host functions ran before its synchronize returned", p.n);
+
+    /* implicit synchronization: the legacy stream waits for blocking streams' earlier work,
+       and blocking streams for the legacy stream's; a non-blocking stream for neither */
+    CUstream blocking, nonblocking;
+    cuStreamCreate(&blocking, 0);
+    cuStreamCreate(&nonblocking, 1 /* CU_STREAM_NON_BLOCKING */);
+    int *h;
+    cuMemHostAlloc((void **)&h, 64, 0);
+    memset(h, 0, 64);
+    CUdeviceptr dd;
+    cuMemAlloc_v2(&dd, 64);
+    struct setter { int *at; int value; int ms; } one = {&h[0], 99, 100}, two = {&h[2], 5, 300};
+    EXPECT(cuLaunchHostFunc(blocking, set_later, &one), SUCCESS);
+    EXPECT(cuLaunchHostFunc(nonblocking, set_later, &two), SUCCESS);
+    EXPECT(cuMemcpyHtoDAsync_v2(dd, h, 16, NULL), SUCCESS);
+    EXPECT(cuMemcpyDtoHAsync_v2(&h[4], dd, 16, NULL), SUCCESS);
+    EXPECT(cuStreamSynchronize(NULL), SUCCESS);
+    CHECK(h[4] == 99, "the legacy stream's copy ran before the blocking stream's host function (%d)", h[4]);
+    CHECK(h[6] == 0, "the legacy stream waited for a non-blocking stream (%d)", h[6]);
+    struct setter three = {&h[8], 7, 100};
+    struct seen { int *at; int saw; } look = {&h[8], -1};
+    EXPECT(cuLaunchHostFunc(NULL, set_later, &three), SUCCESS);
+    EXPECT(cuLaunchHostFunc(blocking, look_at, &look), SUCCESS);
+    EXPECT(cuStreamSynchronize(blocking), SUCCESS);
+    CHECK(look.saw == 7, "a blocking stream's host function ran before the legacy stream's (%d)", look.saw);
+    EXPECT(cuStreamSynchronize(nonblocking), SUCCESS);
+    CHECK(h[2] == 5, "the non-blocking stream's host function did not run");
+    cuStreamDestroy_v2(blocking);
+    cuStreamDestroy_v2(nonblocking);
+    cuMemFree_v2(dd);
+    cuMemFreeHost(h);
 
     /* a synchronous copy waits for the host functions before it */
     struct seq r = {{0}, 0};
