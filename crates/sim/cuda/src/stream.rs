@@ -3,17 +3,17 @@
 //!
 //! Stream order. Device work takes no real time here (a kernel takes the device's timeline,
 //! see `exec`; copies happen when they are issued), so a stream is just the time its last
-//! kernel ends (`tail`) until host work enters it. A host function or callback must run "after
-//! currently enqueued work" and "will block work added after it" (cuda.h, cuLaunchHostFunc and
-//! cuStreamAddCallback; CUDA Programming Guide, "Host Functions (Callbacks)": "Each host
-//! function is run in the same stream as the work before it; ... commands that are issued to a
-//! stream after a host function do not start executing before the function has completed"). So
-//! a stream with host work pending has a queue, run in order by a driver thread of its own:
-//! the host function runs once the stream's kernels are done, then what was queued behind it
-//! (copies, kernels, event records, writes) happens in order. A wait on memory
-//! (cuStreamWaitValue*) or on an event whose record is still queued elsewhere blocks its
-//! stream the same way. Synchronization, queries and events recorded behind queued work wait
-//! for the queue.
+//! kernel ends (`tail`) until host work enters it. A host function "will be called after
+//! currently enqueued work and will block work added after it" (cuda.h, cuLaunchHostFunc); a
+//! callback is "called on the host after all currently enqueued items in the stream have
+//! completed" and "will block later work in the stream until it is finished" (cuda.h,
+//! cuStreamAddCallback; the CUDA Programming Guide's "Host Functions (Callbacks)" section says
+//! the same of stream order). So a stream with host work pending has a queue, run in order by a
+//! driver thread of its own: the host function runs once the stream's kernels are done, then
+//! what was queued behind it (copies, kernels, event records, writes) happens in order. A wait
+//! on memory (cuStreamWaitValue*) or on an event whose record is still queued elsewhere blocks
+//! its stream the same way. Synchronization, queries and events recorded behind queued work
+//! wait for the queue; the legacy stream's implicit synchronization holds (`implicit_deps`).
 //!
 //! What the simulator relies on is only what the guide and cuda.h promise: order within one
 //! stream; host functions of independent streams "execute in undefined order and may be
