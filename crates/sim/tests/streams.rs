@@ -10,9 +10,12 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// What a checking program printed; it must have exited 0 and printed `OK`.
-fn passed(cmd: &mut Command) {
+/// Runs a checking program, then removes `scratch`; it must have exited 0 and printed `OK`.
+fn passed(cmd: &mut Command, scratch: &[&Path]) {
     let out = cmd.output().expect("run the program");
+    for p in scratch {
+        let _ = std::fs::remove_file(p);
+    }
     let (so, se) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
@@ -40,9 +43,7 @@ fn the_stream_and_event_chapters_from_c() {
     let state = common::state_file("streams");
     let mut cmd = Command::new(&exe);
     common::sim_env(&mut cmd, "single", &state);
-    passed(&mut cmd);
-    let _ = std::fs::remove_file(&exe);
-    let _ = std::fs::remove_file(&state);
+    passed(&mut cmd, &[&exe, &state]);
 }
 
 /// nvcc and what it needs (the versions cudart_nvcc.rs installs, so the venv is shared).
@@ -92,7 +93,5 @@ fn stream_callbacks_and_host_functions_through_the_cuda_runtime() {
     let state = common::state_file("callbacks");
     let mut cmd = Command::new(&exe);
     common::sim_env(&mut cmd, "single", &state);
-    passed(&mut cmd);
-    let _ = std::fs::remove_file(&exe);
-    let _ = std::fs::remove_file(&state);
+    passed(&mut cmd, &[&exe, &state]);
 }
