@@ -10,7 +10,9 @@
 //!   when anyone next looks;
 //! - memory shared between processes (exported VMM allocations, IPC-exported allocations): an
 //!   entry that no process owns, counted in its device's use until no live process holds it
-//!   (each holder keeps a lease lock on the entry's byte, which the kernel drops when it dies).
+//!   (each holder keeps a lease lock on the entry's byte, which the kernel drops when it dies);
+//! - events shared between processes (cuIpcGetEventHandle): the time the last record completes,
+//!   which every process that opened the event reads and writes.
 
 use crate::model::{Model, MAX_DEVICES};
 use cuvisor_shm::lease;
@@ -19,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 pub const MAGIC: u64 = 0x4355_5653_494d_0001; // "CUVSIM" v1
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 pub const MAX_PROCS: usize = 256;
 /// Allocations shared between processes at once.
 pub const MAX_SHARED: usize = 1024;
@@ -31,6 +33,11 @@ pub const DEV_BUCKETS: usize = 1024;
 /// fully reflected in per-process utilization). The file is sparse: unused slots cost nothing.
 pub const PROC_BUCKETS: usize = 512;
 pub const XID_RING: usize = 32;
+/// Events exported with cuIpcGetEventHandle at once.
+pub const MAX_IPC_EVENTS: usize = 1024;
+/// `SharedEvent::time` of an event recorded behind work whose end is not known yet (a host
+/// function still to run, a wait on memory): not complete.
+pub const EVENT_PENDING: u64 = u64::MAX;
 
 /// A bucket packs (bucket number: high 40 bits, busy ns: low 24 bits) in one word, so that a
 /// stale bucket (from one lap of the ring ago) reads as empty and is reset by whoever writes it.
@@ -104,12 +111,28 @@ pub struct SharedMem {
     pub generation: AtomicU64,
 }
 
+/// An event exported by one process (cuIpcGetEventHandle) and opened by others: what a record
+/// in any of them captured is what the others query, synchronize on and wait for.
+#[repr(C)]
+pub struct SharedEvent {
+    /// The exporter's process slot + 1; 0 = free. The entry goes with its exporter's event
+    /// (cuEventDestroy) or its exporter (exit, or death noticed by `reclaim_dead`).
+    pub owner: AtomicU32,
+    pub _pad: u32,
+    /// Bumped at every claim, so that a handle naming an earlier life of the entry is refused.
+    pub generation: AtomicU64,
+    /// When the work the last record captured ends (CLOCK_MONOTONIC ns, one clock for every
+    /// process); 0 = never recorded, [`EVENT_PENDING`] = not known yet.
+    pub time: AtomicU64,
+}
+
 #[repr(C)]
 pub struct Layout {
     pub header: Header,
     pub devices: [DeviceShared; MAX_DEVICES],
     pub procs: [ProcSlot; MAX_PROCS],
     pub shared: [SharedMem; MAX_SHARED],
+    pub events: [SharedEvent; MAX_IPC_EVENTS],
 }
 
 /// The mapped state. Lives for the life of the process once attached.
@@ -276,6 +299,7 @@ impl Shared {
         self.drain_slot(s);
         s.start_time.store(0, Relaxed);
         s.pid.store(0, Release);
+        self.events_let_go(i);
         lease::release(self.map.file(), i);
         for e in 0..MAX_SHARED {
             if self.holds(e) {
@@ -432,11 +456,49 @@ impl Shared {
             {
                 self.drain_slot(s);
                 s.start_time.store(0, Relaxed);
+                self.events_let_go(i);
                 s.pid.store(0, Release);
                 n += 1;
             }
         }
         n + self.reclaim_shared()
+    }
+
+    /// Claims a shared event for process slot `slot`: (entry, generation), None when all are
+    /// taken. Its time starts as "never recorded".
+    pub fn event_open(&self, slot: usize) -> Option<(usize, u64)> {
+        for (i, e) in self.layout.events.iter().enumerate() {
+            if e.owner
+                .compare_exchange(0, slot as u32 + 1, AcqRel, Relaxed)
+                .is_ok()
+            {
+                e.time.store(0, Release);
+                return Some((i, e.generation.fetch_add(1, AcqRel) + 1));
+            }
+        }
+        None
+    }
+
+    /// Shared event `i` if `generation` still names its current life.
+    pub fn event(&self, i: usize, generation: u64) -> Option<&SharedEvent> {
+        let e = self.layout.events.get(i)?;
+        (e.owner.load(Acquire) != 0 && e.generation.load(Acquire) == generation).then_some(e)
+    }
+
+    /// Frees shared event `i` (its exporter destroyed it).
+    pub fn event_close(&self, i: usize, generation: u64) {
+        if let Some(e) = self.event(i, generation) {
+            e.owner.store(0, Release);
+        }
+    }
+
+    /// Frees the shared events exported by process slot `slot` (the process is gone).
+    fn events_let_go(&self, slot: usize) {
+        for e in &self.layout.events {
+            let _ = e
+                .owner
+                .compare_exchange(slot as u32 + 1, 0, AcqRel, Relaxed);
+        }
     }
 
     /// Live processes with their slots.

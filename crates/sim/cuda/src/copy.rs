@@ -6,7 +6,8 @@
 //! both kinds, both devices and the bytes, so an interconnect model (copy engines, PCIe and
 //! NVLink bandwidth) can time copies there; today they are untimed: a synchronous copy first
 //! waits for the work queued before it in the context (legacy default stream rules), an
-//! asynchronous one is done when it is issued.
+//! asynchronous one is checked when it is issued and moves its bytes in its stream's order
+//! (at once, unless host functions are queued ahead of it: see `stream::ordered`).
 //!
 //! Validation follows the CUDA 13.5 `cuda.h` reference of each function (quoted where used); a
 //! refused copy moves nothing. Device ranges must lie in one live allocation (an interior
@@ -14,7 +15,8 @@
 //! the simulator's device address space that is no live allocation is refused.
 
 use crate::array;
-use crate::{ctx, exec, export, mem, read, write, Res};
+use crate::stream::{self, Job};
+use crate::{ctx, export, mem, read, write, Res};
 use cuvisor_cuda_abi::cuda::*;
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -214,8 +216,9 @@ fn resolve(d: &Desc, e: Extent, write: bool) -> Result<Side, CUresult> {
     }
 }
 
-/// Checks both sides, then copies: nothing moves unless both are valid.
-fn copy(src: &Desc, dst: &Desc, e: Extent) -> Res {
+/// Checks both sides of a copy: the bytes it moves, once run. Nothing moves unless both are
+/// valid.
+fn plan(src: &Desc, dst: &Desc, e: Extent) -> Result<Job, CUresult> {
     if e.empty() {
         // Still a bad memory type or a null host pointer is refused by the real driver's
         // parameter checks; an empty copy of valid sides does nothing.
@@ -230,18 +233,26 @@ fn copy(src: &Desc, dst: &Desc, e: Extent) -> Res {
                 return Err(err::INVALID_VALUE);
             }
         }
-        return Ok(());
+        return Ok(Box::new(|| {}));
     }
     let s = resolve(src, e, false)?;
     let d = resolve(dst, e, true)?;
-    transfer(&s, &d, e);
-    Ok(())
+    Ok(moves(vec![(s, d, e)]))
+}
+
+/// The bytes of checked copies, moved in order when the job runs.
+fn moves(plan: Vec<(Side, Side, Extent)>) -> Job {
+    Box::new(move || {
+        for (s, d, e) in plan {
+            transfer(&s, &d, e);
+        }
+    })
 }
 
 /// A synchronous copy waits for the work queued before it in the context (legacy stream rules).
 fn sync_point() -> Res {
     let (_, c) = ctx::current()?;
-    exec::sync_device_work(&c);
+    stream::sync_device_work(&c);
     Ok(())
 }
 
@@ -253,18 +264,22 @@ enum On {
     Stream(CUstream, bool),
 }
 
-fn order(on: On) -> Res {
+/// Checks a copy and runs it where `on` says: after the context's queued work, or in its
+/// stream's order.
+fn run(on: On, check: impl FnOnce() -> Result<Job, CUresult>) -> Res {
     match on {
-        On::Sync => sync_point(),
-        On::Stream(s, pt) => exec::stream(s, pt).map(|_| ()),
+        On::Sync => {
+            sync_point()?;
+            check().map(|job| job())
+        }
+        On::Stream(s, pt) => stream::ordered(s, pt, check),
     }
 }
 
 // ---- linear copies ------------------------------------------------------------------------------
 
 fn linear(on: On, dst: Desc, src: Desc, n: usize) -> Res {
-    order(on)?;
-    copy(&src, &dst, Extent::line(n as u64))
+    run(on, || plan(&src, &dst, Extent::line(n as u64)))
 }
 
 fn host_src(p: *const c_void) -> Desc {
@@ -319,10 +334,12 @@ fn line_side(d: &Desc, n: u64, write: bool) -> Result<Side, CUresult> {
 
 /// 1D copies where one side or both are arrays.
 fn array_copy(on: On, dst: Result<Desc, CUresult>, src: Result<Desc, CUresult>, n: usize) -> Res {
-    order(on)?;
-    let (dst, src) = (dst?, src?);
+    run(on, || array_plan(dst?, src?, n))
+}
+
+fn array_plan(dst: Desc, src: Desc, n: usize) -> Result<Job, CUresult> {
     if n == 0 {
-        return Ok(());
+        return Ok(Box::new(|| {}));
     }
     // AtoA: "the elements must be the same size; and count must be evenly divisible by that
     // size" (cuMemcpyAtoA).
@@ -336,8 +353,7 @@ fn array_copy(on: On, dst: Result<Desc, CUresult>, src: Result<Desc, CUresult>, 
     }
     let s = line_side(&src, n as u64, false)?;
     let d = line_side(&dst, n as u64, true)?;
-    transfer(&s, &d, Extent::line(n as u64));
-    Ok(())
+    Ok(moves(vec![(s, d, Extent::line(n as u64))]))
 }
 
 // ---- 2D and 3D copies ---------------------------------------------------------------------------
@@ -378,9 +394,10 @@ fn copy2d(on: On, p: *const CUDA_MEMCPY2D) -> Res {
 }
 
 fn copy2d_of(on: On, c: CUDA_MEMCPY2D) -> Res {
-    order(on)?;
-    let (src, dst, e) = split2d(&c);
-    copy(&src, &dst, e)
+    run(on, || {
+        let (src, dst, e) = split2d(&c);
+        plan(&src, &dst, e)
+    })
 }
 
 /// The fields CUDA_MEMCPY3D and CUDA_MEMCPY3D_PEER share, and what differs (reserved pointers
@@ -430,20 +447,23 @@ fn copy3d(on: On, p: *const CUDA_MEMCPY3D) -> Res {
 }
 
 fn copy3d_of(on: On, c: CUDA_MEMCPY3D) -> Res {
-    order(on)?;
-    copy3d_now(&c)
+    run(on, || plan3d_struct(&c))
 }
 
 /// A `CUDA_MEMCPY3D` checked and done, with no stream ordering of its own: what a copy does once
 /// its turn has come (also what a graph's memcpy node, which holds one, does when it runs).
 pub(crate) fn copy3d_now(c: &CUDA_MEMCPY3D) -> Res {
+    plan3d_struct(c).map(|job| job())
+}
+
+fn plan3d_struct(c: &CUDA_MEMCPY3D) -> Result<Job, CUresult> {
     // "The srcLOD and dstLOD members of the CUDA_MEMCPY3D structure must be set to 0";
     // reserved0 and reserved1 "Must be NULL" (cuda.h 13.5).
     if c.srcLOD != 0 || c.dstLOD != 0 || !c.reserved0.is_null() || !c.reserved1.is_null() {
         return Err(err::INVALID_VALUE);
     }
     let k = split3d(c);
-    copy(&k.src, &k.dst, k.e)
+    plan(&k.src, &k.dst, k.e)
 }
 
 /// cuMemcpy3DPeer: a 3D copy whose non-array sides name their context ("srcContext - Source
@@ -452,7 +472,10 @@ pub(crate) fn copy3d_now(c: &CUDA_MEMCPY3D) -> Res {
 /// CUDA_ERROR_INVALID_VALUE.
 fn copy3d_peer(on: On, p: *const CUDA_MEMCPY3D_PEER) -> Res {
     let c: CUDA_MEMCPY3D_PEER = read(p)?;
-    order(on)?;
+    run(on, || plan3d_peer(&c))
+}
+
+fn plan3d_peer(c: &CUDA_MEMCPY3D_PEER) -> Result<Job, CUresult> {
     let plain = CUDA_MEMCPY3D {
         srcXInBytes: c.srcXInBytes,
         srcY: c.srcY,
@@ -494,7 +517,7 @@ fn copy3d_peer(on: On, p: *const CUDA_MEMCPY3D_PEER) -> Res {
     let sdev = want(c.srcMemoryType, c.srcContext)?;
     let ddev = want(c.dstMemoryType, c.dstContext)?;
     if k.e.empty() {
-        return copy(&k.src, &k.dst, k.e);
+        return plan(&k.src, &k.dst, k.e);
     }
     let s = resolve(&k.src, k.e, false)?;
     let d = resolve(&k.dst, k.e, true)?;
@@ -505,8 +528,7 @@ fn copy3d_peer(on: On, p: *const CUDA_MEMCPY3D_PEER) -> Res {
             }
         }
     }
-    transfer(&s, &d, k.e);
-    Ok(())
+    Ok(moves(vec![(s, d, k.e)]))
 }
 
 /// cuMemcpyPeer: "Copies from device memory in one context to device memory in another
@@ -519,19 +541,19 @@ fn peer(
     sctx: CUcontext,
     n: usize,
 ) -> Res {
-    order(on)?;
-    let (dc, sc) = (ctx::get(dctx)?, ctx::get(sctx)?);
-    if n == 0 {
-        return Ok(());
-    }
-    let e = Extent::line(n as u64);
-    let s = resolve(&dev(src), e, false)?;
-    let d = resolve(&dev(dst), e, true)?;
-    if s.kind != Kind::Device(sc.dev) || d.kind != Kind::Device(dc.dev) {
-        return Err(err::INVALID_VALUE);
-    }
-    transfer(&s, &d, e);
-    Ok(())
+    run(on, || {
+        let (dc, sc) = (ctx::get(dctx)?, ctx::get(sctx)?);
+        if n == 0 {
+            return Ok(Box::new(|| {}) as Job);
+        }
+        let e = Extent::line(n as u64);
+        let s = resolve(&dev(src), e, false)?;
+        let d = resolve(&dev(dst), e, true)?;
+        if s.kind != Kind::Device(sc.dev) || d.kind != Kind::Device(dc.dev) {
+            return Err(err::INVALID_VALUE);
+        }
+        Ok(moves(vec![(s, d, e)]))
+    })
 }
 
 // ---- batches (CUDA 12.8) ------------------------------------------------------------------------
@@ -544,7 +566,7 @@ fn batch_stream(s: CUstream, pt: bool) -> Res {
     if h == CU_STREAM_LEGACY || (h == 0 && !pt) {
         return Err(err::INVALID_VALUE);
     }
-    exec::stream(s, pt).map(|_| ())
+    stream::stream(s, pt).map(|_| ())
 }
 
 fn valid_order(o: c_int) -> bool {
@@ -633,10 +655,7 @@ fn batch(
         let dst = resolve(&unified(d[i]), e, true).map_err(|x| (Some(i), x))?;
         plan.push((src, dst, e));
     }
-    for (s, d, e) in plan {
-        transfer(&s, &d, e);
-    }
-    Ok(())
+    stream::ordered(s, pt, || Ok(moves(plan))).map_err(whole)
 }
 
 /// One operand of a 3D batch copy, as a [`Desc`]; `elem`: the element size of the copy
@@ -730,10 +749,7 @@ fn batch3d(
     for (i, op) in ops.iter().enumerate() {
         plan.push(plan3d(op).map_err(|e| (Some(i), e))?);
     }
-    for (s, d, e) in plan {
-        transfer(&s, &d, e);
-    }
-    Ok(())
+    stream::ordered(s, pt, || Ok(moves(plan))).map_err(whole)
 }
 
 // ---- memsets ------------------------------------------------------------------------------------
@@ -751,8 +767,7 @@ fn memset2d(
     width: usize,
     height: usize,
 ) -> Res {
-    order(on)?;
-    fill_now(dst, pitch, value, elem, width, height)
+    run(on, || fill(dst, pitch, value, elem, width, height))
 }
 
 /// A 2D memset checked and done, with no stream ordering of its own (see [`memset2d`]; also what
@@ -765,6 +780,18 @@ pub(crate) fn fill_now(
     width: usize,
     height: usize,
 ) -> Res {
+    fill(dst, pitch, value, elem, width, height).map(|job| job())
+}
+
+/// Checks a 2D memset: the bytes it writes, once run.
+fn fill(
+    dst: u64,
+    pitch: usize,
+    value: u32,
+    elem: u64,
+    width: usize,
+    height: usize,
+) -> Result<Job, CUresult> {
     let bad = err::INVALID_VALUE;
     // Elements of 1, 2 or 4 bytes (cuMemsetD2D8/16/32; CUDA_MEMSET_NODE_PARAMS: "Size of each
     // element in bytes. Must be 1, 2, or 4.").
@@ -789,17 +816,21 @@ pub(crate) fn fill_now(
             .ok_or(bad)?
     };
     mem::device_range(dst, len, true)?;
-    let bytes = value.to_le_bytes();
-    let pattern = &bytes[..elem as usize];
-    for y in 0..if len == 0 { 0 } else { h } {
-        // SAFETY: the row lies in [dst, dst + len), just checked to be one live allocation.
-        let buf =
-            unsafe { std::slice::from_raw_parts_mut((dst + y * pitch) as *mut u8, row as usize) };
-        for chunk in buf.chunks_exact_mut(elem as usize) {
-            chunk.copy_from_slice(pattern);
+    Ok(Box::new(move || {
+        let bytes = value.to_le_bytes();
+        let pattern = &bytes[..elem as usize];
+        for y in 0..if len == 0 { 0 } else { h } {
+            // SAFETY: the row lies in [dst, dst + len), checked to be one live allocation when
+            // the memset was issued (freeing it before the stream gets here is the program's
+            // error, as on the real driver; the simulator's arenas stay mapped).
+            let buf = unsafe {
+                std::slice::from_raw_parts_mut((dst + y * pitch) as *mut u8, row as usize)
+            };
+            for chunk in buf.chunks_exact_mut(elem as usize) {
+                chunk.copy_from_slice(pattern);
+            }
         }
-    }
-    Ok(())
+    }))
 }
 
 fn memset(on: On, dst: u64, value: u32, elem: u64, count: usize) -> Res {

@@ -1,7 +1,7 @@
 //! Devices and contexts: device queries, primary contexts, cuCtxCreate v2..v4, the per-thread
 //! stack of current contexts.
 
-use crate::exec::Stream;
+use crate::stream::Stream;
 use crate::{cstr, drv, export, mem, write, write_cstr, Registry, Res};
 use cuvisor_cuda_abi::cuda::{attr, err, CUcontext, CUdevice, CUresult, CUuuid, CU_CTX_FLAGS_MASK};
 use cuvisor_sim::model::{Device, PcieLevel};
@@ -112,7 +112,7 @@ fn register(dev: usize, flags: u32) -> usize {
         dev,
         flags: AtomicU32::new(flags),
         alive: AtomicBool::new(false),
-        legacy: Arc::new(Stream::new(dev, 0, 0, work_tail.clone())),
+        legacy: Stream::new_legacy(dev, work_tail.clone()),
         work_tail,
         overhead: AtomicU64::new(0),
         id: {
@@ -527,7 +527,7 @@ export! {
 
 /// Waits for all work queued in the context; a synchronization point for its pools.
 fn synchronize(c: &Context) {
-    crate::exec::sync_device_work(c);
+    crate::stream::sync_device_work(c);
     mem::trim_pools_at_sync(c.dev);
 }
 

@@ -1,4 +1,5 @@
-//! Execution: modules and functions, kernel launches, streams, events, graphs and stream capture.
+//! Execution: modules and functions, kernel launches, graphs and stream capture (streams and
+//! events are `stream` and `event`).
 //!
 //! Time model: a kernel takes the device's timeline for its run time (`sim_busy*`: the first u64
 //! parameter in ns; others: the model's default). The timeline is shared by every process, so
@@ -6,32 +7,21 @@
 //! events, queries and synchronization follow from those times and the wall clock.
 //! Copies and memsets take no simulated time.
 
-use crate::ctx::{self, Context};
+use crate::ctx;
+use crate::stream::{stream, Stream};
 use crate::{cstr, drv, export, mem, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_image::{self as image, Image};
-use cuvisor_sim::state::{now_ns, sleep_until};
-use std::cell::{Cell, RefCell};
+
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_uint, c_void};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock};
 
-pub(crate) struct Stream {
-    pub dev: usize,
-    pub flags: u32,
-    pub priority: i32,
-    ctx: AtomicUsize,
-    /// When the last work queued on this stream ends (CLOCK_MONOTONIC ns).
-    pub tail: AtomicU64,
-    ctx_tail: Arc<AtomicU64>,
-    /// The capture sequence in progress on this stream, if any.
-    capture: Mutex<Option<Capture>>,
-}
-
 /// A capture sequence: the graph it records into, made at cuStreamBeginCapture (so that
 /// cuStreamGetCaptureInfo can name it) and handed over at cuStreamEndCapture.
-struct Capture {
+pub(crate) struct Capture {
     /// "an id for the capture sequence, which is unique over the lifetime of the process"
     /// (cuStreamGetCaptureInfo, CUDA driver API reference).
     id: u64,
@@ -47,28 +37,14 @@ struct Capture {
 }
 
 impl Stream {
-    pub fn new(dev: usize, flags: u32, priority: i32, ctx_tail: Arc<AtomicU64>) -> Stream {
-        Stream {
-            dev,
-            flags,
-            priority,
-            ctx: AtomicUsize::new(0),
-            tail: AtomicU64::new(0),
-            ctx_tail,
-            capture: Mutex::new(None),
-        }
-    }
-    pub fn set_ctx(&self, h: usize) {
-        self.ctx.store(h, Relaxed);
-    }
-    fn capturing(&self) -> bool {
+    pub(crate) fn capturing(&self) -> bool {
         self.capture
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .is_some()
     }
-    /// Queues `dur` ns of work (or records it, while capturing).
-    fn run(&self, node: Node) -> Res {
+    /// Queues `dur` ns of work in stream order (or records it, while capturing).
+    fn run(self: &Arc<Self>, node: Node) -> Res {
         {
             let cap = self.capture.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(c) = cap.as_ref() {
@@ -76,18 +52,11 @@ impl Stream {
                 return Ok(());
             }
         }
-        let d = drv()?;
-        let not_before = self.tail.load(Acquire);
-        let (_, end) = d
-            .sim
-            .shared
-            .run_kernel(d.slot, self.dev, not_before, node.ns);
-        self.tail.fetch_max(end, AcqRel);
-        self.ctx_tail.fetch_max(end, AcqRel);
+        drv()?;
+        self.submit(move |s| {
+            let _ = s.run_kernel_now(node.ns);
+        });
         Ok(())
-    }
-    fn done_at(&self) -> u64 {
-        self.tail.load(Acquire)
     }
 }
 
@@ -122,12 +91,6 @@ struct Library {
 /// objects are too, so it stands for the one function of that name in the library's module.
 struct Kernel {
     function: usize,
-}
-
-struct Event {
-    flags: u32,
-    /// When the work before the record point ends; 0 = never recorded.
-    time: AtomicU64,
 }
 
 /// A graph node: a kernel (its run time), a memory-allocation node, or a memory-free node (the
@@ -220,10 +183,6 @@ fn node_of(h: CUgraphNode) -> Result<Op, CUresult> {
         .ok_or(err::INVALID_VALUE)
 }
 
-fn streams() -> &'static Registry<Stream> {
-    static R: OnceLock<Registry<Stream>> = OnceLock::new();
-    R.get_or_init(Registry::new)
-}
 fn modules() -> &'static Registry<Module> {
     static R: OnceLock<Registry<Module>> = OnceLock::new();
     R.get_or_init(Registry::new)
@@ -240,10 +199,6 @@ fn kernels() -> &'static Registry<Kernel> {
     static R: OnceLock<Registry<Kernel>> = OnceLock::new();
     R.get_or_init(Registry::new)
 }
-fn events() -> &'static Registry<Event> {
-    static R: OnceLock<Registry<Event>> = OnceLock::new();
-    R.get_or_init(Registry::new)
-}
 fn graphs() -> &'static Registry<Graph> {
     static R: OnceLock<Registry<Graph>> = OnceLock::new();
     R.get_or_init(Registry::new)
@@ -251,42 +206,6 @@ fn graphs() -> &'static Registry<Graph> {
 fn execs() -> &'static Registry<GraphExec> {
     static R: OnceLock<Registry<GraphExec>> = OnceLock::new();
     R.get_or_init(Registry::new)
-}
-
-thread_local! {
-    /// The per-thread default stream of each context this thread used (CU_STREAM_PER_THREAD, or
-    /// NULL passed to a `_ptsz`/`_ptds` entry point).
-    static PER_THREAD: RefCell<HashMap<usize, Arc<Stream>>> = RefCell::new(HashMap::new());
-}
-
-/// Resolves a stream argument. `per_thread`: the entry point is a `_ptsz`/`_ptds` variant, for
-/// which NULL means the per-thread default stream rather than the legacy one.
-pub(crate) fn stream(h: CUstream, per_thread: bool) -> Result<Arc<Stream>, CUresult> {
-    let h = h as usize;
-    let legacy = h == CU_STREAM_LEGACY || (h == 0 && !per_thread);
-    if legacy || h == CU_STREAM_PER_THREAD || h == 0 {
-        let (ch, c) = ctx::current()?;
-        if legacy {
-            return Ok(c.legacy.clone());
-        }
-        return Ok(PER_THREAD.with(|m| {
-            m.borrow_mut()
-                .entry(ch)
-                .or_insert_with(|| {
-                    let s = Arc::new(Stream::new(c.dev, 0, 0, c.work_tail.clone()));
-                    s.set_ctx(ch);
-                    s
-                })
-                .clone()
-        }));
-    }
-    drv()?;
-    streams().get(h)
-}
-
-/// Waits for all work queued in a context.
-pub(crate) fn sync_device_work(c: &Context) {
-    sleep_until(c.work_tail.load(Acquire));
 }
 
 /// Run time of a launch: `sim_busy*` kernels say it in their first parameter (a u64, in ns),
@@ -398,45 +317,6 @@ fn launch_ex(
     launch(f, dims, params, extra, c.hStream, pt, cooperative)
 }
 
-fn stream_sync(h: CUstream, pt: bool) -> Res {
-    let s = stream(h, pt)?;
-    if s.capturing() {
-        return Err(err::STREAM_CAPTURE_UNSUPPORTED);
-    }
-    sleep_until(s.done_at());
-    mem::trim_pools_at_sync(s.dev);
-    Ok(())
-}
-
-fn stream_query(h: CUstream, pt: bool) -> Res {
-    let s = stream(h, pt)?;
-    if now_ns() >= s.done_at() {
-        Ok(())
-    } else {
-        Err(err::NOT_READY)
-    }
-}
-
-fn stream_wait_event(h: CUstream, ev: CUevent, flags: c_uint, pt: bool) -> Res {
-    let s = stream(h, pt)?;
-    let e = events().get(ev as usize)?;
-    if flags & !1 != 0 {
-        return Err(err::INVALID_VALUE);
-    }
-    s.tail.fetch_max(e.time.load(Acquire), AcqRel);
-    Ok(())
-}
-
-fn event_record(ev: CUevent, h: CUstream, pt: bool) -> Res {
-    let e = events().get(ev as usize)?;
-    let s = stream(h, pt)?;
-    if s.capturing() {
-        return Ok(()); // becomes an event-record node of the captured graph; nothing to time now
-    }
-    e.time.store(s.done_at().max(now_ns()), Release);
-    Ok(())
-}
-
 fn begin_capture(h: CUstream, mode: i32, pt: bool) -> Res {
     let s = stream(h, pt)?;
     if Arc::ptr_eq(&s, &ctx::current()?.1.legacy) {
@@ -541,17 +421,6 @@ thread_local! {
     /// thread starts in global mode. The simulator records it but does not refuse the calls a
     /// mode forbids during a capture.
     static CAPTURE_MODE: Cell<i32> = const { Cell::new(CAPTURE_MODE_GLOBAL) };
-}
-
-/// `CUstream`'s contexts (cuStreamGetCtx_v2, CUDA 12.5): the simulator has no green contexts,
-/// so `*green` is always NULL, as the reference says for a stream of a regular context.
-fn stream_ctx(h: CUstream, pctx: *mut CUcontext, green: *mut *mut c_void, pt: bool) -> Res {
-    let st = stream(h, pt)?;
-    if pctx.is_null() {
-        return Err(err::INVALID_VALUE);
-    }
-    write_opt(green, std::ptr::null_mut())?;
-    write(pctx, st.ctx.load(Relaxed) as CUcontext)
 }
 
 /// `CUDA_GRAPH_INSTANTIATE_PARAMS` (cuda.h, CUDA 12.0).
@@ -801,23 +670,6 @@ fn add_kernel_node(
     // Kernel parameters are copied when the node is made, so the run time is fixed now.
     let ns = kernel_ns(&func, p.kernelParams, p.extra)?;
     write(node, g.push(Op::Kernel(ns)) as CUgraphNode)
-}
-
-fn host_func(
-    h: CUstream,
-    f: Option<extern "C" fn(*mut c_void)>,
-    data: *mut c_void,
-    pt: bool,
-) -> Res {
-    let s = stream(h, pt)?;
-    let f = f.ok_or(err::INVALID_VALUE)?;
-    let at = s.done_at();
-    let data = data as usize;
-    std::thread::spawn(move || {
-        sleep_until(at);
-        f(data as *mut c_void);
-    });
-    Ok(())
 }
 
 /// What the launches take: a `CUfunction`, or since CUDA 12.0 a `CUkernel` ("f - Function
@@ -1205,35 +1057,6 @@ export! {
     fn cuLaunchKernelEx_ptsz(cfg: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
         launch_ex(cfg, f, params, extra, true)
     }
-    fn cuLaunchHostFunc(s: CUstream, f: Option<extern "C" fn(*mut c_void)>, data: *mut c_void) { host_func(s, f, data, false) }
-    fn cuLaunchHostFunc_ptsz(s: CUstream, f: Option<extern "C" fn(*mut c_void)>, data: *mut c_void) { host_func(s, f, data, true) }
-
-    fn cuStreamCreate(out: *mut CUstream, flags: c_uint) { create_stream(out, flags, 0) }
-    fn cuStreamCreateWithPriority(out: *mut CUstream, flags: c_uint, priority: i32) { create_stream(out, flags, priority) }
-    fn cuStreamDestroy_v2(s: CUstream) {
-        drv()?;
-        streams().remove(s as usize).map(|_| ())
-    }
-    fn cuStreamSynchronize(s: CUstream) { stream_sync(s, false) }
-    fn cuStreamSynchronize_ptsz(s: CUstream) { stream_sync(s, true) }
-    fn cuStreamQuery(s: CUstream) { stream_query(s, false) }
-    fn cuStreamQuery_ptsz(s: CUstream) { stream_query(s, true) }
-    fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uint) { stream_wait_event(s, e, flags, false) }
-    fn cuStreamWaitEvent_ptsz(s: CUstream, e: CUevent, flags: c_uint) { stream_wait_event(s, e, flags, true) }
-    fn cuStreamGetCtx(s: CUstream, pctx: *mut CUcontext) {
-        let st = stream(s, false)?;
-        write(pctx, st.ctx.load(Relaxed) as CUcontext)
-    }
-    fn cuStreamGetCtx_ptsz(s: CUstream, pctx: *mut CUcontext) {
-        let st = stream(s, true)?;
-        write(pctx, st.ctx.load(Relaxed) as CUcontext)
-    }
-    fn cuStreamGetCtx_v2(s: CUstream, pctx: *mut CUcontext, green: *mut *mut c_void) { stream_ctx(s, pctx, green, false) }
-    fn cuStreamGetCtx_v2_ptsz(s: CUstream, pctx: *mut CUcontext, green: *mut *mut c_void) { stream_ctx(s, pctx, green, true) }
-    fn cuStreamGetFlags(s: CUstream, flags: *mut c_uint) { write(flags, stream(s, false)?.flags) }
-    fn cuStreamGetFlags_ptsz(s: CUstream, flags: *mut c_uint) { write(flags, stream(s, true)?.flags) }
-    fn cuStreamGetPriority(s: CUstream, p: *mut i32) { write(p, stream(s, false)?.priority) }
-    fn cuStreamGetPriority_ptsz(s: CUstream, p: *mut i32) { write(p, stream(s, true)?.priority) }
 
     /// CUDA 10.0's form: no mode argument (global mode).
     fn cuStreamBeginCapture(s: CUstream) { begin_capture(s, 0, false) }
@@ -1270,43 +1093,6 @@ export! {
             return Err(err::INVALID_VALUE);
         }
         write(mode, CAPTURE_MODE.with(|m| m.replace(want)))
-    }
-
-    fn cuEventCreate(out: *mut CUevent, flags: c_uint) {
-        ctx::current()?;
-        if flags & !CU_EVENT_FLAGS_MASK != 0 {
-            return Err(err::INVALID_VALUE);
-        }
-        if out.is_null() {
-            return Err(err::INVALID_VALUE);
-        }
-        let (h, _) = events().insert(Event { flags, time: AtomicU64::new(0) });
-        write(out, h as CUevent)
-    }
-    fn cuEventRecord(e: CUevent, s: CUstream) { event_record(e, s, false) }
-    fn cuEventRecord_ptsz(e: CUevent, s: CUstream) { event_record(e, s, true) }
-    fn cuEventRecordWithFlags(e: CUevent, s: CUstream, _flags: c_uint) { event_record(e, s, false) }
-    fn cuEventRecordWithFlags_ptsz(e: CUevent, s: CUstream, _flags: c_uint) { event_record(e, s, true) }
-    /// An event never recorded counts as complete (the driver's documented behaviour).
-    fn cuEventQuery(e: CUevent) {
-        drv()?;
-        let ev = events().get(e as usize)?;
-        if now_ns() >= ev.time.load(Acquire) { Ok(()) } else { Err(err::NOT_READY) }
-    }
-    fn cuEventSynchronize(e: CUevent) {
-        drv()?;
-        let ev = events().get(e as usize)?;
-        sleep_until(ev.time.load(Acquire));
-        // "the allocator will try to release memory back to the OS on the next call to stream,
-        // event or context synchronize" (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD).
-        mem::trim_all_pools_at_sync();
-        Ok(())
-    }
-    fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) { elapsed(ms, start, end) }
-    fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) { elapsed(ms, start, end) }
-    fn cuEventDestroy_v2(e: CUevent) {
-        drv()?;
-        events().remove(e as usize).map(|_| ())
     }
 
     fn cuGraphCreate(g: *mut CUgraph, flags: c_uint) {
@@ -1425,37 +1211,4 @@ export! {
         }
         write(count, want.min(n))
     }
-}
-
-fn create_stream(out: *mut CUstream, flags: c_uint, priority: i32) -> Res {
-    let (ch, c) = ctx::current()?;
-    if flags & !CU_STREAM_NON_BLOCKING != 0 || out.is_null() {
-        return Err(err::INVALID_VALUE);
-    }
-    let (h, s) = streams().insert(Stream::new(
-        c.dev,
-        flags,
-        priority.clamp(-5, 0),
-        c.work_tail.clone(),
-    ));
-    s.set_ctx(ch);
-    write(out, h as CUstream)
-}
-
-fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Res {
-    drv()?;
-    let a = events().get(start as usize)?;
-    let b = events().get(end as usize)?;
-    if (a.flags | b.flags) & CU_EVENT_DISABLE_TIMING != 0 {
-        return Err(err::INVALID_HANDLE);
-    }
-    let (ta, tb) = (a.time.load(Acquire), b.time.load(Acquire));
-    if ta == 0 || tb == 0 {
-        return Err(err::INVALID_HANDLE);
-    }
-    let now = now_ns();
-    if now < ta || now < tb {
-        return Err(err::NOT_READY);
-    }
-    write(ms, (tb as f64 - ta as f64) as f32 / 1e6)
 }

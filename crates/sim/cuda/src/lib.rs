@@ -7,7 +7,8 @@
 //!
 //! Layout: `abi` helpers and the export macro here; `ctx` devices and contexts; `mem` every
 //! allocation path and pools; `array` CUDA arrays, texture and surface objects; `copy` copies
-//! and memsets; `exec` modules, launches, streams, events and graphs; `procaddr`
+//! and memsets; `exec` modules, launches and graphs; `stream` streams, host functions, memory
+//! operations and the profiler switches; `event` events and IPC events; `procaddr`
 //! cuGetProcAddress; `export_table` cuGetExportTable, the private tables NVIDIA's
 //! runtime asks for.
 #![allow(clippy::missing_safety_doc)]
@@ -15,8 +16,10 @@
 mod array;
 mod copy;
 mod ctx;
+mod event;
 mod exec;
 mod export_table;
+mod stream;
 
 mod mem;
 mod proc_table;
@@ -128,8 +131,12 @@ pub(crate) struct Driver {
 
 static DRIVER: OnceLock<Result<Driver, CUresult>> = OnceLock::new();
 
-/// The initialised driver, or CUDA_ERROR_NOT_INITIALIZED before a successful cuInit.
+/// The initialised driver, or CUDA_ERROR_NOT_INITIALIZED before a successful cuInit
+/// (CUDA_ERROR_NOT_PERMITTED inside a host function or callback: see `stream`).
 pub(crate) fn drv() -> Result<&'static Driver, CUresult> {
+    if stream::in_host_function() {
+        return Err(err::NOT_PERMITTED);
+    }
     match DRIVER.get() {
         Some(Ok(d)) => Ok(d),
         _ => Err(err::NOT_INITIALIZED),
@@ -238,16 +245,15 @@ not_supported! {
     cuImportExternalMemory cuExternalMemoryGetMappedBuffer cuDestroyExternalMemory
     cuImportExternalSemaphore cuSignalExternalSemaphoresAsync cuWaitExternalSemaphoresAsync
     cuDestroyExternalSemaphore cuGraphicsUnregisterResource cuGraphicsMapResources
-    cuGraphicsUnmapResources cuProfilerStart cuProfilerStop cuMemPrefetchAsync cuMemAdvise
+    cuGraphicsUnmapResources cuMemPrefetchAsync cuMemAdvise
     cuMemRangeGetAttribute cuCtxGetExecAffinity cuDeviceGetNvSciSyncAttributes cuFlushGPUDirectRDMAWrites
     cuCoredumpGetAttribute cuCoredumpSetAttribute cuGreenCtxCreate cuDeviceGetDevResource
-    cuStreamWriteValue32 cuStreamWriteValue32_v2 cuStreamWriteValue32_ptsz cuStreamWriteValue32_v2_ptsz
     cuMulticastCreate cuMulticastAddDevice cuMulticastBindMem
     // cuBLASLt 12.8 resolves these (among ~80 entry points) with dlsym on libcuda.so.1 when a
     // handle is created, and fails cublasLtCtxInit ("Driver API initialization failed", so
     // cublasCreate answers CUBLAS_STATUS_INTERNAL_ERROR) when one is absent; creating a handle
     // calls none of them. Seen on the simulator with a breakpoint on dlsym during cublasCreate_v2
     // (PyTorch 2.8, nvidia-cublas-cu12 12.8.4.1).
-    cuStreamWaitValue32 cuStreamBatchMemOp cuGraphKernelNodeGetParams
+    cuGraphKernelNodeGetParams
     cuGraphExecKernelNodeSetParams
 }

@@ -35,6 +35,7 @@
 
 use crate::ctx;
 use crate::exec;
+use crate::stream;
 use crate::{drv, export, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::arena::{round_up, Arena, ALIGN};
@@ -325,6 +326,45 @@ pub(crate) fn in_any_arena(addr: u64) -> bool {
         || va_arena().map(|a| a.contains(addr)).unwrap_or(false)
 }
 
+/// The target of a stream memory operation (cuStreamWaitValue*, cuStreamWriteValue*): a word
+/// of device memory, or of host memory the caller registered (its "device pointer" from
+/// cuMemHostGetDevicePointer is its host address here). "This function cannot be used with
+/// managed memory (cuMemAllocManaged)" (cuda.h, cuStreamWaitValue32). The device accesses it
+/// as one aligned word.
+pub(crate) fn memop_target(addr: u64, n: u64) -> Res {
+    if !addr.is_multiple_of(n) {
+        return Err(err::INVALID_VALUE);
+    }
+    match device_range(addr, n, true) {
+        Ok(_) => {}
+        // freed, out of bounds or NULL; anything else is host memory the caller vouches for
+        Err(e) if addr == 0 || in_any_arena(addr) => return Err(e),
+        Err(_) => {}
+    }
+    let t = table().read().unwrap_or_else(|e| e.into_inner());
+    if let Some((base, r)) = t.range(..=addr).next_back() {
+        if r.kind == Kind::Managed && addr < base + r.size {
+            return Err(err::INVALID_VALUE);
+        }
+    }
+    Ok(())
+}
+
+/// cuStreamAttachMemAsync's range: a managed allocation, and "length must be either zero or
+/// the entire allocation's size" (cuda.h); the allocation as the program asked for it (its
+/// size rounds up to what the simulator keeps).
+pub(crate) fn managed_whole(addr: u64, length: u64) -> Res {
+    let t = table().read().unwrap_or_else(|e| e.into_inner());
+    let (&base, r) = t.range(..=addr).next_back().ok_or(err::INVALID_VALUE)?;
+    if r.kind != Kind::Managed || addr >= base + r.size {
+        return Err(err::INVALID_VALUE);
+    }
+    if length != 0 && (addr != base || round_up(length, ALIGN) != r.size) {
+        return Err(err::INVALID_VALUE);
+    }
+    Ok(())
+}
+
 // ---- stream-ordered pools -----------------------------------------------------------------------
 
 pub(crate) struct Pool {
@@ -471,7 +511,7 @@ fn alloc_from_pool(
     if dptr.is_null() || size == 0 {
         return Err(err::INVALID_VALUE);
     }
-    let stream = exec::stream(s, pt)?;
+    let stream = stream::stream(s, pt)?;
     let pool = live_pool(pool_h)?;
     // "During stream capture, this function results in the creation of an allocation node. In
     // this case, the allocation is owned by the graph instead of the memory pool. The memory
@@ -495,12 +535,12 @@ fn alloc_from_pool(
 }
 
 fn alloc_async(dptr: *mut CUdeviceptr, size: usize, s: CUstream, pt: bool) -> Res {
-    let stream = exec::stream(s, pt)?;
+    let stream = stream::stream(s, pt)?;
     alloc_from_pool(dptr, size, current_pool(stream.dev), s, pt)
 }
 
 fn free_async(dptr: CUdeviceptr, s: CUstream, pt: bool) -> Res {
-    let stream = exec::stream(s, pt)?;
+    let stream = stream::stream(s, pt)?;
     // "During stream capture, this function results in the creation of a free node"
     // (cuMemFreeAsync, CUDA driver API reference): nothing is freed now.
     if let Some(r) = exec::capture_free(&stream, dptr) {
@@ -1465,7 +1505,7 @@ export! {
 
 /// Names this process in IPC handles, machine-wide: pids repeat across pid namespaces (two
 /// containers' processes are often both pid 1), so a handle carries this instead.
-fn process_token() -> u64 {
+pub(crate) fn process_token() -> u64 {
     static T: OnceLock<u64> = OnceLock::new();
     *T.get_or_init(|| {
         let mut v = 0u64;

@@ -1085,6 +1085,50 @@ pub static PROC_TABLE: &[ProcEntry] = &[
     ProcEntry { base: "cuTexObjectGetTextureDesc", versions: &[(5000, "cuTexObjectGetTextureDesc")], per_thread: &[] },
     ProcEntry { base: "cuTexObjectGetResourceViewDesc", versions: &[(5000, "cuTexObjectGetResourceViewDesc")], per_thread: &[] },
     ProcEntry { base: "cuSurfObjectGetResourceDesc", versions: &[(5000, "cuSurfObjectGetResourceDesc")], per_thread: &[] },
+    // ---- added by i17-stream ----
+    // Versions from CUDA 13.5's cudaTypedefs.h (`PFN_<name>_v<version>[_ptsz]`).
+    ProcEntry { base: "cuIpcGetEventHandle", versions: &[(4010, "cuIpcGetEventHandle")], per_thread: &[] },
+    ProcEntry { base: "cuIpcOpenEventHandle", versions: &[(4010, "cuIpcOpenEventHandle")], per_thread: &[] },
+    ProcEntry {
+        base: "cuStreamGetId",
+        versions: &[(12000, "cuStreamGetId")],
+        per_thread: &[(12000, "cuStreamGetId_ptsz")],
+    },
+    ProcEntry {
+        base: "cuStreamGetDevice",
+        versions: &[(12080, "cuStreamGetDevice")],
+        per_thread: &[(12080, "cuStreamGetDevice_ptsz")],
+    },
+    ProcEntry {
+        base: "cuStreamCopyAttributes",
+        versions: &[(11000, "cuStreamCopyAttributes")],
+        per_thread: &[(11000, "cuStreamCopyAttributes_ptsz")],
+    },
+    ProcEntry {
+        base: "cuStreamGetAttribute",
+        versions: &[(11000, "cuStreamGetAttribute")],
+        per_thread: &[(11000, "cuStreamGetAttribute_ptsz")],
+    },
+    ProcEntry {
+        base: "cuStreamSetAttribute",
+        versions: &[(11000, "cuStreamSetAttribute")],
+        per_thread: &[(11000, "cuStreamSetAttribute_ptsz")],
+    },
+    ProcEntry {
+        base: "cuStreamAttachMemAsync",
+        versions: &[(6000, "cuStreamAttachMemAsync")],
+        per_thread: &[(7000, "cuStreamAttachMemAsync_ptsz")],
+    },
+    ProcEntry {
+        base: "cuStreamWaitValue64",
+        versions: &[(9000, "cuStreamWaitValue64"), (11070, "cuStreamWaitValue64_v2")],
+        per_thread: &[(9000, "cuStreamWaitValue64_ptsz"), (11070, "cuStreamWaitValue64_v2_ptsz")],
+    },
+    ProcEntry {
+        base: "cuStreamWriteValue64",
+        versions: &[(9000, "cuStreamWriteValue64"), (11070, "cuStreamWriteValue64_v2")],
+        per_thread: &[(9000, "cuStreamWriteValue64_ptsz"), (11070, "cuStreamWriteValue64_v2_ptsz")],
+    },
 ];
 
 #[cfg(test)]

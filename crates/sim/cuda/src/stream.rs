@@ -1,0 +1,846 @@
+//! Streams: creation and queries, stream order with host work (callbacks, host functions, waits
+//! on memory), attributes, memory operations, and the profiler switches.
+//!
+//! Stream order. Device work takes no real time here (a kernel takes the device's timeline,
+//! see `exec`; copies happen when they are issued), so a stream is just the time its last
+//! kernel ends (`tail`) until host work enters it. A host function "will be called after
+//! currently enqueued work and will block work added after it" (cuda.h, cuLaunchHostFunc); a
+//! callback is "called on the host after all currently enqueued items in the stream have
+//! completed" and "will block later work in the stream until it is finished" (cuda.h,
+//! cuStreamAddCallback; the CUDA Programming Guide's "Host Functions (Callbacks)" section says
+//! the same of stream order). So a stream with host work pending has a queue, run in order by a
+//! driver thread of its own: the host function runs once the stream's kernels are done, then
+//! what was queued behind it (copies, kernels, event records, writes) happens in order. A wait
+//! on memory (cuStreamWaitValue*) or on an event whose record is still queued elsewhere blocks
+//! its stream the same way. Synchronization, queries and events recorded behind queued work
+//! wait for the queue; the legacy stream's implicit synchronization holds (`implicit_deps`).
+//!
+//! What the simulator relies on is only what the guide and cuda.h promise: order within one
+//! stream; host functions of independent streams "execute in undefined order and may be
+//! serialized" (cuda.h), so each stream's queue runs on its own thread.
+
+use crate::ctx::{self, Context};
+use crate::{drv, export, mem, read, write, Registry, Res};
+use cuvisor_cuda_abi::cuda::*;
+use cuvisor_sim::state::{now_ns, sleep_until};
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{c_uint, c_void};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
+
+/// A checked copy, memset or memory write: what it does once its turn in the stream comes.
+pub(crate) type Job = Box<dyn FnOnce() + Send>;
+
+/// Work queued behind host work, run by the stream's driver thread.
+type Work = Box<dyn FnOnce(&Stream) + Send>;
+
+#[derive(Default)]
+struct Queue {
+    items: VecDeque<Work>,
+    /// A driver thread is running this stream's queue (the item it runs included).
+    draining: bool,
+}
+
+pub(crate) struct Stream {
+    pub dev: usize,
+    pub flags: u32,
+    priority: AtomicI32,
+    pub(crate) ctx: AtomicUsize,
+    /// `cuStreamGetId`: unique among the process's streams.
+    id: u64,
+    /// When the last work queued on this stream ends (CLOCK_MONOTONIC ns).
+    pub tail: AtomicU64,
+    pub(crate) ctx_tail: Arc<AtomicU64>,
+    /// The capture sequence in progress on this stream, if any (see `exec`).
+    pub(crate) capture: Mutex<Option<crate::exec::Capture>>,
+    queue: Mutex<Queue>,
+    /// Items ever queued behind host work, and of those the ones run: an item that waits for
+    /// this stream's work so far waits until `ran` reaches `queued` as it was then.
+    queued: AtomicU64,
+    ran: AtomicU64,
+    /// The context's legacy (NULL) stream.
+    legacy: bool,
+    /// Attribute values set with cuStreamSetAttribute / cuStreamCopyAttributes, by id (the
+    /// 64-byte `CUstreamAttrValue`).
+    attrs: Mutex<HashMap<u32, [u8; 64]>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Stream {
+    pub fn new(dev: usize, flags: u32, priority: i32, ctx_tail: Arc<AtomicU64>) -> Stream {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        Stream {
+            dev,
+            flags,
+            priority: AtomicI32::new(priority),
+            ctx: AtomicUsize::new(0),
+            id: NEXT_ID.fetch_add(1, Relaxed),
+            tail: AtomicU64::new(0),
+            ctx_tail,
+            capture: Mutex::new(None),
+            queue: Mutex::new(Queue::default()),
+            queued: AtomicU64::new(0),
+            ran: AtomicU64::new(0),
+            legacy: false,
+            attrs: Mutex::new(HashMap::new()),
+        }
+    }
+    /// A context's legacy default stream.
+    pub fn new_legacy(dev: usize, ctx_tail: Arc<AtomicU64>) -> Arc<Stream> {
+        let mut s = Stream::new(dev, 0, 0, ctx_tail);
+        s.legacy = true;
+        enlist(Arc::new(s))
+    }
+    pub fn set_ctx(&self, h: usize) {
+        self.ctx.store(h, Relaxed);
+    }
+    pub(crate) fn done_at(&self) -> u64 {
+        self.tail.load(Acquire)
+    }
+    /// Host work (or work behind it) is still queued or running.
+    pub(crate) fn busy(&self) -> bool {
+        lock(&self.queue).draining
+    }
+    /// The context the stream belongs to, as a key of `pending`.
+    fn ctx_key(&self) -> usize {
+        Arc::as_ptr(&self.ctx_tail) as usize
+    }
+
+    /// Runs `w` in stream order: now, when nothing it must follow is pending; otherwise after
+    /// it, on the stream's driver thread.
+    pub(crate) fn submit(self: &Arc<Self>, w: impl FnOnce(&Stream) + Send + 'static) {
+        self.submit_or(|| {}, w)
+    }
+
+    /// As `submit`; `queued` runs first (under the queue's lock) when `w` has to wait.
+    pub(crate) fn submit_or(
+        self: &Arc<Self>,
+        queued: impl FnOnce(),
+        w: impl FnOnce(&Stream) + Send + 'static,
+    ) {
+        let deps = implicit_deps(self);
+        let q = lock(&self.queue);
+        if !q.draining && deps.is_empty() {
+            drop(q);
+            w(self);
+            return;
+        }
+        queued();
+        self.push(q, after(deps, w));
+    }
+
+    /// Queues `w`, which may block (a host function, a wait), behind the stream's work; the
+    /// stream's driver thread runs it and what follows.
+    pub(crate) fn submit_host(self: &Arc<Self>, w: impl FnOnce(&Stream) + Send + 'static) {
+        let deps = implicit_deps(self);
+        let q = lock(&self.queue);
+        self.push(q, after(deps, w));
+    }
+
+    fn push(self: &Arc<Self>, mut q: MutexGuard<'_, Queue>, w: Work) {
+        q.items.push_back(w);
+        self.queued.fetch_add(1, AcqRel);
+        pending_add(self.ctx_key(), 1);
+        if !q.draining {
+            q.draining = true;
+            DRAINING.fetch_add(1, AcqRel);
+            let s = self.clone();
+            std::thread::Builder::new()
+                .name("cuvisor-sim-stream".into())
+                .spawn(move || drain(s))
+                .expect("a driver thread");
+        }
+    }
+
+    /// Queues `dur` ns of kernel time on the device's timeline, after the stream's last work.
+    pub(crate) fn run_kernel_now(&self, dur: u64) -> Res {
+        let d = drv()?;
+        let not_before = self.tail.load(Acquire);
+        let (_, end) = d.sim.shared.run_kernel(d.slot, self.dev, not_before, dur);
+        self.tail.fetch_max(end, AcqRel);
+        self.ctx_tail.fetch_max(end, AcqRel);
+        Ok(())
+    }
+}
+
+/// The stream's driver thread: runs the queue in order until it is empty.
+fn drain(s: Arc<Stream>) {
+    loop {
+        let w = {
+            let mut q = lock(&s.queue);
+            match q.items.pop_front() {
+                Some(w) => w,
+                None => {
+                    q.draining = false;
+                    DRAINING.fetch_sub(1, AcqRel);
+                    drop(q);
+                    notify();
+                    return;
+                }
+            }
+        };
+        // A panicking host function must not take the queue (and every waiter) with it.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w(&s)));
+        s.ran.fetch_add(1, AcqRel);
+        pending_add(s.ctx_key(), -1);
+        notify();
+    }
+}
+
+/// Queues being drained in this process: while none is, no work waits for any.
+static DRAINING: AtomicUsize = AtomicUsize::new(0);
+
+/// Every stream of the process that may be synchronized with implicitly: created streams,
+/// per-thread default streams and the contexts' legacy streams.
+fn all_streams() -> &'static Mutex<Vec<Weak<Stream>>> {
+    static A: OnceLock<Mutex<Vec<Weak<Stream>>>> = OnceLock::new();
+    A.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+fn enlist(s: Arc<Stream>) -> Arc<Stream> {
+    let mut a = lock(all_streams());
+    a.retain(|w| w.strong_count() > 0);
+    a.push(Arc::downgrade(&s));
+    s
+}
+
+/// What work on `me` must wait for besides its own stream. CUDA driver API reference, "Stream
+/// synchronization behavior": "The legacy default stream is an implicit stream which
+/// synchronizes with all other streams in the same CUcontext except for non-blocking streams
+/// ... When an action is taken in the legacy stream ..., the legacy stream first waits on all
+/// blocking streams, the action is queued in the legacy stream, and then all blocking streams
+/// wait on the legacy stream"; the per-thread default stream "is not a non-blocking stream and
+/// will synchronize with the legacy default stream if both are used in a program". Each is a
+/// stream and how many of its queued items must have run. Kernels need nothing here: every
+/// kernel of the device runs in one timeline.
+fn implicit_deps(me: &Arc<Stream>) -> Vec<(Arc<Stream>, u64)> {
+    if DRAINING.load(Acquire) == 0 || me.flags & CU_STREAM_NON_BLOCKING != 0 {
+        return Vec::new();
+    }
+    let key = me.ctx_key();
+    lock(all_streams())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|o| {
+            o.ctx_key() == key
+                && !Arc::ptr_eq(o, me)
+                && o.flags & CU_STREAM_NON_BLOCKING == 0
+                && (me.legacy || o.legacy)
+        })
+        .filter_map(|o| {
+            let n = o.queued.load(Acquire);
+            (o.ran.load(Acquire) < n).then_some((o, n))
+        })
+        .collect()
+}
+
+/// `w`, first waiting for `deps` (and taking their kernels' end as its own start).
+fn after(deps: Vec<(Arc<Stream>, u64)>, w: impl FnOnce(&Stream) + Send + 'static) -> Work {
+    if deps.is_empty() {
+        return Box::new(w);
+    }
+    Box::new(move |s: &Stream| {
+        wait_for(|| deps.iter().all(|(o, n)| o.ran.load(Acquire) >= *n));
+        for (o, _) in &deps {
+            s.tail.fetch_max(o.done_at(), AcqRel);
+        }
+        w(s)
+    })
+}
+
+/// Queued items per context (key: its `work_tail`), for synchronous calls that wait for all
+/// of a context's work.
+fn pending() -> &'static Mutex<HashMap<usize, isize>> {
+    static P: OnceLock<Mutex<HashMap<usize, isize>>> = OnceLock::new();
+    P.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn pending_add(key: usize, n: isize) {
+    let mut p = lock(pending());
+    let e = p.entry(key).or_insert(0);
+    *e += n;
+    if *e <= 0 {
+        p.remove(&key);
+    }
+}
+
+/// Progress of any queue: waiters wait on this, queues notify it.
+fn progress() -> &'static (Mutex<()>, Condvar) {
+    static P: OnceLock<(Mutex<()>, Condvar)> = OnceLock::new();
+    P.get_or_init(|| (Mutex::new(()), Condvar::new()))
+}
+
+fn notify() {
+    let (m, cv) = progress();
+    let _g = lock(m);
+    cv.notify_all();
+}
+
+/// Blocks until `done()` holds. Queues of this process notify; a time-out polls what other
+/// processes (IPC events) and host threads (memory that a wait watches) change.
+pub(crate) fn wait_for(done: impl Fn() -> bool) {
+    let (m, cv) = progress();
+    let mut g = lock(m);
+    while !done() {
+        g = cv
+            .wait_timeout(g, Duration::from_micros(200))
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+}
+
+fn streams() -> &'static Registry<Stream> {
+    static R: OnceLock<Registry<Stream>> = OnceLock::new();
+    R.get_or_init(Registry::new)
+}
+
+thread_local! {
+    /// The per-thread default stream of each context this thread used (CU_STREAM_PER_THREAD, or
+    /// NULL passed to a `_ptsz`/`_ptds` entry point).
+    static PER_THREAD: RefCell<HashMap<usize, Arc<Stream>>> = RefCell::new(HashMap::new());
+}
+
+/// Resolves a stream argument. `per_thread`: the entry point is a `_ptsz`/`_ptds` variant, for
+/// which NULL means the per-thread default stream rather than the legacy one.
+pub(crate) fn stream(h: CUstream, per_thread: bool) -> Result<Arc<Stream>, CUresult> {
+    let h = h as usize;
+    let legacy = h == CU_STREAM_LEGACY || (h == 0 && !per_thread);
+    if legacy || h == CU_STREAM_PER_THREAD || h == 0 {
+        let (ch, c) = ctx::current()?;
+        if legacy {
+            return Ok(c.legacy.clone());
+        }
+        return Ok(PER_THREAD.with(|m| {
+            m.borrow_mut()
+                .entry(ch)
+                .or_insert_with(|| {
+                    let s = enlist(Arc::new(Stream::new(c.dev, 0, 0, c.work_tail.clone())));
+                    s.set_ctx(ch);
+                    s
+                })
+                .clone()
+        }));
+    }
+    drv()?;
+    streams().get(h)
+}
+
+/// Resolves the stream, validates the operation (`check`, which returns the work), and runs
+/// the work in stream order. For the asynchronous copies and memsets.
+pub(crate) fn ordered(h: CUstream, pt: bool, check: impl FnOnce() -> Result<Job, CUresult>) -> Res {
+    let s = stream(h, pt)?;
+    let w = check()?;
+    s.submit(move |_| w());
+    Ok(())
+}
+
+/// Waits for all work queued in a context: its streams' queues, then its kernels.
+pub(crate) fn sync_device_work(c: &Context) {
+    let key = Arc::as_ptr(&c.work_tail) as usize;
+    wait_for(|| !lock(pending()).contains_key(&key));
+    sleep_until(c.work_tail.load(Acquire));
+}
+
+fn stream_sync(h: CUstream, pt: bool) -> Res {
+    let s = stream(h, pt)?;
+    if s.capturing() {
+        return Err(err::STREAM_CAPTURE_UNSUPPORTED);
+    }
+    wait_for(|| !s.busy());
+    sleep_until(s.done_at());
+    mem::trim_pools_at_sync(s.dev);
+    Ok(())
+}
+
+fn stream_query(h: CUstream, pt: bool) -> Res {
+    let s = stream(h, pt)?;
+    if !s.busy() && now_ns() >= s.done_at() {
+        Ok(())
+    } else {
+        Err(err::NOT_READY)
+    }
+}
+
+fn create_stream(out: *mut CUstream, flags: c_uint, priority: i32) -> Res {
+    let (ch, c) = ctx::current()?;
+    if flags & !CU_STREAM_NON_BLOCKING != 0 || out.is_null() {
+        return Err(err::INVALID_VALUE);
+    }
+    let (h, s) = streams().insert(Stream::new(
+        c.dev,
+        flags,
+        priority.clamp(-5, 0),
+        c.work_tail.clone(),
+    ));
+    s.set_ctx(ch);
+    enlist(s);
+    write(out, h as CUstream)
+}
+
+thread_local! {
+    /// Set on a driver thread while it runs a host function or callback.
+    static IN_HOST_FN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is running a host function or callback: "Callbacks must not make
+/// any CUDA API calls. Attempting to use a CUDA API will result in CUDA_ERROR_NOT_PERMITTED"
+/// (cuda.h, cuStreamAddCallback; for cuLaunchHostFunc it "may result in" it). The driver's
+/// entry points answer so (see `crate::drv`), rather than deadlock waiting for themselves.
+pub(crate) fn in_host_function() -> bool {
+    IN_HOST_FN.with(|f| f.get())
+}
+
+/// Runs a host function or callback as the driver thread does.
+fn call_host(f: impl FnOnce()) {
+    IN_HOST_FN.with(|x| x.set(true));
+    f();
+    IN_HOST_FN.with(|x| x.set(false));
+}
+
+/// `CUhostFn`: `void (*)(void *userData)`.
+type HostFn = Option<extern "C" fn(*mut c_void)>;
+/// `CUstreamCallback`: `void (*)(CUstream hStream, CUresult status, void *userData)`.
+type Callback = Option<extern "C" fn(CUstream, CUresult, *mut c_void)>;
+
+/// cuLaunchHostFunc: `f(data)` on the stream's driver thread once the work before it is done;
+/// work queued after it waits until it returns. A NULL function is CUDA_ERROR_INVALID_VALUE.
+fn host_func(h: CUstream, f: HostFn, data: *mut c_void, pt: bool) -> Res {
+    let s = stream(h, pt)?;
+    let f = f.ok_or(err::INVALID_VALUE)?;
+    if s.capturing() {
+        // Under capture a host function becomes a host node of the graph (cuda.h: unlike
+        // cuStreamAddCallback, cuLaunchHostFunc is supported in capture). Graph host nodes
+        // are the graph chapter's; until they exist the capture cannot take it.
+        return Err(err::STREAM_CAPTURE_UNSUPPORTED);
+    }
+    let data = data as usize;
+    s.submit_host(move |s| {
+        sleep_until(s.done_at());
+        call_host(|| f(data as *mut c_void));
+    });
+    Ok(())
+}
+
+/// cuStreamAddCallback: as a host function, called with (stream, CUDA_SUCCESS, userData): the
+/// simulated device has no errors to report. "flags - Reserved for future use, must be 0"
+/// (cuda.h), else CUDA_ERROR_INVALID_VALUE; a NULL callback is CUDA_ERROR_INVALID_VALUE. "This
+/// function is not supported with cuStreamBeginCapture and cuStreamEndCapture, unlike
+/// cuLaunchHostFunc" (cuda.h): CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED on a capturing stream.
+fn add_callback(h: CUstream, cb: Callback, data: *mut c_void, flags: c_uint, pt: bool) -> Res {
+    let s = stream(h, pt)?;
+    let cb = cb.ok_or(err::INVALID_VALUE)?;
+    if flags != 0 {
+        return Err(err::INVALID_VALUE);
+    }
+    if s.capturing() {
+        return Err(err::STREAM_CAPTURE_UNSUPPORTED);
+    }
+    let (h, data) = (h as usize, data as usize);
+    s.submit_host(move |s| {
+        sleep_until(s.done_at());
+        call_host(|| cb(h as CUstream, err::SUCCESS, data as *mut c_void));
+    });
+    Ok(())
+}
+
+/// `CUstream`'s contexts (cuStreamGetCtx_v2, CUDA 12.5): the simulator has no green contexts,
+/// so `*green` is always NULL, as the reference says for a stream of a regular context.
+fn stream_ctx(h: CUstream, pctx: *mut CUcontext, green: *mut *mut c_void, pt: bool) -> Res {
+    let st = stream(h, pt)?;
+    if pctx.is_null() {
+        return Err(err::INVALID_VALUE);
+    }
+    if !green.is_null() {
+        write(green, std::ptr::null_mut())?;
+    }
+    write(pctx, st.ctx.load(Relaxed) as CUcontext)
+}
+
+// ---- attributes ---------------------------------------------------------------------------------
+
+/// `CUstreamAttrID` = `CUlaunchAttributeID`; the ones cuda.h marks "Valid for streams".
+const ATTR_ACCESS_POLICY_WINDOW: u32 = 1;
+const ATTR_SYNCHRONIZATION_POLICY: u32 = 3;
+const ATTR_PRIORITY: u32 = 8;
+const ATTR_MEM_SYNC_DOMAIN_MAP: u32 = 9;
+const ATTR_MEM_SYNC_DOMAIN: u32 = 10;
+const ATTR_NVLINK_UTIL_CENTRIC_SCHEDULING: u32 = 16;
+const STREAM_ATTRS: [u32; 6] = [
+    ATTR_ACCESS_POLICY_WINDOW,
+    ATTR_SYNCHRONIZATION_POLICY,
+    ATTR_PRIORITY,
+    ATTR_MEM_SYNC_DOMAIN_MAP,
+    ATTR_MEM_SYNC_DOMAIN,
+    ATTR_NVLINK_UTIL_CENTRIC_SCHEDULING,
+];
+/// `CUsynchronizationPolicy`: AUTO 1, SPIN 2, YIELD 3, BLOCKING_SYNC 4.
+const SYNC_POLICY_AUTO: u32 = 1;
+const SYNC_POLICY_BLOCKING_SYNC: u32 = 4;
+
+fn u32_at(v: &[u8; 64], off: usize) -> u32 {
+    u32::from_le_bytes(v[off..off + 4].try_into().unwrap_or_default())
+}
+
+/// A stream attribute's value: what was set, else the default (no access policy window, the
+/// AUTO synchronization policy, the stream's priority, the default domain and map).
+fn attr_value(s: &Stream, id: u32) -> Result<[u8; 64], CUresult> {
+    if !STREAM_ATTRS.contains(&id) {
+        return Err(err::INVALID_VALUE);
+    }
+    let mut v = [0u8; 64];
+    if id == ATTR_PRIORITY {
+        v[..4].copy_from_slice(&s.priority.load(Relaxed).to_le_bytes());
+        return Ok(v);
+    }
+    if let Some(x) = lock(&s.attrs).get(&id) {
+        return Ok(*x);
+    }
+    match id {
+        ATTR_SYNCHRONIZATION_POLICY => v[..4].copy_from_slice(&SYNC_POLICY_AUTO.to_le_bytes()),
+        // `CUlaunchMemSyncDomainMap` {default_, remote}: the remote domain maps to 1 by default
+        // ("Default domain ID is 0, remote domain ID is 1", CUDA programming guide, "Memory
+        // Synchronization Domains").
+        ATTR_MEM_SYNC_DOMAIN_MAP => v[1] = 1,
+        _ => {}
+    }
+    Ok(v)
+}
+
+fn set_attr(s: &Stream, id: u32, v: [u8; 64]) -> Res {
+    if !STREAM_ATTRS.contains(&id) {
+        return Err(err::INVALID_VALUE);
+    }
+    match id {
+        ATTR_SYNCHRONIZATION_POLICY
+            if !(SYNC_POLICY_AUTO..=SYNC_POLICY_BLOCKING_SYNC).contains(&u32_at(&v, 0)) =>
+        {
+            return Err(err::INVALID_VALUE);
+        }
+        ATTR_PRIORITY => {
+            // Clamped into the device's range, as cuStreamCreateWithPriority does.
+            let p = u32_at(&v, 0) as i32;
+            s.priority.store(p.clamp(-5, 0), Relaxed);
+            return Ok(());
+        }
+        ATTR_ACCESS_POLICY_WINDOW => {
+            // `CUaccessPolicyWindow` {base_ptr, num_bytes, hitRatio (float), hitProp, missProp}:
+            // "hitRatio ... Must be between 0 and 1" ... "missProp ... cannot be
+            // CU_ACCESS_PROPERTY_PERSISTING" (cuda.h).
+            let ratio = f32::from_bits(u32_at(&v, 16));
+            if !(0.0..=1.0).contains(&ratio) || u32_at(&v, 24) == 2 {
+                return Err(err::INVALID_VALUE);
+            }
+        }
+        _ => {}
+    }
+    lock(&s.attrs).insert(id, v);
+    Ok(())
+}
+
+fn get_attribute(h: CUstream, id: u32, out: *mut [u8; 64], pt: bool) -> Res {
+    let s = stream(h, pt)?;
+    write(out, attr_value(&s, id)?)
+}
+
+fn set_attribute(h: CUstream, id: u32, v: *const [u8; 64], pt: bool) -> Res {
+    let s = stream(h, pt)?;
+    set_attr(&s, id, read(v)?)
+}
+
+/// cuStreamCopyAttributes: every stream attribute of `src` onto `dst`, in one context.
+fn copy_attributes(dst: CUstream, src: CUstream, pt: bool) -> Res {
+    let d = stream(dst, pt)?;
+    let s = stream(src, pt)?;
+    if d.ctx.load(Relaxed) != s.ctx.load(Relaxed) {
+        return Err(err::INVALID_CONTEXT);
+    }
+    for id in STREAM_ATTRS {
+        set_attr(&d, id, attr_value(&s, id)?)?;
+    }
+    Ok(())
+}
+
+// ---- memory operations --------------------------------------------------------------------------
+
+/// `CUstreamWaitValue_flags`: the condition in the low bits (GEQ 0, EQ 1, AND 2, NOR 3), and
+/// CU_STREAM_WAIT_VALUE_FLUSH (1 << 30), a flush of remote writes, of which the simulated device
+/// has none.
+const WAIT_FLUSH: u32 = 1 << 30;
+/// `CUstreamWriteValue_flags`: DEFAULT 0, NO_MEMORY_BARRIER 1.
+const WRITE_NO_MEMORY_BARRIER: u32 = 1;
+
+/// Whether the value at the wait's address satisfies its condition (cuda.h,
+/// `CUstreamWaitValue_flags`): GEQ "(int32_t)(*addr - value) >= 0" (a cyclic
+/// greater-or-equal), EQ "*addr == value", AND "(*addr & value) != 0", NOR
+/// "~(*addr | value) != 0"; 64-bit waits the same on 64 bits.
+fn holds(cond: u32, cur: u64, value: u64, wide: bool) -> bool {
+    let mask = if wide { u64::MAX } else { u32::MAX as u64 };
+    let (cur, value) = (cur & mask, value & mask);
+    match cond {
+        0 if wide => (cur.wrapping_sub(value) as i64) >= 0,
+        0 => (cur.wrapping_sub(value) as u32 as i32) >= 0,
+        1 => cur == value,
+        2 => cur & value != 0,
+        _ => !(cur | value) & mask != 0,
+    }
+}
+
+/// One memory operation, checked and ready to queue.
+#[derive(Clone, Copy)]
+enum MemOp {
+    Wait {
+        addr: u64,
+        value: u64,
+        cond: u32,
+        wide: bool,
+    },
+    Write {
+        addr: u64,
+        value: u64,
+        wide: bool,
+    },
+    /// A flush of remote writes or a memory barrier: nothing to do in a device whose writes are
+    /// the host's.
+    Fence,
+}
+
+/// The word at `addr` (validated by `mem::memop_target` when the operation was queued). The
+/// device accesses it as one aligned word, which the host may change at any time.
+fn load(addr: u64, wide: bool) -> u64 {
+    if wide {
+        // SAFETY: an 8-aligned device or registered host word (checked at enqueue); the
+        // program keeps it alive while the operation is queued (the driver API's contract).
+        unsafe { AtomicU64::from_ptr(addr as *mut u64) }.load(Acquire)
+    } else {
+        // SAFETY: a 4-aligned word, as above.
+        unsafe { AtomicU32::from_ptr(addr as *mut u32) }.load(Acquire) as u64
+    }
+}
+
+fn store(addr: u64, value: u64, wide: bool) {
+    if wide {
+        // SAFETY: as in `load`.
+        unsafe { AtomicU64::from_ptr(addr as *mut u64) }.store(value, Release)
+    } else {
+        // SAFETY: as in `load`.
+        unsafe { AtomicU32::from_ptr(addr as *mut u32) }.store(value as u32, Release)
+    }
+}
+
+fn wait_op(addr: u64, value: u64, flags: u32, wide: bool) -> Result<MemOp, CUresult> {
+    if flags & !(WAIT_FLUSH | 3) != 0 {
+        return Err(err::INVALID_VALUE);
+    }
+    mem::memop_target(addr, if wide { 8 } else { 4 })?;
+    Ok(MemOp::Wait {
+        addr,
+        value,
+        cond: flags & 3,
+        wide,
+    })
+}
+
+fn write_op(addr: u64, value: u64, flags: u32, wide: bool) -> Result<MemOp, CUresult> {
+    if flags & !WRITE_NO_MEMORY_BARRIER != 0 {
+        return Err(err::INVALID_VALUE);
+    }
+    mem::memop_target(addr, if wide { 8 } else { 4 })?;
+    Ok(MemOp::Write { addr, value, wide })
+}
+
+/// Queues checked operations in order: a write happens when the stream reaches it; a wait
+/// blocks the stream (on its driver thread) until its condition holds.
+fn enqueue(s: &Arc<Stream>, ops: Vec<MemOp>) {
+    for op in ops {
+        match op {
+            MemOp::Wait {
+                addr,
+                value,
+                cond,
+                wide,
+            } => {
+                if !s.busy() && holds(cond, load(addr, wide), value, wide) {
+                    continue; // already satisfied: nothing to wait for
+                }
+                s.submit_host(move |_| wait_for(|| holds(cond, load(addr, wide), value, wide)));
+            }
+            MemOp::Write { addr, value, wide } => s.submit(move |_| store(addr, value, wide)),
+            MemOp::Fence => {}
+        }
+    }
+}
+
+fn mem_op(h: CUstream, pt: bool, op: impl FnOnce() -> Result<MemOp, CUresult>) -> Res {
+    let s = stream(h, pt)?;
+    if s.capturing() {
+        // Memory operations captured become a batch-memop node: the graph chapter's.
+        return Err(err::STREAM_CAPTURE_UNSUPPORTED);
+    }
+    let op = op()?;
+    enqueue(&s, vec![op]);
+    Ok(())
+}
+
+/// `CUstreamBatchMemOpParams`: a 48-byte union tagged by its first field. Wait and write
+/// operations: address at 8, value (32 or 64 bits) at 16, flags at 24; flush and barrier:
+/// flags at 4.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct BatchParams {
+    operation: u32,
+    flags4: u32,
+    address: u64,
+    value: u64,
+    flags: u32,
+    _pad: u32,
+    alias: u64,
+    _rest: u64,
+}
+
+/// `CUstreamBatchMemOpType`.
+const OP_WAIT_VALUE_32: u32 = 1;
+const OP_WRITE_VALUE_32: u32 = 2;
+const OP_FLUSH_REMOTE_WRITES: u32 = 3;
+const OP_WAIT_VALUE_64: u32 = 4;
+const OP_WRITE_VALUE_64: u32 = 5;
+const OP_BARRIER: u32 = 6;
+
+/// cuStreamBatchMemOp: "count - The number of operations in the array. Must be less than 256";
+/// "flags - Reserved for future expansion; must be 0" (cuda.h). Every operation is checked
+/// before any is queued. Atomic reductions (CUDA 13) are not modelled: CUDA_ERROR_NOT_SUPPORTED,
+/// which cuda.h lists.
+fn batch(h: CUstream, count: c_uint, p: *const BatchParams, flags: c_uint, pt: bool) -> Res {
+    let s = stream(h, pt)?;
+    if flags != 0 || count >= 256 || (count > 0 && p.is_null()) {
+        return Err(err::INVALID_VALUE);
+    }
+    if s.capturing() {
+        return Err(err::STREAM_CAPTURE_UNSUPPORTED);
+    }
+    let mut ops = Vec::with_capacity(count as usize);
+    for i in 0..count as usize {
+        let b: BatchParams = read(p.wrapping_add(i))?;
+        let _ = b.alias;
+        ops.push(match b.operation {
+            OP_WAIT_VALUE_32 => wait_op(b.address, b.value & 0xffff_ffff, b.flags, false)?,
+            OP_WAIT_VALUE_64 => wait_op(b.address, b.value, b.flags, true)?,
+            OP_WRITE_VALUE_32 => write_op(b.address, b.value & 0xffff_ffff, b.flags, false)?,
+            OP_WRITE_VALUE_64 => write_op(b.address, b.value, b.flags, true)?,
+            // "flags - Must be 0" (flushRemoteWrites); barrier: SYS 0 or GPU 1.
+            OP_FLUSH_REMOTE_WRITES if b.flags4 == 0 => MemOp::Fence,
+            OP_BARRIER if b.flags4 <= 1 => MemOp::Fence,
+            8 => return Err(err::NOT_SUPPORTED),
+            _ => return Err(err::INVALID_VALUE),
+        });
+    }
+    enqueue(&s, ops);
+    Ok(())
+}
+
+/// `CUmemAttach_flags`: GLOBAL 1, HOST 2, SINGLE 4.
+const ATTACH_FLAGS: [u32; 3] = [1, 2, 4];
+
+/// cuStreamAttachMemAsync: managed memory changes which streams may touch it. The simulated
+/// device keeps managed memory where both sides see it, so the association changes nothing;
+/// the call checks what cuda.h says: `flags` "must be one of CUmemAttach_flags"; "For managed
+/// allocations, length must be either zero or the entire allocation's size"; "It is illegal to
+/// attach singly to the NULL stream ... An error will be returned in this case"
+/// (CUDA_ERROR_INVALID_VALUE here). Pageable host memory is allowed only on devices with
+/// CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, which the simulated ones do not report, so
+/// anything but managed memory is CUDA_ERROR_INVALID_VALUE.
+fn attach_mem(h: CUstream, dptr: CUdeviceptr, length: usize, flags: c_uint, pt: bool) -> Res {
+    stream(h, pt)?;
+    if !ATTACH_FLAGS.contains(&flags) {
+        return Err(err::INVALID_VALUE);
+    }
+    let null = matches!(h as usize, 0 | CU_STREAM_LEGACY | CU_STREAM_PER_THREAD);
+    if flags == 4 && null {
+        return Err(err::INVALID_VALUE);
+    }
+    mem::managed_whole(dptr, length as u64)
+}
+
+export! {
+    fn cuStreamCreate(out: *mut CUstream, flags: c_uint) { create_stream(out, flags, 0) }
+    fn cuStreamCreateWithPriority(out: *mut CUstream, flags: c_uint, priority: i32) { create_stream(out, flags, priority) }
+    /// Destroying a stream with work queued returns at once; the work still runs ("the
+    /// resources associated with hStream will be released automatically after the device has
+    /// completed all work in hStream", cuStreamDestroy, CUDA driver API reference).
+    fn cuStreamDestroy_v2(s: CUstream) {
+        drv()?;
+        streams().remove(s as usize).map(|_| ())
+    }
+    fn cuStreamSynchronize(s: CUstream) { stream_sync(s, false) }
+    fn cuStreamSynchronize_ptsz(s: CUstream) { stream_sync(s, true) }
+    fn cuStreamQuery(s: CUstream) { stream_query(s, false) }
+    fn cuStreamQuery_ptsz(s: CUstream) { stream_query(s, true) }
+    fn cuStreamGetCtx(s: CUstream, pctx: *mut CUcontext) {
+        let st = stream(s, false)?;
+        write(pctx, st.ctx.load(Relaxed) as CUcontext)
+    }
+    fn cuStreamGetCtx_ptsz(s: CUstream, pctx: *mut CUcontext) {
+        let st = stream(s, true)?;
+        write(pctx, st.ctx.load(Relaxed) as CUcontext)
+    }
+    fn cuStreamGetCtx_v2(s: CUstream, pctx: *mut CUcontext, green: *mut *mut c_void) { stream_ctx(s, pctx, green, false) }
+    fn cuStreamGetCtx_v2_ptsz(s: CUstream, pctx: *mut CUcontext, green: *mut *mut c_void) { stream_ctx(s, pctx, green, true) }
+    fn cuStreamGetFlags(s: CUstream, flags: *mut c_uint) { write(flags, stream(s, false)?.flags) }
+    fn cuStreamGetFlags_ptsz(s: CUstream, flags: *mut c_uint) { write(flags, stream(s, true)?.flags) }
+    fn cuStreamGetPriority(s: CUstream, p: *mut i32) { write(p, stream(s, false)?.priority.load(Relaxed)) }
+    fn cuStreamGetPriority_ptsz(s: CUstream, p: *mut i32) { write(p, stream(s, true)?.priority.load(Relaxed)) }
+    /// CUDA 12.0: "Returns in streamId the unique Id of the stream" (cuda.h).
+    fn cuStreamGetId(s: CUstream, id: *mut u64) { write(id, stream(s, false)?.id) }
+    fn cuStreamGetId_ptsz(s: CUstream, id: *mut u64) { write(id, stream(s, true)?.id) }
+    /// CUDA 12.8: the device of the stream's context.
+    fn cuStreamGetDevice(s: CUstream, dev: *mut CUdevice) { write(dev, stream(s, false)?.dev as CUdevice) }
+    fn cuStreamGetDevice_ptsz(s: CUstream, dev: *mut CUdevice) { write(dev, stream(s, true)?.dev as CUdevice) }
+
+    fn cuLaunchHostFunc(s: CUstream, f: HostFn, data: *mut c_void) { host_func(s, f, data, false) }
+    fn cuLaunchHostFunc_ptsz(s: CUstream, f: HostFn, data: *mut c_void) { host_func(s, f, data, true) }
+    fn cuStreamAddCallback(s: CUstream, cb: Callback, data: *mut c_void, flags: c_uint) { add_callback(s, cb, data, flags, false) }
+    fn cuStreamAddCallback_ptsz(s: CUstream, cb: Callback, data: *mut c_void, flags: c_uint) { add_callback(s, cb, data, flags, true) }
+
+    fn cuStreamGetAttribute(s: CUstream, id: u32, out: *mut [u8; 64]) { get_attribute(s, id, out, false) }
+    fn cuStreamGetAttribute_ptsz(s: CUstream, id: u32, out: *mut [u8; 64]) { get_attribute(s, id, out, true) }
+    fn cuStreamSetAttribute(s: CUstream, id: u32, v: *const [u8; 64]) { set_attribute(s, id, v, false) }
+    fn cuStreamSetAttribute_ptsz(s: CUstream, id: u32, v: *const [u8; 64]) { set_attribute(s, id, v, true) }
+    fn cuStreamCopyAttributes(dst: CUstream, src: CUstream) { copy_attributes(dst, src, false) }
+    fn cuStreamCopyAttributes_ptsz(dst: CUstream, src: CUstream) { copy_attributes(dst, src, true) }
+    fn cuStreamAttachMemAsync(s: CUstream, dptr: CUdeviceptr, length: usize, flags: c_uint) { attach_mem(s, dptr, length, flags, false) }
+    fn cuStreamAttachMemAsync_ptsz(s: CUstream, dptr: CUdeviceptr, length: usize, flags: c_uint) { attach_mem(s, dptr, length, flags, true) }
+
+    // The CUDA 8.0 memory operations (v1) and CUDA 11.7's (v2) differ in which devices enable
+    // them by default, not in what they do.
+    fn cuStreamWaitValue32(s: CUstream, a: CUdeviceptr, v: u32, flags: c_uint) { mem_op(s, false, || wait_op(a, v as u64, flags, false)) }
+    fn cuStreamWaitValue32_ptsz(s: CUstream, a: CUdeviceptr, v: u32, flags: c_uint) { mem_op(s, true, || wait_op(a, v as u64, flags, false)) }
+    fn cuStreamWaitValue32_v2(s: CUstream, a: CUdeviceptr, v: u32, flags: c_uint) { mem_op(s, false, || wait_op(a, v as u64, flags, false)) }
+    fn cuStreamWaitValue32_v2_ptsz(s: CUstream, a: CUdeviceptr, v: u32, flags: c_uint) { mem_op(s, true, || wait_op(a, v as u64, flags, false)) }
+    fn cuStreamWaitValue64(s: CUstream, a: CUdeviceptr, v: u64, flags: c_uint) { mem_op(s, false, || wait_op(a, v, flags, true)) }
+    fn cuStreamWaitValue64_ptsz(s: CUstream, a: CUdeviceptr, v: u64, flags: c_uint) { mem_op(s, true, || wait_op(a, v, flags, true)) }
+    fn cuStreamWaitValue64_v2(s: CUstream, a: CUdeviceptr, v: u64, flags: c_uint) { mem_op(s, false, || wait_op(a, v, flags, true)) }
+    fn cuStreamWaitValue64_v2_ptsz(s: CUstream, a: CUdeviceptr, v: u64, flags: c_uint) { mem_op(s, true, || wait_op(a, v, flags, true)) }
+    fn cuStreamWriteValue32(s: CUstream, a: CUdeviceptr, v: u32, flags: c_uint) { mem_op(s, false, || write_op(a, v as u64, flags, false)) }
+    fn cuStreamWriteValue32_ptsz(s: CUstream, a: CUdeviceptr, v: u32, flags: c_uint) { mem_op(s, true, || write_op(a, v as u64, flags, false)) }
+    fn cuStreamWriteValue32_v2(s: CUstream, a: CUdeviceptr, v: u32, flags: c_uint) { mem_op(s, false, || write_op(a, v as u64, flags, false)) }
+    fn cuStreamWriteValue32_v2_ptsz(s: CUstream, a: CUdeviceptr, v: u32, flags: c_uint) { mem_op(s, true, || write_op(a, v as u64, flags, false)) }
+    fn cuStreamWriteValue64(s: CUstream, a: CUdeviceptr, v: u64, flags: c_uint) { mem_op(s, false, || write_op(a, v, flags, true)) }
+    fn cuStreamWriteValue64_ptsz(s: CUstream, a: CUdeviceptr, v: u64, flags: c_uint) { mem_op(s, true, || write_op(a, v, flags, true)) }
+    fn cuStreamWriteValue64_v2(s: CUstream, a: CUdeviceptr, v: u64, flags: c_uint) { mem_op(s, false, || write_op(a, v, flags, true)) }
+    fn cuStreamWriteValue64_v2_ptsz(s: CUstream, a: CUdeviceptr, v: u64, flags: c_uint) { mem_op(s, true, || write_op(a, v, flags, true)) }
+    fn cuStreamBatchMemOp(s: CUstream, n: c_uint, p: *const BatchParams, flags: c_uint) { batch(s, n, p, flags, false) }
+    fn cuStreamBatchMemOp_ptsz(s: CUstream, n: c_uint, p: *const BatchParams, flags: c_uint) { batch(s, n, p, flags, true) }
+    fn cuStreamBatchMemOp_v2(s: CUstream, n: c_uint, p: *const BatchParams, flags: c_uint) { batch(s, n, p, flags, false) }
+    fn cuStreamBatchMemOp_v2_ptsz(s: CUstream, n: c_uint, p: *const BatchParams, flags: c_uint) { batch(s, n, p, flags, true) }
+
+    /// "Enables profile collection by the active profiling tool for the current context. If
+    /// profiling is already enabled, then cuProfilerStart() has no effect"; returns
+    /// CUDA_SUCCESS or CUDA_ERROR_INVALID_CONTEXT (CUDA driver API reference, "Profiler
+    /// Control", 13.4). No tool is attached to the simulator: nothing to enable.
+    fn cuProfilerStart() { ctx::current().map(|_| ()) }
+    fn cuProfilerStop() { ctx::current().map(|_| ()) }
+}
