@@ -12,6 +12,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod ctx;
+mod device;
 mod exec;
 mod export_table;
 
