@@ -105,7 +105,10 @@ pub fn of_cubin(b: &[u8]) -> Option<BTreeMap<String, Resources>> {
     let shoff = u64_at(b, 40)? as usize;
     let shnum = u16_at(b, 60)? as usize;
     let shstrndx = u16_at(b, 62)? as usize;
-    let sh = |i: usize| b.get(shoff.checked_add(i.checked_mul(64)?)?..).and_then(|s| s.get(..64));
+    let sh = |i: usize| {
+        b.get(shoff.checked_add(i.checked_mul(64)?)?..)
+            .and_then(|s| s.get(..64))
+    };
     let data = |s: &[u8]| -> Option<&[u8]> {
         let off = u64_at(s, 24)? as usize;
         b.get(off..off.checked_add(u64_at(s, 32)? as usize)?)
@@ -197,7 +200,11 @@ pub fn pick_arch(archs: impl IntoIterator<Item = u32>, sm: u32) -> Option<u32> {
 pub fn for_arch(b: &[u8], sm: u32) -> BTreeMap<String, Resources> {
     if b.starts_with(b"\x7fELF") {
         return of_cubin(b)
-            .filter(|k| k.values().next().is_none_or(|r| pick_arch([r.arch], sm).is_some()))
+            .filter(|k| {
+                k.values()
+                    .next()
+                    .is_none_or(|r| pick_arch([r.arch], sm).is_some())
+            })
             .unwrap_or_default();
     }
     let mut cubins = Vec::new();
@@ -285,7 +292,10 @@ pub unsafe fn for_arch_at(p: *const c_void, sm: u32) -> BTreeMap<String, Resourc
         // SAFETY: an ELF image by its magic; its headers bound it.
         return match unsafe { crate::elf_len(p) } {
             // SAFETY: the ELF spans `len` bytes from `p`.
-            Ok(len) => for_arch(unsafe { std::slice::from_raw_parts(p as *const u8, len) }, sm),
+            Ok(len) => for_arch(
+                unsafe { std::slice::from_raw_parts(p as *const u8, len) },
+                sm,
+            ),
             Err(_) => BTreeMap::new(),
         };
     }
@@ -300,7 +310,10 @@ pub unsafe fn for_arch_at(p: *const c_void, sm: u32) -> BTreeMap<String, Resourc
             return BTreeMap::new();
         }
         // SAFETY: header and entries, `total` bytes from `p`, by the API contract.
-        return for_arch(unsafe { std::slice::from_raw_parts(p as *const u8, total as usize) }, sm);
+        return for_arch(
+            unsafe { std::slice::from_raw_parts(p as *const u8, total as usize) },
+            sm,
+        );
     }
     BTreeMap::new()
 }
@@ -313,8 +326,7 @@ mod tests {
     fn nv_info_records_of_each_format() {
         // NVAL, BVAL 1, HVAL 255, SVAL of 8 bytes.
         let d = [
-            1u8, 0x35, 0, 0, 2, 0x4c, 1, 0, 3, 0x1b, 255, 0, 4, 0x2f, 8, 0, 1, 0, 0, 0, 40, 0, 0,
-            0,
+            1u8, 0x35, 0, 0, 2, 0x4c, 1, 0, 3, 0x1b, 255, 0, 4, 0x2f, 8, 0, 1, 0, 0, 0, 40, 0, 0, 0,
         ];
         let r = records(&d);
         assert_eq!(r.len(), 4);

@@ -1018,6 +1018,18 @@ pub static PROC_TABLE: &[ProcEntry] = &[
         versions: &[(10000, "cuWaitExternalSemaphoresAsync")],
         per_thread: &[(10000, "cuWaitExternalSemaphoresAsync_ptsz")],
     },
+    // ---- added by i17-device ----
+    // Versions: CUDA 13.5 cudaTypedefs.h, `PFN_<name>_v<version>`.
+    ProcEntry { base: "cuDeviceGetP2PAttribute", versions: &[(8000, "cuDeviceGetP2PAttribute")], per_thread: &[] },
+    ProcEntry { base: "cuDeviceGetLuid", versions: &[(10000, "cuDeviceGetLuid")], per_thread: &[] },
+    ProcEntry { base: "cuDeviceGetExecAffinitySupport", versions: &[(11040, "cuDeviceGetExecAffinitySupport")], per_thread: &[] },
+    ProcEntry { base: "cuDeviceGetTexture1DLinearMaxWidth", versions: &[(11010, "cuDeviceGetTexture1DLinearMaxWidth")], per_thread: &[] },
+    ProcEntry { base: "cuDeviceGetHostAtomicCapabilities", versions: &[(13000, "cuDeviceGetHostAtomicCapabilities")], per_thread: &[] },
+    ProcEntry { base: "cuDeviceGetP2PAtomicCapabilities", versions: &[(13000, "cuDeviceGetP2PAtomicCapabilities")], per_thread: &[] },
+    ProcEntry { base: "cuOccupancyMaxPotentialBlockSizeWithFlags", versions: &[(7000, "cuOccupancyMaxPotentialBlockSizeWithFlags")], per_thread: &[] },
+    ProcEntry { base: "cuOccupancyAvailableDynamicSMemPerBlock", versions: &[(10020, "cuOccupancyAvailableDynamicSMemPerBlock")], per_thread: &[] },
+    ProcEntry { base: "cuOccupancyMaxPotentialClusterSize", versions: &[(11070, "cuOccupancyMaxPotentialClusterSize")], per_thread: &[] },
+    ProcEntry { base: "cuOccupancyMaxActiveClusters", versions: &[(11070, "cuOccupancyMaxActiveClusters")], per_thread: &[] },
 ];
 
 #[cfg(test)]
