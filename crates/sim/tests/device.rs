@@ -31,6 +31,7 @@ struct Ptxas {
 }
 
 struct Built {
+    nvcc: PathBuf,
     exe: PathBuf,
     cubin80: PathBuf,
     fatbin: PathBuf,
@@ -127,6 +128,7 @@ fn built() -> Option<&'static Built> {
             .expect("run cc");
         assert!(cc.success(), "compiling device.c");
         Some(Built {
+            nvcc: cu13.join("bin/nvcc"),
             exe,
             cubin80,
             fatbin,
@@ -448,5 +450,72 @@ fn every_attribute_of_cuda_h_on_every_preset_peers_and_occupancy_of_nvcc_built_k
                 "{out}"
             );
         }
+    }
+}
+
+/// A `<<<>>>` program's own kernels, registered by libcudart 13.5 (nvcc links it statically):
+/// cudaFuncGetAttributes and the runtime's occupancy calls answer what ptxas allocated and the
+/// formula gives, and a kernel still launches (`tests/cudart/occupancy.cu`).
+#[test]
+fn runtime_registered_kernels_answer_the_runtime_occupancy_calls() {
+    let Some(b) = built() else { return };
+    let nvcc = &b.nvcc;
+    let exe = b.exe.parent().unwrap().join("occupancy");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cudart/occupancy.cu");
+    let ran = Command::new(nvcc)
+        .args(["-arch=sm_80", "--resource-usage", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("run nvcc");
+    let text = String::from_utf8_lossy(&ran.stderr).to_string();
+    assert!(ran.status.success(), "nvcc occupancy.cu: {text}");
+    let mut ptxas = HashMap::new();
+    parse_ptxas(&text, &mut ptxas);
+    let mut cmd = Command::new(&exe);
+    common::sim_env(&mut cmd, "single", &common::state_file("device-cudart"));
+    let out = cmd.output().unwrap();
+    let so = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success() && so.ends_with("OK\n"),
+        "{so}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sms = preset("single").unwrap().devices[0].sm_count;
+    for &(k, bound) in KERNELS {
+        let p = ptxas[&(80, k.to_string())];
+        let mt = max_threads(p, bound);
+        let want = format!(
+            "func {k} max_threads {mt} shared {} local {} regs {} binary 80",
+            p.smem, p.stack, p.regs
+        );
+        assert!(so.lines().any(|l| l == want), "want {want:?} in {so}");
+        let mut seen = 0;
+        for l in so
+            .lines()
+            .filter_map(|l| l.strip_prefix(&format!("occ {k} ")))
+        {
+            let v: Vec<u32> = l.split(' ').map(|x| x.parse().unwrap()).collect();
+            assert_eq!(v[1], formula(80, p, mt, v[0], 0), "{k} block {}", v[0]);
+            assert_eq!(
+                v[2],
+                formula(80, p, mt, v[0], 20000),
+                "{k} block {} + 20000 B",
+                v[0]
+            );
+            seen += 1;
+        }
+        assert_eq!(seen, 8, "{k}: {so}");
+        let (mut best, mut blk) = ((0, 0), mt.div_ceil(32) * 32);
+        while blk > 0 {
+            let t = mt.min(blk);
+            let n = formula(80, p, mt, t, 0);
+            if t * n > best.0 * best.1 {
+                best = (t, n);
+            }
+            blk -= 32;
+        }
+        let pot = format!("potential {k} 0 {} {}", best.1 * sms, best.0);
+        assert!(so.lines().any(|l| l == pot), "want {pot:?} in {so}");
     }
 }
