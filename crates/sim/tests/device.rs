@@ -124,6 +124,7 @@ fn built() -> Option<&'static Built> {
             .arg("-L")
             .arg(common::sim_dir())
             .arg("-lcuda")
+            .arg("-ldl")
             .status()
             .expect("run cc");
         assert!(cc.success(), "compiling device.c");
@@ -316,6 +317,14 @@ fn check_attributes(name: &str, out: &str) {
             assert_eq!(a[&(d, k)], v, "{name} GPU{d} {what} ({k})");
         }
         assert_eq!(a[&(d, 134)], m.devices[d].numa_node as i64, "HOST_NUMA_ID");
+        // NVML repeats three of the figures, in MHz: they agree.
+        let nvml = format!(
+            "nvml {d} {} {} {}",
+            a[&(d, 13)] / 1000,
+            a[&(d, 36)] / 1000,
+            a[&(d, 37)]
+        );
+        assert!(out.lines().any(|l| l == nvml), "{name}: want {nvml:?}");
     }
 }
 

@@ -5,6 +5,7 @@
  * tests/c_clients.rs to check; exits non-zero at the first call that answers other than the
  * header documents. */
 #include <cuda.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -17,6 +18,34 @@
             exit(1);                                                             \
         }                                                                        \
     } while (0)
+
+/* NVML's view of the same figures (nvml.h: nvmlInit_v2, nvmlDeviceGetHandleByIndex_v2,
+ * nvmlDeviceGetMaxClockInfo with NVML_CLOCK_SM = 1 and NVML_CLOCK_MEM = 2,
+ * nvmlDeviceGetMemoryBusWidth), through dlopen so that this client needs no nvml.h. */
+static void nvml_figures(int n) {
+    void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (!h) {
+        printf("FAIL dlopen libnvidia-ml.so.1: %s\n", dlerror());
+        exit(1);
+    }
+    int (*init)(void) = (int (*)(void))dlsym(h, "nvmlInit_v2");
+    int (*get)(unsigned, void **) = (int (*)(unsigned, void **))dlsym(h, "nvmlDeviceGetHandleByIndex_v2");
+    int (*clock)(void *, int, unsigned *) = (int (*)(void *, int, unsigned *))dlsym(h, "nvmlDeviceGetMaxClockInfo");
+    int (*width)(void *, unsigned *) = (int (*)(void *, unsigned *))dlsym(h, "nvmlDeviceGetMemoryBusWidth");
+    if (!init || !get || !clock || !width || init() != 0) {
+        printf("FAIL NVML entry points\n");
+        exit(1);
+    }
+    for (int d = 0; d < n; d++) {
+        void *dev;
+        unsigned sm = 0, mem = 0, w = 0;
+        if (get(d, &dev) || clock(dev, 1, &sm) || clock(dev, 2, &mem) || width(dev, &w)) {
+            printf("FAIL NVML figures of %d\n", d);
+            exit(1);
+        }
+        printf("nvml %d %u %u %u\n", d, sm, mem, w);
+    }
+}
 
 static size_t smem_for_block(int block) { return (size_t)block * 16; }
 
@@ -75,6 +104,7 @@ int main(int argc, char **argv) {
     }
     int v;
     CHECK(cuDeviceGetP2PAttribute(&v, CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, 0, n), CUDA_ERROR_INVALID_DEVICE);
+    nvml_figures(n);
     if (argc < 2) return 0;
 
     /* Occupancy: the image's kernels in a context on device 0. */
