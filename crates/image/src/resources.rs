@@ -268,11 +268,10 @@ pub unsafe fn for_arch_at(p: *const c_void, sm: u32) -> BTreeMap<String, Resourc
     if p.is_null() {
         return BTreeMap::new();
     }
-    // SAFETY: every image form is at least 4 bytes, or a shorter NUL-terminated placeholder,
-    // whose first byte is then 0 or a later one is: read byte by byte, stopping at a NUL.
     let mut magic = [0u8; 4];
     for (i, m) in magic.iter_mut().enumerate() {
-        // SAFETY: as above.
+        // SAFETY: every image form is at least 4 bytes long, or a shorter NUL-terminated
+        // placeholder: reading byte by byte and stopping at a NUL stays within it.
         *m = unsafe { *(p as *const u8).add(i) };
         if *m == 0 {
             return BTreeMap::new();

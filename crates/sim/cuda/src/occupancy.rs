@@ -255,11 +255,9 @@ impl On<'_> {
                 self.align_up_carveout(per_cta)
                     .unwrap_or(self.x.shared_per_sm as u64)
             };
-            if per_cta == 0 {
-                u32::MAX
-            } else {
-                (sm / per_cta) as u32
-            }
+            // No shared memory at all: no limit from it.
+            sm.checked_div(per_cta)
+                .map_or(u32::MAX, |n| n.min(u32::MAX as u64) as u32)
         };
         let mut limit = by_warps
             .min(by_regs)
