@@ -335,6 +335,152 @@ mod tests {
         assert_eq!(u32_at(r[3].1, 4), Some(40));
     }
 
+    /// A cubin for SM `sm` (CUDA 13 `e_flags` layout) holding what `of_cubin` reads: per kernel
+    /// (name, registers, shared bytes, frame bytes, launch bound), a `.text.<k>` section whose
+    /// `sh_info` carries the registers and symbol index 0x10 + i, `.nv.shared.<k>`,
+    /// `.nv.info.<k>` with EIATTR_MAX_THREADS, and `.nv.info` with EIATTR_REGCOUNT and
+    /// EIATTR_FRAME_SIZE; a 256-byte `.nv.constant3`. Laid out as nvcc 13.5's cubins are.
+    fn cubin(sm: u32, kernels: &[(&str, u32, u64, u32, Option<u32>)]) -> Vec<u8> {
+        let mut shstr = vec![0u8];
+        let mut name = |s: &str| {
+            let at = shstr.len() as u32;
+            shstr.extend_from_slice(s.as_bytes());
+            shstr.push(0);
+            at
+        };
+        // (name offset, type, size, info, data)
+        let mut secs: Vec<(u32, u32, u64, u32, Vec<u8>)> = vec![(0, 0, 0, 0, vec![])];
+        let shstr_at = name(".shstrtab");
+        secs.push((shstr_at, 3, 0, 0, vec![]));
+        let sval = |attr: u8, words: &[u32]| {
+            let mut v = vec![4u8, attr];
+            v.extend_from_slice(&((words.len() * 4) as u16).to_le_bytes());
+            for w in words {
+                v.extend_from_slice(&w.to_le_bytes());
+            }
+            v
+        };
+        let mut info = vec![1u8, 0x35, 0, 0]; // an NVAL record, to be skipped
+        for (i, &(k, regs, shared, frame, bound)) in kernels.iter().enumerate() {
+            let sym = 0x10 + i as u32;
+            // ptxas writes the register count in both places; the record wins, so give the
+            // section header a different one to tell which was read.
+            secs.push((
+                name(&format!(".text.{k}")),
+                1,
+                128,
+                ((regs + 1) << 24) | sym,
+                vec![0; 128],
+            ));
+            secs.push((name(&format!(".nv.shared.{k}")), 8, shared, sym, vec![]));
+            let mut kinfo = vec![3u8, 0x19, 8, 0]; // an HVAL record
+            if let Some(b) = bound {
+                kinfo.extend(sval(EIATTR_MAX_THREADS, &[b, 1, 1]));
+            }
+            secs.push((name(&format!(".nv.info.{k}")), 0x7000_0000, 0, sym, kinfo));
+            info.extend(sval(EIATTR_REGCOUNT, &[sym, regs]));
+            info.extend(sval(EIATTR_FRAME_SIZE, &[sym, frame]));
+        }
+        secs.push((name(".nv.info"), 0x7000_0000, 0, 0, info));
+        secs.push((name(".nv.constant3"), 1, 256, 0, vec![0; 256]));
+        secs[1].4 = shstr.clone();
+        let mut b = vec![0u8; 64];
+        b[..4].copy_from_slice(b"\x7fELF");
+        b[4] = 2;
+        b[5] = 1;
+        b[8] = 8; // EI_ABIVERSION of CUDA 13 cubins
+        b[48..52].copy_from_slice(&(0x0600_0004 | (sm << 8)).to_le_bytes());
+        let mut offs = Vec::new();
+        for s in &secs {
+            offs.push(b.len() as u64);
+            b.extend_from_slice(&s.4);
+        }
+        let shoff = b.len().next_multiple_of(8);
+        b.resize(shoff, 0);
+        for (s, off) in secs.iter().zip(offs) {
+            let mut h = [0u8; 64];
+            h[0..4].copy_from_slice(&s.0.to_le_bytes());
+            h[4..8].copy_from_slice(&s.1.to_le_bytes());
+            h[24..32].copy_from_slice(&off.to_le_bytes());
+            let size = if s.4.is_empty() {
+                s.2
+            } else {
+                s.4.len() as u64
+            };
+            h[32..40].copy_from_slice(&size.to_le_bytes());
+            h[44..48].copy_from_slice(&s.3.to_le_bytes());
+            b.extend_from_slice(&h);
+        }
+        b[40..48].copy_from_slice(&(shoff as u64).to_le_bytes());
+        b[58..60].copy_from_slice(&64u16.to_le_bytes());
+        b[60..62].copy_from_slice(&(secs.len() as u16).to_le_bytes());
+        b[62..64].copy_from_slice(&1u16.to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn a_cubin_gives_each_kernels_registers_shared_local_memory_and_launch_bound() {
+        let b = cubin(
+            80,
+            &[
+                ("light", 8, 0, 0, None),
+                ("smem", 12, 12000, 0, Some(256)),
+                ("local", 40, 0, 1024, None),
+            ],
+        );
+        let k = of_cubin(&b).unwrap();
+        assert_eq!(k.len(), 3);
+        let r = |n: &str| k[n];
+        assert_eq!(
+            (r("light").regs, r("light").shared, r("light").max_threads),
+            (8, 0, None)
+        );
+        assert_eq!(
+            (r("smem").regs, r("smem").shared, r("smem").max_threads),
+            (12, 12000, Some(256))
+        );
+        assert_eq!((r("local").regs, r("local").local), (40, 1024));
+        assert!(k.values().all(|r| r.arch == 80 && r.constant == 256));
+        assert_eq!(for_arch(&b, 80).len(), 3, "a cubin of the GPU's own SM");
+        assert_eq!(
+            for_arch(&b, 86).len(),
+            3,
+            "an older minor of the same major runs"
+        );
+        assert!(for_arch(&b, 90).is_empty(), "another major does not");
+        assert!(of_cubin(b"\x7fELF").is_none());
+    }
+
+    #[test]
+    fn a_fat_binary_gives_the_cubin_the_driver_would_pick_compressed_or_not() {
+        use crate::make::{fat_entry, fatbin, Packing};
+        let entry = |sm: u32, regs: u32, packing| {
+            let mut e = fat_entry(2, &cubin(sm, &[("k", regs, 0, 0, None)]), packing);
+            e[0x1c..0x20].copy_from_slice(&sm.to_le_bytes());
+            e
+        };
+        let fat = fatbin(&[
+            entry(75, 75, Packing::Plain),
+            entry(80, 80, Packing::Zstd),
+            entry(86, 86, Packing::Lz4),
+            fat_entry(1, b".version 9.0\n.target sm_90\n\0", Packing::Plain),
+        ]);
+        for (sm, regs) in [
+            (75, Some(75)),
+            (80, Some(80)),
+            (86, Some(86)),
+            (89, Some(86)),
+            (90, None),
+            (70, None),
+        ] {
+            assert_eq!(
+                for_arch(&fat, sm).get("k").map(|r| r.regs),
+                regs,
+                "on sm_{sm}"
+            );
+        }
+    }
+
     #[test]
     fn the_driver_picks_the_same_or_an_older_minor_of_the_same_major() {
         assert_eq!(pick_arch([75, 80, 86], 86), Some(86));
