@@ -200,6 +200,21 @@ pub(crate) fn attribute(m: &Model, i: usize, a: i32) -> Option<i32> {
     })
 }
 
+/// `CUdevprop` (cuda.h 13.5, "Legacy device properties"): ten ints.
+#[repr(C)]
+pub struct CUdevprop {
+    pub max_threads_per_block: i32,
+    pub max_threads_dim: [i32; 3],
+    pub max_grid_size: [i32; 3],
+    pub shared_mem_per_block: i32,
+    pub total_constant_memory: i32,
+    pub simd_width: i32,
+    pub mem_pitch: i32,
+    pub regs_per_block: i32,
+    pub clock_rate: i32,
+    pub texture_align: i32,
+}
+
 /// Largest 1D texture on linear memory, in elements: 2^28 ([G], "Maximum width for a 1D texture
 /// reference bound to linear memory" for 7.0 to 9.0).
 pub const TEXTURE1D_LINEAR_MAX: i32 = 1 << 28;
@@ -362,6 +377,26 @@ export! {
             _ => return Err(err::INVALID_VALUE),
         };
         write(value, v)
+    }
+
+    /// The deprecated CUDA 2.0 query: the same figures as the attributes it predates
+    /// (`SIMDWidth` is the warp size).
+    fn cuDeviceGetProperties(prop: *mut CUdevprop, dev: CUdevice) {
+        let (i, _) = device(dev)?;
+        let m = &drv()?.sim.model;
+        let a = |k| attribute(m, i, k).unwrap_or(0);
+        write(prop, CUdevprop {
+            max_threads_per_block: a(1),
+            max_threads_dim: [a(2), a(3), a(4)],
+            max_grid_size: [a(5), a(6), a(7)],
+            shared_mem_per_block: a(8),
+            total_constant_memory: a(9),
+            simd_width: a(10),
+            mem_pitch: a(11),
+            regs_per_block: a(12),
+            clock_rate: a(13),
+            texture_align: a(14),
+        })
     }
 
     /// CUDA 13.0: per operation, what a link between two GPUs supports natively (NVLink).

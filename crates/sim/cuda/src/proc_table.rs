@@ -1020,6 +1020,7 @@ pub static PROC_TABLE: &[ProcEntry] = &[
     },
     // ---- added by i17-device ----
     // Versions: CUDA 13.5 cudaTypedefs.h, `PFN_<name>_v<version>`.
+    ProcEntry { base: "cuDeviceGetProperties", versions: &[(2000, "cuDeviceGetProperties")], per_thread: &[] },
     ProcEntry { base: "cuDeviceGetP2PAttribute", versions: &[(8000, "cuDeviceGetP2PAttribute")], per_thread: &[] },
     ProcEntry { base: "cuDeviceGetLuid", versions: &[(10000, "cuDeviceGetLuid")], per_thread: &[] },
     ProcEntry { base: "cuDeviceGetExecAffinitySupport", versions: &[(11040, "cuDeviceGetExecAffinitySupport")], per_thread: &[] },

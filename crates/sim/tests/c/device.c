@@ -4,6 +4,8 @@
  * attributes and the occupancy calculator. Prints one "key value..." line per fact for
  * tests/c_clients.rs to check; exits non-zero at the first call that answers other than the
  * header documents. */
+/* cuDeviceGetProperties is deprecated, and called here on purpose: programs still do. */
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 #include <cuda.h>
 #include <dlfcn.h>
 #include <stdio.h>
@@ -69,6 +71,16 @@ int main(int argc, char **argv) {
         CHECK(cuDeviceGetAttribute(&v, (CUdevice_attribute)-1, d), CUDA_ERROR_INVALID_VALUE);
         CHECK(cuDeviceGetAttribute(NULL, CU_DEVICE_ATTRIBUTE_WARP_SIZE, d), CUDA_ERROR_INVALID_VALUE);
 
+        CUdevprop prop;
+        CHECK(cuDeviceGetProperties(&prop, d), CUDA_SUCCESS);
+        int clock, smem;
+        CHECK(cuDeviceGetAttribute(&clock, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, d), CUDA_SUCCESS);
+        CHECK(cuDeviceGetAttribute(&smem, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, d), CUDA_SUCCESS);
+        if (prop.clockRate != clock || prop.sharedMemPerBlock != smem || prop.SIMDWidth != 32 ||
+            prop.maxThreadsDim[2] != 64 || prop.maxGridSize[0] != 2147483647) {
+            printf("FAIL cuDeviceGetProperties disagrees with the attributes\n");
+            return 1;
+        }
         char luid[8];
         unsigned mask;
         CHECK(cuDeviceGetLuid(luid, &mask, d), CUDA_ERROR_NOT_SUPPORTED);
