@@ -11,6 +11,12 @@
 //!   bits are the kernel's symbol index), and `EIATTR_REGCOUNT` (0x2f) records in `.nv.info`
 //!   (value: u32 symbol index, u32 count). The `.nv.info` record wins where both are present.
 //! - Static shared memory: the size of the kernel's `.nv.shared.<name>` section (SHT_NOBITS).
+//!   On sm_90 cubins that section also spans the 1 KiB the driver reserves per block, laid out
+//!   ahead of the kernel's variables: such a cubin has a `.nv.shared.reserved.0` section and a
+//!   `__nv_reservedSMEM_offset_0_alias` symbol, and its `.nv.shared.smem` was 13024 bytes where
+//!   ptxas reported "12000 bytes smem" (on sm_80: 12000 and 12000). The reserve is taken off,
+//!   since `cudaFuncAttributes::sharedSizeBytes` excludes it (`cuda_occupancy.h` adds
+//!   `reservedSharedMemPerBlock` to it).
 //! - Local memory per thread: `EIATTR_FRAME_SIZE` (0x11) in `.nv.info` (u32 symbol index, u32
 //!   bytes): ptxas's "bytes stack frame".
 //! - Maximum threads per block: `EIATTR_MAX_THREADS` (0x05) in `.nv.info.<name>` (u32 x, y, z:
@@ -56,6 +62,9 @@ pub struct Resources {
 }
 
 const EIATTR_MAX_THREADS: u8 = 0x05;
+/// The shared memory the driver reserves per block from sm_80 on
+/// (CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK).
+const RESERVED_SHARED: u32 = 1024;
 const EIATTR_FRAME_SIZE: u8 = 0x11;
 const EIATTR_REGCOUNT: u8 = 0x2f;
 const EIATTR_NUM_BARRIERS: u8 = 0x4c;
@@ -143,11 +152,17 @@ pub fn of_cubin(b: &[u8]) -> Option<BTreeMap<String, Resources>> {
             constant = u64_at(s, 32)? as u32;
         }
     }
+    let reserve_inside = names.iter().any(|n| n.starts_with(".nv.shared.reserved."));
     for (i, n) in names.iter().enumerate() {
         let s = sh(i)?;
         if let Some(k) = n.strip_prefix(".nv.shared.") {
             if let Some(r) = out.get_mut(k) {
-                r.shared = u64_at(s, 32)? as u32;
+                let size = u64_at(s, 32)? as u32;
+                r.shared = if reserve_inside {
+                    size.saturating_sub(RESERVED_SHARED)
+                } else {
+                    size
+                };
             }
         } else if n == ".nv.info" {
             for (attr, v) in records(data(s)?) {

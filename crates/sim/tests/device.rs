@@ -109,6 +109,7 @@ fn built() -> Option<&'static Built> {
                     "-gencode=arch=compute_75,code=sm_75",
                     "-gencode=arch=compute_80,code=sm_80",
                     "-gencode=arch=compute_86,code=[sm_86,compute_86]",
+                    "-gencode=arch=compute_90,code=sm_90",
                 ],
                 &fatbin,
             ),
@@ -146,7 +147,7 @@ fn run(b: &Built, preset_name: &str, image: &Path) -> String {
     common::sim_env(
         &mut cmd,
         preset_name,
-        &common::state_file(&format!("device-{preset_name}")),
+        &common::state_file(&format!("device-{}", preset_name.replace(['/', '.'], "_"))),
     );
     let out = cmd.output().unwrap();
     let so = String::from_utf8_lossy(&out.stdout).to_string();
@@ -268,6 +269,7 @@ fn sm_limits(sm: u32) -> (u32, u32, u32, u32, u32) {
         80 => (2048, 32, 164 * 1024, 1024, 128),
         86 => (1536, 16, 100 * 1024, 1024, 128),
         70 => (2048, 32, 96 * 1024, 0, 256),
+        90 => (2048, 32, 228 * 1024, 1024, 128),
         _ => unreachable!(),
     }
 }
@@ -371,7 +373,7 @@ const KERNELS: &[(&str, u32)] = &[
 ];
 
 fn check_occupancy(name: &str, sm: u32, b: &Built, out: &str, from_image: bool) {
-    let sms = preset(name).unwrap().devices[0].sm_count;
+    let sms = preset(name).map_or(132, |m| m.devices[0].sm_count);
     for &(k, bound) in KERNELS {
         let p = if from_image {
             b.ptxas[&(sm, k.to_string())]
@@ -527,4 +529,40 @@ fn runtime_registered_kernels_answer_the_runtime_occupancy_calls() {
         let pot = format!("potential {k} 0 {} {}", best.1 * sms, best.0);
         assert!(so.lines().any(|l| l == pot), "want {pot:?} in {so}");
     }
+}
+
+/// A machine file's sm_90 GPU (none of the presets is one): the Hopper attributes (cluster
+/// launch, TMA, four memory-synchronization domains, 228 KiB of shared memory per SM), the
+/// occupancy of the fat binary's sm_90 cubin, and the cluster queries, which need sm_90 (the
+/// other presets' `cluster` lines answer CUDA_ERROR_INVALID_VALUE, 1).
+#[test]
+fn an_sm_90_machine_file_has_clusters() {
+    let Some(b) = built() else { return };
+    let dir = std::env::temp_dir().join(format!("cuvisor-device-h100-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("h100.toml");
+    std::fs::write(
+        &file,
+        "name = 'h100'\n[[device]]\nname = 'NVIDIA H100 (machine file)'\nmemory = '80Gi'\n\
+         sm_count = 132\ncompute_capability = '9.0'\n",
+    )
+    .unwrap();
+    let out = run(b, file.to_str().unwrap(), &b.fatbin);
+    let a = attributes(&out);
+    for (k, v, what) in [
+        (120, 1, "CLUSTER_LAUNCH"),
+        (126, 4, "MEM_SYNC_DOMAIN_COUNT"),
+        (127, 1, "TENSOR_MAP_ACCESS_SUPPORTED"),
+        (81, 228 * 1024, "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"),
+        (97, 227 * 1024, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
+        (16, 132, "MULTIPROCESSOR_COUNT"),
+    ] {
+        assert_eq!(a[&(0, k)], v, "{what} ({k})");
+    }
+    check_occupancy("h100", 90, b, &out, true);
+    // Portable clusters: 8 blocks, whatever the kernel (each fits at least one block per SM).
+    for (k, _) in KERNELS {
+        assert!(out.contains(&format!("cluster {k} 0 8\n")), "{k}: {out}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
