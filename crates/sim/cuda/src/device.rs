@@ -238,7 +238,9 @@ const ATOMIC_OPERATION_MAX: u32 = 13;
 /// Two distinct valid devices, as the peer queries take them: "Returns
 /// ::CUDA_ERROR_INVALID_DEVICE if \p srcDevice or \p dstDevice are not valid or if they
 /// represent the same device" (cuda.h 13.5, cuDeviceGetP2PAttribute and
-/// cuDeviceGetP2PAtomicCapabilities).
+/// cuDeviceGetP2PAtomicCapabilities). Checked before the attribute: a real driver answers
+/// INVALID_DEVICE for attribute 9999 with src == dst ("device validation precedes enum
+/// validation", probed and reported in lupinemachines/lupine issue #445).
 fn peer_pair(src: CUdevice, dst: CUdevice) -> Result<(&'static Model, usize, usize), CUresult> {
     let (a, _) = device(src)?;
     let (b, _) = device(dst)?;
@@ -363,7 +365,8 @@ export! {
 
 
     /// The link between two devices. Performance rank: 0 over NVLink, 1 over PCIe, the lower the
-    /// better (a relative value, cuda.h; the simulator's choice of numbers). Native atomics and
+    /// better (a relative value, cuda.h; "0 means best possible link", lupinemachines/lupine
+    /// issue #445; the PCIe number is the simulator's choice). Native atomics and
     /// CUDA-array access over NVLink only: PCIe peer atomics are not native (UNVERIFIED for arrays).
     fn cuDeviceGetP2PAttribute(value: *mut i32, attrib: i32, src: CUdevice, dst: CUdevice) {
         let (m, a, b) = peer_pair(src, dst)?;

@@ -373,7 +373,9 @@ impl On<'_> {
 }
 
 /// The function and the device of the calling thread's current context, which the occupancy
-/// calls use ("the context to use for calculations will be the current context", cuda.h on a
+/// calls use (libcudart's lazy loading passes `CUkernel` handles here: lupinemachines/lupine
+/// PR #749, which also reports a real driver answering 1 block for 60000 B of dynamic shared
+/// memory once the function's limit was raised, as this model does on 100 KiB-per-SM GPUs) ("the context to use for calculations will be the current context", cuda.h on a
 /// CUkernel passed as a CUfunction; a function's own context is the current one in the
 /// simulator, whose modules belong to no context).
 fn current_function(f: CUfunction) -> Result<(Arc<Function>, usize), CUresult> {

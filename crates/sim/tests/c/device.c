@@ -103,6 +103,8 @@ int main(int argc, char **argv) {
                 CHECK(cuDeviceGetP2PAttribute(&v, CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, d, p),
                       CUDA_ERROR_INVALID_DEVICE);
                 CHECK(cuDeviceGetP2PAtomicCapabilities(caps, ops, 2, d, p), CUDA_ERROR_INVALID_DEVICE);
+                /* The devices are checked before the attribute. */
+                CHECK(cuDeviceGetP2PAttribute(&v, (CUdevice_P2PAttribute)9999, d, p), CUDA_ERROR_INVALID_DEVICE);
                 continue;
             }
             int attrs[5];
