@@ -416,8 +416,10 @@ export! {
     }
 
     /// The LUID identifies a device to Direct3D, on Windows; cudaDeviceProp::luid is "undefined
-    /// on TCC and non-Windows platforms" (driver_types.h 13.5). CUDA_ERROR_NOT_SUPPORTED on Linux
-    /// (UNVERIFIED: cuda.h lists no such code for it).
+    /// on TCC and non-Windows platforms" (driver_types.h 13.5). On Linux, with valid arguments,
+    /// the driver answers CUDA_ERROR_NOT_SUPPORTED although cuda.h lists no such code for it
+    /// (observed by intel/llvm's CUDA adapter reviewers, PR #22574); NULL arguments are
+    /// CUDA_ERROR_INVALID_VALUE.
     fn cuDeviceGetLuid(luid: *mut c_char, mask: *mut c_uint, dev: CUdevice) {
         device(dev)?;
         if luid.is_null() || mask.is_null() {
