@@ -141,9 +141,12 @@ pub(crate) fn attribute(m: &Model, i: usize, a: i32) -> Option<i32> {
         // "Compute Data Compression"); UNVERIFIED for GA10x, answered as GA100.
         107 => ampere,
         // MAX_PERSISTING_L2_CACHE_SIZE and MAX_ACCESS_POLICY_WINDOW_SIZE: L2 residency control
-        // is sm_80+ ([G], "L2 Cache Set-Aside for Persisting Accesses"); 75% of the L2 may be set
-        // aside, as that section's example sizes it (`prop.l2CacheSize * 0.75`), and a window
-        // may span 128 MiB less 2 KiB (UNVERIFIED: as recalled from cudaDeviceProp dumps).
+        // is sm_80+ ([G], "L2 Cache Set-Aside for Persisting Accesses"; a probe's notes found by
+        // this project's code search report 0 for both on a TU104, sm_75). The set-aside
+        // maximum here is 75 % of the L2, as that guide section's example sizes it
+        // (`prop.l2CacheSize * 0.75`); UNVERIFIED for A100/A10: the same probe notes report
+        // 37.5 MiB of an H200's L2 and a 128 MiB window there. The window: 128 MiB less 4 KiB
+        // (UNVERIFIED: as recalled from cudaDeviceProp dumps).
         108 => ampere * (s.l2_cache as i32 / 4 * 3),
         109 => ampere * 134_213_632,
         110 => 1, // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED (Linux) [L]
