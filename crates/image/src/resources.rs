@@ -397,6 +397,10 @@ mod tests {
             info.extend(sval(EIATTR_FRAME_SIZE, &[sym, frame]));
         }
         secs.push((name(".nv.info"), 0x7000_0000, 0, 0, info));
+        if sm >= 90 {
+            // What nvcc 13.5 adds on sm_90: the driver's reserve inside the shared window.
+            secs.push((name(".nv.shared.reserved.0"), 8, 0, 0, vec![]));
+        }
         secs.push((name(".nv.constant3"), 1, 256, 0, vec![0; 256]));
         secs[1].4 = shstr.clone();
         let mut b = vec![0u8; 64];
@@ -464,6 +468,14 @@ mod tests {
         );
         assert!(for_arch(&b, 90).is_empty(), "another major does not");
         assert!(of_cubin(b"\x7fELF").is_none());
+    }
+
+    #[test]
+    fn an_sm_90_kernels_shared_section_holds_the_drivers_reserve_which_is_not_its_own() {
+        let k = of_cubin(&cubin(90, &[("smem", 11, 13024, 0, Some(256))])).unwrap();
+        assert_eq!(k["smem"].shared, 12000);
+        let k = of_cubin(&cubin(80, &[("smem", 12, 12000, 0, Some(256))])).unwrap();
+        assert_eq!(k["smem"].shared, 12000);
     }
 
     #[test]
