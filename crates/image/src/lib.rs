@@ -138,11 +138,11 @@ impl Image {
 /// No image is larger than this (a cubin of a big library is tens of MB).
 pub const MAX_IMAGE: u64 = 1 << 30;
 
-const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43b1;
-const FATBIN_MAGIC: u32 = 0xBA55_ED50;
-const FATBIN_LZ4: u64 = 0x2000;
-const FATBIN_ZSTD: u64 = 0x8000;
-const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+pub(crate) const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43b1;
+pub(crate) const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+pub(crate) const FATBIN_LZ4: u64 = 0x2000;
+pub(crate) const FATBIN_ZSTD: u64 = 0x8000;
+pub(crate) const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 
 fn cannot_size(why: &str) -> Image {
     Image::Unsized(why.to_string())
@@ -332,7 +332,7 @@ fn from_fatbin(b: &[u8]) -> Image {
 
 /// Decompresses one Zstandard frame into exactly `size` bytes. None if it is malformed or of
 /// another size.
-fn zstd_frame(src: &[u8], size: usize) -> Option<Vec<u8>> {
+pub(crate) fn zstd_frame(src: &[u8], size: usize) -> Option<Vec<u8>> {
     let mut out = vec![0u8; size];
     let mut d = ruzstd::decoding::FrameDecoder::new();
     // `decode_all` refuses output beyond `out` (TargetTooSmall) instead of growing it.
@@ -343,7 +343,7 @@ fn zstd_frame(src: &[u8], size: usize) -> Option<Vec<u8>> {
 /// Decompresses one LZ4 block (the LZ4 block format: sequences of a token, literals, a 2-byte
 /// little-endian match offset and a match length, lengths of 15 continued by 255-bytes), into
 /// exactly `size` bytes. None if it is malformed.
-fn lz4_block(src: &[u8], size: usize) -> Option<Vec<u8>> {
+pub(crate) fn lz4_block(src: &[u8], size: usize) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(size);
     let mut i = 0;
     let more = |i: &mut usize, mut n: usize| -> Option<usize> {
@@ -389,17 +389,17 @@ fn lz4_block(src: &[u8], size: usize) -> Option<Vec<u8>> {
     (out.len() == size).then_some(out)
 }
 
-fn u16_at(b: &[u8], off: usize) -> Option<u16> {
+pub(crate) fn u16_at(b: &[u8], off: usize) -> Option<u16> {
     Some(u16::from_le_bytes(
         b.get(off..off.checked_add(2)?)?.try_into().ok()?,
     ))
 }
-fn u32_at(b: &[u8], off: usize) -> Option<u32> {
+pub(crate) fn u32_at(b: &[u8], off: usize) -> Option<u32> {
     Some(u32::from_le_bytes(
         b.get(off..off.checked_add(4)?)?.try_into().ok()?,
     ))
 }
-fn u64_at(b: &[u8], off: usize) -> Option<u64> {
+pub(crate) fn u64_at(b: &[u8], off: usize) -> Option<u64> {
     Some(u64::from_le_bytes(
         b.get(off..off.checked_add(8)?)?.try_into().ok()?,
     ))
@@ -410,7 +410,7 @@ fn u64_at(b: &[u8], off: usize) -> Option<u64> {
 ///
 /// # Safety
 /// `p` points at an ELF image readable for as long as its headers say.
-unsafe fn elf_len(p: *const c_void) -> Result<usize, String> {
+pub(crate) unsafe fn elf_len(p: *const c_void) -> Result<usize, String> {
     let bad = |why: &str| format!("an ELF image {why}");
     // SAFETY: an ELF64 header is 64 bytes, and the magic said this is an ELF image.
     let head = unsafe { std::slice::from_raw_parts(p as *const u8, 64) };
@@ -752,6 +752,7 @@ fn initializer_len(stmt: &str) -> Option<u64> {
 }
 
 pub mod make;
+pub mod resources;
 
 #[cfg(test)]
 mod tests;

@@ -86,6 +86,8 @@ pub struct Device {
     /// Device memory a context takes that no allocation call shows (the real driver's is a few
     /// hundred MiB; presets use 0 so that tests can reason in round numbers, config files may set it).
     pub context_memory: u64,
+    // ---- added by i17-device: the board's published figures (see [`Specs`]) ----
+    pub specs: Specs,
 }
 
 impl Device {
@@ -370,6 +372,8 @@ struct Gpu {
     cc: (u32, u32),
     pci_device_id: u32,
     nvlink: u32,
+    // ---- added by i17-device ----
+    specs: Specs,
 }
 
 const V100: Gpu = Gpu {
@@ -379,6 +383,7 @@ const V100: Gpu = Gpu {
     cc: (7, 0),
     pci_device_id: 0x1db1_10de,
     nvlink: 2,
+    specs: V100_SPECS,
 };
 const A100: Gpu = Gpu {
     name: "NVIDIA A100-SXM4-80GB",
@@ -387,6 +392,7 @@ const A100: Gpu = Gpu {
     cc: (8, 0),
     pci_device_id: 0x20b2_10de,
     nvlink: 3,
+    specs: A100_SPECS,
 };
 const A10: Gpu = Gpu {
     name: "NVIDIA A10",
@@ -395,6 +401,7 @@ const A10: Gpu = Gpu {
     cc: (8, 6),
     pci_device_id: 0x2236_10de,
     nvlink: 0,
+    specs: A10_SPECS,
 };
 const SINGLE: Gpu = Gpu {
     name: "NVIDIA A100-PCIE-16GB (simulated)",
@@ -403,6 +410,7 @@ const SINGLE: Gpu = Gpu {
     cc: (8, 0),
     pci_device_id: 0x20f1_10de,
     nvlink: 0,
+    specs: SINGLE_SPECS,
 };
 
 fn machine(name: &str, gpu: &Gpu, n: usize, place: impl Fn(usize) -> (u32, u32, u32)) -> Model {
@@ -429,6 +437,7 @@ fn machine(name: &str, gpu: &Gpu, n: usize, place: impl Fn(usize) -> (u32, u32, 
                 nvlink_version: gpu.nvlink,
                 links: Vec::new(),
                 context_memory: 0,
+                specs: gpu.specs,
             }
         })
         .collect();
@@ -615,6 +624,9 @@ impl ModelFile {
             let err = |e: String| format!("{origin}: device {i}: {e}");
             if let Some(n) = &f.name {
                 d.name = n.clone();
+                if let Some(g) = [&V100, &A100, &A10, &SINGLE].iter().find(|g| g.name == n) {
+                    d.specs = g.specs;
+                }
             }
             if let Some(u) = &f.uuid {
                 parse_uuid(u).ok_or_else(|| {
@@ -703,6 +715,140 @@ impl ModelFile {
             m.default_kernel_ns = k;
         }
         Ok(m)
+    }
+}
+
+// ---- added by i17-device: per-GPU published figures and per-architecture limits ----------------
+
+/// A board's published figures, what `cuDeviceGetAttribute` (and NVML, where it repeats the
+/// fact) answers for it. Per preset GPU below, each with its sources.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Specs {
+    /// Peak (boost) SM clock, kHz (CU_DEVICE_ATTRIBUTE_CLOCK_RATE).
+    pub clock_khz: u32,
+    /// Peak memory clock, kHz (CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE).
+    pub memory_clock_khz: u32,
+    /// Memory bus width, bits.
+    pub memory_bus_width: u32,
+    /// L2 cache, bytes.
+    pub l2_cache: u32,
+    /// Copy engines (CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT).
+    pub async_engines: u32,
+    /// FP32 to FP64 throughput ratio.
+    pub single_to_double_ratio: u32,
+    /// PCI subsystem id in the high 16 bits, subsystem vendor in the low
+    /// (CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID, NVML's pciSubSystemId).
+    pub pci_subsystem_id: u32,
+}
+
+/// Tesla V100-SXM2-16GB. NVIDIA Tesla V100 GPU Architecture whitepaper (WP-08608-001_v1.1,
+/// Table 1, "Tesla V100 for NVLink"): GPU boost clock 1530 MHz, 4096-bit HBM2, L2 6144 KB, FP64
+/// at half the FP32 rate (7.8 vs 15.7 TFLOPS). Memory clock 877 MHz: the HBM2 data rate that gives
+/// the whitepaper's 900 GB/s on 4096 bits (877 MHz x 2 x 512 B = 898 GB/s). Copy engines: 6
+/// (UNVERIFIED: as recalled from deviceQuery outputs of SXM2 V100s; no output found in this
+/// project's corpora). Subsystem 10de:1212, the PCI ID database's "Tesla V100-SXM2-16GB".
+pub const V100_SPECS: Specs = Specs {
+    clock_khz: 1_530_000,
+    memory_clock_khz: 877_000,
+    memory_bus_width: 4096,
+    l2_cache: 6 << 20,
+    async_engines: 6,
+    single_to_double_ratio: 2,
+    pci_subsystem_id: 0x1212_10de,
+};
+
+/// NVIDIA A100-SXM4-80GB. NVIDIA A100 Tensor Core GPU Architecture whitepaper (V1.0, Table 3):
+/// boost clock 1410 MHz, 5120-bit HBM2(e), L2 40 MB, FP64 9.7 vs FP32 19.5 TFLOPS (ratio 2); the
+/// A100 80GB datasheet's 2039 GB/s on 5120 bits is a 1593 MHz memory clock (x 2 x 640 B).
+/// Copy engines: 3, the value this simulator answered before (deviceQuery on A100s prints "with 3
+/// copy engine(s)"; UNVERIFIED against a stored output). Subsystem 10de:1463 (PCI ID database).
+pub const A100_SPECS: Specs = Specs {
+    clock_khz: 1_410_000,
+    memory_clock_khz: 1_593_000,
+    memory_bus_width: 5120,
+    l2_cache: 40 << 20,
+    async_engines: 3,
+    single_to_double_ratio: 2,
+    pci_subsystem_id: 0x1463_10de,
+};
+
+/// NVIDIA A10. A deviceQuery-style output on an A10 (aalanwyr/face2cuda, `step2cuda/README.md`):
+/// clock 1695 MHz, 384-bit bus, L2 6291456 bytes, 1536 threads per SM. The A10 datasheet's 600
+/// GB/s GDDR6 on 384 bits is a 6251 MHz memory clock (x 2 x 48 B). Copy engines: 2, as an RTX
+/// 3090 (the same GA102 chip) reports (Jumperkables/cuda-benchmarking, `00_deviceQuery/README.md`).
+/// FP64 at 1/32 of FP32 (UNVERIFIED: the GA102 whitepaper gives 2 FP64 units per SM to 128 FP32).
+/// Subsystem 10de:1482 (PCI ID database).
+pub const A10_SPECS: Specs = Specs {
+    clock_khz: 1_695_000,
+    memory_clock_khz: 6_251_000,
+    memory_bus_width: 384,
+    l2_cache: 6 << 20,
+    async_engines: 2,
+    single_to_double_ratio: 32,
+    pci_subsystem_id: 0x1482_10de,
+};
+
+/// The simulated A100-PCIE-16GB: an A100-PCIE-40GB's board (no such 16 GB card exists) with less
+/// memory. A100 whitepaper as above; the 40GB PCIe datasheet's 1555 GB/s on 5120 bits is a 1215
+/// MHz memory clock. Subsystem 10de:145f, the 40GB PCIe card's (PCI ID database).
+pub const SINGLE_SPECS: Specs = Specs {
+    clock_khz: 1_410_000,
+    memory_clock_khz: 1_215_000,
+    memory_bus_width: 5120,
+    l2_cache: 40 << 20,
+    async_engines: 3,
+    single_to_double_ratio: 2,
+    pci_subsystem_id: 0x145f_10de,
+};
+
+/// What a compute capability fixes per SM and per block: CUDA C++ Programming Guide, "Technical
+/// Specifications per Compute Capability" (threads, blocks, shared memory per SM and opt-in per
+/// block), and the toolkit's `cuda_occupancy.h` (CUDA 13.5: `cudaOccMaxBlocksPerMultiprocessor`,
+/// `cudaOccSMemAllocationGranularity`, `cudaOccAlignUpShmemSizeVoltaPlus`'s carveout steps,
+/// `cudaOccSMemPerBlock`: the reserved 1 KiB per block from Ampere on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arch {
+    pub max_threads_per_sm: u32,
+    pub max_blocks_per_sm: u32,
+    pub regs_per_sm: u32,
+    pub shared_per_sm: u32,
+    pub shared_optin_per_block: u32,
+    pub reserved_shared_per_block: u32,
+    /// Shared memory is allocated to a block in units of this many bytes.
+    pub shared_granularity: u32,
+    /// The shared-memory sizes an SM can be configured to (KiB), smallest first.
+    pub carveouts_kib: &'static [u32],
+}
+
+const KIB: u32 = 1024;
+const VOLTA_CARVEOUTS: &[u32] = &[0, 8, 16, 32, 64, 96];
+const GA100_CARVEOUTS: &[u32] = &[0, 8, 16, 32, 64, 100, 132, 164];
+const GA10X_CARVEOUTS: &[u32] = &[0, 8, 16, 32, 64, 100];
+const HOPPER_CARVEOUTS: &[u32] = &[0, 8, 16, 32, 64, 100, 132, 164, 196, 228];
+
+/// The limits of compute capability `cc`. Capabilities the table does not list take the nearest
+/// lower one of the same major, else sm_80's.
+pub fn arch(cc: (u32, u32)) -> Arch {
+    let a = |threads, blocks, smem_kib: u32, optin_kib: u32, reserved, gran, carve| Arch {
+        max_threads_per_sm: threads,
+        max_blocks_per_sm: blocks,
+        regs_per_sm: 65536,
+        shared_per_sm: smem_kib * KIB,
+        shared_optin_per_block: optin_kib * KIB,
+        reserved_shared_per_block: reserved,
+        shared_granularity: gran,
+        carveouts_kib: carve,
+    };
+    match cc {
+        (7, 0..=4) => a(2048, 32, 96, 96, 0, 256, VOLTA_CARVEOUTS),
+        (7, _) => a(1024, 16, 64, 64, 0, 256, &[32, 64]),
+        (8, 0) => a(2048, 32, 164, 163, KIB, 128, GA100_CARVEOUTS),
+        (8, 7) => a(2048, 16, 164, 163, KIB, 128, GA100_CARVEOUTS),
+        (8, 9) => a(1536, 24, 100, 99, KIB, 128, GA10X_CARVEOUTS),
+        (8, _) => a(1536, 16, 100, 99, KIB, 128, GA10X_CARVEOUTS),
+        (9, _) | (10, _) => a(2048, 32, 228, 227, KIB, 128, HOPPER_CARVEOUTS),
+        (12, _) => a(1536, 24, 100, 99, KIB, 128, GA10X_CARVEOUTS),
+        _ => a(2048, 32, 164, 163, KIB, 128, GA100_CARVEOUTS),
     }
 }
 

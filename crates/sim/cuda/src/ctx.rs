@@ -1,12 +1,11 @@
-//! Devices and contexts: device queries, primary contexts, cuCtxCreate v2..v4, the per-thread
+//! Contexts (device queries are in `device`): primary contexts, cuCtxCreate v2..v4, the per-thread
 //! stack of current contexts.
 
 use crate::stream::Stream;
-use crate::{cstr, drv, export, mem, write, write_cstr, Registry, Res};
-use cuvisor_cuda_abi::cuda::{attr, err, CUcontext, CUdevice, CUresult, CUuuid, CU_CTX_FLAGS_MASK};
-use cuvisor_sim::model::{Device, PcieLevel};
+use crate::{drv, export, mem, write, Registry, Res};
+use cuvisor_cuda_abi::cuda::{err, CUcontext, CUdevice, CUresult, CU_CTX_FLAGS_MASK};
 use std::cell::RefCell;
-use std::ffi::{c_char, c_uint, c_void};
+use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -58,17 +57,7 @@ fn primaries() -> &'static [Mutex<Primary>] {
     })
 }
 
-/// The device behind an ordinal, after cuInit.
-pub(crate) fn device(dev: CUdevice) -> Result<(usize, &'static Device), CUresult> {
-    let d = drv()?;
-    let i = usize::try_from(dev).map_err(|_| err::INVALID_DEVICE)?;
-    d.sim
-        .model
-        .devices
-        .get(i)
-        .map(|x| (i, x))
-        .ok_or(err::INVALID_DEVICE)
-}
+pub(crate) use crate::device::device;
 
 /// The calling thread's current context. A primary context that is current but not retained is
 /// CUDA_ERROR_CONTEXT_IS_DESTROYED, which `cuda.h` documents as "the context current to the
@@ -195,126 +184,7 @@ fn create_and_push(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> Res {
     write(pctx, h as CUcontext)
 }
 
-fn attribute(d: &Device, a: i32) -> Option<i32> {
-    Some(match a {
-        attr::MAX_THREADS_PER_BLOCK => 1024,
-        attr::MAX_BLOCK_DIM_X | attr::MAX_BLOCK_DIM_Y => 1024,
-        attr::MAX_BLOCK_DIM_Z => 64,
-        attr::MAX_GRID_DIM_X => i32::MAX,
-        attr::MAX_GRID_DIM_Y | attr::MAX_GRID_DIM_Z => 65535,
-        attr::MAX_SHARED_MEMORY_PER_BLOCK => 49152,
-        attr::TOTAL_CONSTANT_MEMORY => 65536,
-        attr::WARP_SIZE => 32,
-        attr::MAX_PITCH => i32::MAX,
-        attr::MAX_REGISTERS_PER_BLOCK | attr::MAX_REGISTERS_PER_MULTIPROCESSOR => 65536,
-        attr::CLOCK_RATE => 1_410_000,
-        attr::TEXTURE_ALIGNMENT => 512,
-        attr::GPU_OVERLAP | attr::CONCURRENT_KERNELS | attr::UNIFIED_ADDRESSING => 1,
-        attr::MULTIPROCESSOR_COUNT => d.sm_count as i32,
-        attr::KERNEL_EXEC_TIMEOUT | attr::INTEGRATED | attr::COMPUTE_MODE | attr::TCC_DRIVER => 0,
-        attr::CAN_MAP_HOST_MEMORY | attr::MANAGED_MEMORY | attr::CONCURRENT_MANAGED_ACCESS => 1,
-        attr::ECC_ENABLED => 1,
-        attr::PCI_BUS_ID => d.pci_bus as i32,
-        attr::PCI_DEVICE_ID => d.pci_device as i32,
-        attr::PCI_DOMAIN_ID => d.pci_domain as i32,
-        attr::MEMORY_CLOCK_RATE => 1_593_000,
-        attr::GLOBAL_MEMORY_BUS_WIDTH => 5120,
-        attr::L2_CACHE_SIZE => 40 << 20,
-        attr::MAX_THREADS_PER_MULTIPROCESSOR => 2048,
-        attr::ASYNC_ENGINE_COUNT => 3,
-        attr::COMPUTE_CAPABILITY_MAJOR => d.cc.0 as i32,
-        attr::COMPUTE_CAPABILITY_MINOR => d.cc.1 as i32,
-        attr::MAX_SHARED_MEMORY_PER_MULTIPROCESSOR => 167_936,
-        attr::MULTI_GPU_BOARD => 0,
-        attr::COOPERATIVE_LAUNCH => 1,
-        attr::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN => 166_912,
-        attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED => 1,
-        attr::MAX_BLOCKS_PER_MULTIPROCESSOR => 32,
-        attr::MEMORY_POOLS_SUPPORTED => 1,
-        // CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK (111): 1 KiB on sm_80, which is why
-        // the opt-in maximum above is the per-SM 164 KiB less 1 KiB (CUDA C++ Programming Guide,
-        // "Technical Specifications per Compute Capability": 163 KB opt-in per block on 8.0).
-        111 => 1024,
-        a if (0..attr::MAX).contains(&a) => 0,
-        _ => return None,
-    })
-}
-
 export! {
-    fn cuDeviceGetCount(count: *mut i32) {
-        let d = drv()?;
-        write(count, d.sim.model.devices.len() as i32)
-    }
-
-    fn cuDeviceGet(out: *mut CUdevice, ordinal: i32) {
-        device(ordinal)?;
-        write(out, ordinal)
-    }
-
-    fn cuDeviceGetName(name: *mut c_char, len: i32, dev: CUdevice) {
-        let (_, d) = device(dev)?;
-        write_cstr(name, len, &d.name)
-    }
-
-    fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) {
-        let (_, d) = device(dev)?;
-        write(uuid, CUuuid { bytes: d.uuid_bytes() })
-    }
-
-    /// Same as v1 on a device without MIG (v2 differs only for MIG instances).
-    fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) {
-        let (_, d) = device(dev)?;
-        write(uuid, CUuuid { bytes: d.uuid_bytes() })
-    }
-
-    fn cuDeviceGetAttribute(pi: *mut i32, attrib: i32, dev: CUdevice) {
-        let (_, d) = device(dev)?;
-        write(pi, attribute(d, attrib).ok_or(err::INVALID_VALUE)?)
-    }
-
-    /// v1 (CUDA 2.0) reports through a 32-bit `unsigned int`: clamped, not wrapped.
-    fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) {
-        let (_, d) = device(dev)?;
-        write(bytes, d.memory.min(u32::MAX as u64) as c_uint)
-    }
-
-    fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) {
-        let (_, d) = device(dev)?;
-        write(bytes, d.memory as usize)
-    }
-
-    fn cuDeviceComputeCapability(major: *mut i32, minor: *mut i32, dev: CUdevice) {
-        let (_, d) = device(dev)?;
-        write(major, d.cc.0 as i32)?;
-        write(minor, d.cc.1 as i32)
-    }
-
-    fn cuDeviceGetPCIBusId(bus_id: *mut c_char, len: i32, dev: CUdevice) {
-        let (_, d) = device(dev)?;
-        write_cstr(bus_id, len, &d.pci_bus_id_cuda())
-    }
-
-    fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, bus_id: *const c_char) {
-        let want = cstr(bus_id)?.to_ascii_lowercase();
-        let d = drv()?;
-        let i = d
-            .sim
-            .model
-            .devices
-            .iter()
-            .position(|x| x.pci_bus_id_cuda() == want || x.pci_bus_id_nvml() == want)
-            .ok_or(err::INVALID_DEVICE)?;
-        write(dev, i as CUdevice)
-    }
-
-    fn cuDeviceCanAccessPeer(can: *mut i32, dev: CUdevice, peer: CUdevice) {
-        let (a, _) = device(dev)?;
-        let (b, _) = device(peer)?;
-        let m = &drv()?.sim.model;
-        let ok = a != b && (m.nvlink_bandwidth_links(a, b) > 0 || m.pcie_level(a, b) <= PcieLevel::Multiple);
-        write(can, ok as i32)
-    }
-
     fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) {
         let (i, _) = device(dev)?;
         if pctx.is_null() {

@@ -9,7 +9,7 @@
 
 use crate::ctx;
 use crate::stream::{stream, Stream};
-use crate::{cstr, drv, export, mem, read, write, Registry, Res};
+use crate::{cstr, drv, export, mem, occupancy, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_image::{self as image, Image};
 
@@ -71,12 +71,18 @@ struct Module {
     funcs: Mutex<HashMap<String, usize>>,
     /// The device memory behind each variable, per context: (context, name) → address.
     globals: Mutex<HashMap<(usize, String), u64>>,
+    /// Each kernel's registers and memory, per architecture of the machine's GPUs (`occupancy`).
+    resources: occupancy::PerArch,
 }
 
 pub(crate) struct Function {
     /// `sim_busy*`: run time comes from the first parameter.
     busy: bool,
     module: usize,
+    /// Its name in the module (what its resources are found under).
+    name: String,
+    /// What cuFuncSetAttribute and its kin set (`occupancy`).
+    pub state: occupancy::FuncState,
 }
 
 /// A library (CUDA 12.0's context-independent loading, `cuLibraryLoadData`): the module it is in
@@ -675,7 +681,7 @@ fn add_kernel_node(
 /// What the launches take: a `CUfunction`, or since CUDA 12.0 a `CUkernel` ("f - Function
 /// CUfunction or Kernel CUkernel to launch", cuda.h on cuLaunchKernel, cuLaunchKernelEx and
 /// cuLaunchCooperativeKernel), which runs as its function in the current context.
-fn function_or_kernel(f: CUfunction) -> Result<Arc<Function>, CUresult> {
+pub(crate) fn function_or_kernel(f: CUfunction) -> Result<Arc<Function>, CUresult> {
     match functions().get(f as usize) {
         Ok(func) => Ok(func),
         Err(e) => match kernels().get(f as usize) {
@@ -689,14 +695,32 @@ fn function_or_kernel(f: CUfunction) -> Result<Arc<Function>, CUresult> {
 }
 
 /// A new module object of `image`, in no context.
-fn new_module(image: Image) -> usize {
+fn new_module(image: Image, resources: occupancy::PerArch) -> usize {
     modules()
         .insert(Module {
             image,
             funcs: Mutex::new(HashMap::new()),
             globals: Mutex::new(HashMap::new()),
+            resources,
         })
         .0
+}
+
+/// What kernel `f` needs on a GPU of SM number `sm`, where its module has a cubin for it.
+pub(crate) fn function_resources(f: &Function, sm: u32) -> Option<image::resources::Resources> {
+    let m = modules().get(f.module).ok()?;
+    m.resources.get(&sm)?.get(&f.name).copied()
+}
+
+/// The function behind a `CUfunction` handle.
+pub(crate) fn function(f: CUfunction) -> Result<Arc<Function>, CUresult> {
+    functions().get(f as usize)
+}
+
+/// The function a library kernel (`CUkernel`) stands for.
+pub(crate) fn kernel_function(k: *mut c_void) -> Result<Arc<Function>, CUresult> {
+    let k = kernels().get(k as usize)?;
+    functions().get(k.function)
 }
 
 /// Whether a kernel of this name is a `sim_busy*` one, under C linkage (`sim_busy_ms`) or C++
@@ -733,6 +757,8 @@ fn module_function(module: usize, m: &Module, name: &str) -> Result<usize, CUres
             .insert(Function {
                 busy: is_busy(name),
                 module,
+                name: name.to_string(),
+                state: occupancy::FuncState::default(),
             })
             .0
     }))
@@ -807,7 +833,7 @@ fn check_library_options(n: c_uint, keys: *const c_void, values: *const c_void) 
 fn load_library(
     library: *mut *mut c_void,
     code: *const c_void,
-    image: impl FnOnce() -> Image,
+    image: impl FnOnce() -> (Image, occupancy::PerArch),
     jit_n: c_uint,
     jit_keys: *const c_void,
     jit_values: *const c_void,
@@ -821,10 +847,10 @@ fn load_library(
     }
     check_options(jit_n, jit_keys, jit_values)?;
     check_library_options(lib_n, lib_keys, lib_values)?;
-    let image = image();
+    let (image, resources) = image();
     // Any image loads: the simulator has no ISA to check.
     let (h, _) = libraries().insert(Library {
-        module: new_module(image),
+        module: new_module(image, resources),
         kernels: Mutex::new(HashMap::new()),
     });
     write(library, h as *mut c_void)
@@ -832,25 +858,41 @@ fn load_library(
 
 /// Reads an image file (cuModuleLoad, cuLibraryLoadFromFile); one that cannot be read is
 /// opaque (the caller checked it is a file).
-fn image_file(path: &str) -> Image {
-    std::fs::read(path).map_or(Image::Opaque, |b| image::from_bytes(&b))
+fn image_file(path: &str) -> (Image, occupancy::PerArch) {
+    match std::fs::read(path) {
+        Ok(b) => (image::from_bytes(&b), occupancy::per_arch_of_bytes(&b)),
+        Err(_) => (Image::Opaque, occupancy::PerArch::new()),
+    }
+}
+
+/// An image as cuModuleLoadData gets it, and its kernels' resources.
+///
+/// # Safety
+/// `p` is NULL or an image readable as its headers say (see `image::from_ptr`).
+unsafe fn image_at(p: *const c_void) -> (Image, occupancy::PerArch) {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { (image::from_ptr(p), occupancy::per_arch_at(p)) }
 }
 
 pub(crate) fn load_module(module: *mut CUmodule, image: *const c_void) -> Res {
     // SAFETY: the caller's image, readable by the driver API's contract (see `image::from_ptr`).
-    load_module_of(module, image, || unsafe { image::from_ptr(image) })
+    load_module_of(module, image, || unsafe { image_at(image) })
 }
 
 /// Loads `read()`'s image into the current context, with memory for each of its variables.
-fn load_module_of(module: *mut CUmodule, code: *const c_void, read: impl FnOnce() -> Image) -> Res {
+fn load_module_of(
+    module: *mut CUmodule,
+    code: *const c_void,
+    read: impl FnOnce() -> (Image, occupancy::PerArch),
+) -> Res {
     ctx::current()?;
     if module.is_null() || code.is_null() {
         return Err(err::INVALID_VALUE);
     }
     // Any image loads: the simulator has no ISA to check.
-    let image = read();
+    let (image, resources) = read();
     let names: Vec<String> = image.globals().into_iter().map(|(n, _)| n).collect();
-    let h = new_module(image);
+    let h = new_module(image, resources);
     let m = modules().get(h)?;
     for n in names {
         if let Err(e) = module_global(&m, &n) {
@@ -910,7 +952,7 @@ export! {
 
     fn cuLibraryLoadData(library: *mut *mut c_void, code: *const c_void, jit_keys: *const c_void, jit_values: *const c_void, jit_n: c_uint, lib_keys: *const c_void, lib_values: *const c_void, lib_n: c_uint) {
         // SAFETY: the caller's image, readable by the driver API's contract.
-        load_library(library, code, || unsafe { image::from_ptr(code) }, jit_n, jit_keys, jit_values, lib_n, lib_keys, lib_values)
+        load_library(library, code, || unsafe { image_at(code) }, jit_n, jit_keys, jit_values, lib_n, lib_keys, lib_values)
     }
     fn cuLibraryLoadFromFile(library: *mut *mut c_void, file: *const c_char, jit_keys: *const c_void, jit_values: *const c_void, jit_n: c_uint, lib_keys: *const c_void, lib_values: *const c_void, lib_n: c_uint) {
         drv()?;
@@ -975,70 +1017,11 @@ export! {
         drv()?;
         get_global(dptr, bytes, module as usize, name)
     }
-    fn cuFuncGetAttribute(value: *mut i32, attrib: i32, f: CUfunction) {
-        drv()?;
-        functions().get(f as usize)?;
-        let v = match attrib {
-            CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK => 1024,
-            CU_FUNC_ATTRIBUTE_NUM_REGS => 32,
-            1..=3 | 5..=7 | 8..=10 => 0,
-            _ => return Err(err::INVALID_VALUE),
-        };
-        write(value, v)
-    }
-    fn cuFuncSetAttribute(f: CUfunction, _attrib: i32, _value: i32) {
-        drv()?;
-        functions().get(f as usize).map(|_| ())
-    }
-    fn cuFuncSetCacheConfig(f: CUfunction, _config: i32) {
-        drv()?;
-        functions().get(f as usize).map(|_| ())
-    }
     fn cuFuncGetModule(module: *mut CUmodule, f: CUfunction) {
         drv()?;
         let func = functions().get(f as usize)?;
         write(module, func.module as CUmodule)
     }
-    fn cuOccupancyMaxActiveBlocksPerMultiprocessor(blocks: *mut i32, f: CUfunction, block_size: i32, _smem: usize) {
-        drv()?;
-        functions().get(f as usize)?;
-        if !(1..=1024).contains(&block_size) {
-            return Err(err::INVALID_VALUE);
-        }
-        write(blocks, (2048 / block_size).min(32))
-    }
-    /// `flags` may be CU_OCCUPANCY_DEFAULT (0) or CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE (1); the
-    /// simulator has no cache configuration to override, so both answer as the call without flags.
-    fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks: *mut i32, f: CUfunction, block_size: i32, smem: usize, flags: c_uint) {
-        if flags > 1 {
-            return Err(err::INVALID_VALUE);
-        }
-        match cuOccupancyMaxActiveBlocksPerMultiprocessor(blocks, f, block_size, smem) {
-            err::SUCCESS => Ok(()),
-            e => Err(e),
-        }
-    }
-    /// cuKernelGetAttribute (CUDA 12.0): a library kernel answers as the function it stands for
-    /// in the current context (`cuKernelGetFunction`) does.
-    fn cuKernelGetAttribute(value: *mut i32, attrib: i32, kernel: *mut c_void, dev: CUdevice) {
-        drv()?;
-        let k = kernels().get(kernel as usize)?;
-        ctx::device(dev)?;
-        match cuFuncGetAttribute(value, attrib, k.function as CUfunction) {
-            err::SUCCESS => Ok(()),
-            e => Err(e),
-        }
-    }
-    fn cuKernelSetAttribute(attrib: i32, value: i32, kernel: *mut c_void, dev: CUdevice) {
-        drv()?;
-        let k = kernels().get(kernel as usize)?;
-        ctx::device(dev)?;
-        match cuFuncSetAttribute(k.function as CUfunction, attrib, value) {
-            err::SUCCESS => Ok(()),
-            e => Err(e),
-        }
-    }
-
     fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _smem: c_uint, s: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) {
         launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz] }, params, extra, s, false, false)
     }

@@ -5,23 +5,26 @@
 //! models in time: every kernel occupies the device's timeline, shared by all processes, for a
 //! duration the caller picks (`sim_busy*` kernels: their first u64 parameter, in ns).
 //!
-//! Layout: `abi` helpers and the export macro here; `ctx` devices and contexts; `mem` every
-//! allocation path and pools; `array` CUDA arrays, texture and surface objects; `copy` copies
-//! and memsets; `exec` modules, launches and graphs; `stream` streams, host functions, memory
-//! operations and the profiler switches; `event` events and IPC events; `procaddr`
-//! cuGetProcAddress; `export_table` cuGetExportTable, the private tables NVIDIA's
+//! Layout, by chapter of the driver API: the C boundary's helpers and the export macro here;
+//! `device` device queries and attributes; `ctx` contexts; `mem` allocation and pools; `array`
+//! CUDA arrays, texture and surface objects; `copy` copies and memsets; `stream` streams, host
+//! functions, memory operations and the profiler switches; `event` events and IPC events; `exec`
+//! modules, launches and graphs; `occupancy` function attributes and the occupancy calculator;
+//! `procaddr` cuGetProcAddress; `export_table` cuGetExportTable, the private tables NVIDIA's
 //! runtime asks for.
 #![allow(clippy::missing_safety_doc)]
 
 mod array;
 mod copy;
 mod ctx;
+mod device;
 mod event;
 mod exec;
 mod export_table;
 mod stream;
 
 mod mem;
+mod occupancy;
 mod proc_table;
 mod procaddr;
 

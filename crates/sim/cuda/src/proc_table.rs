@@ -1129,6 +1129,19 @@ pub static PROC_TABLE: &[ProcEntry] = &[
         versions: &[(9000, "cuStreamWriteValue64"), (11070, "cuStreamWriteValue64_v2")],
         per_thread: &[(9000, "cuStreamWriteValue64_ptsz"), (11070, "cuStreamWriteValue64_v2_ptsz")],
     },
+    // ---- added by i17-device ----
+    // Versions: CUDA 13.5 cudaTypedefs.h, `PFN_<name>_v<version>`.
+    ProcEntry { base: "cuDeviceGetProperties", versions: &[(2000, "cuDeviceGetProperties")], per_thread: &[] },
+    ProcEntry { base: "cuDeviceGetP2PAttribute", versions: &[(8000, "cuDeviceGetP2PAttribute")], per_thread: &[] },
+    ProcEntry { base: "cuDeviceGetLuid", versions: &[(10000, "cuDeviceGetLuid")], per_thread: &[] },
+    ProcEntry { base: "cuDeviceGetExecAffinitySupport", versions: &[(11040, "cuDeviceGetExecAffinitySupport")], per_thread: &[] },
+    ProcEntry { base: "cuDeviceGetTexture1DLinearMaxWidth", versions: &[(11010, "cuDeviceGetTexture1DLinearMaxWidth")], per_thread: &[] },
+    ProcEntry { base: "cuDeviceGetHostAtomicCapabilities", versions: &[(13000, "cuDeviceGetHostAtomicCapabilities")], per_thread: &[] },
+    ProcEntry { base: "cuDeviceGetP2PAtomicCapabilities", versions: &[(13000, "cuDeviceGetP2PAtomicCapabilities")], per_thread: &[] },
+    ProcEntry { base: "cuOccupancyMaxPotentialBlockSizeWithFlags", versions: &[(7000, "cuOccupancyMaxPotentialBlockSizeWithFlags")], per_thread: &[] },
+    ProcEntry { base: "cuOccupancyAvailableDynamicSMemPerBlock", versions: &[(10020, "cuOccupancyAvailableDynamicSMemPerBlock")], per_thread: &[] },
+    ProcEntry { base: "cuOccupancyMaxPotentialClusterSize", versions: &[(11070, "cuOccupancyMaxPotentialClusterSize")], per_thread: &[] },
+    ProcEntry { base: "cuOccupancyMaxActiveClusters", versions: &[(11070, "cuOccupancyMaxActiveClusters")], per_thread: &[] },
 ];
 
 #[cfg(test)]

@@ -66,7 +66,11 @@ pub(crate) fn pci_info(domain: u32, bus: u32, device: u32, device_id: u32) -> nv
 }
 
 fn device_pci_info(d: &Device) -> nvmlPciInfo_t {
-    pci_info(d.pci_domain, d.pci_bus, d.pci_device, d.pci_device_id)
+    nvmlPciInfo_t {
+        // The board's subsystem id, as cuDeviceGetAttribute's GPU_PCI_SUBSYSTEM_ID (model::Specs).
+        pciSubSystemId: d.specs.pci_subsystem_id,
+        ..pci_info(d.pci_domain, d.pci_bus, d.pci_device, d.pci_device_id)
+    }
 }
 
 fn fnv(s: &str) -> u64 {
@@ -124,6 +128,26 @@ export! {
 
     fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) {
         write_str(uuid, length, &model_dev(device)?.2.uuid)
+    }
+
+    /// The board's peak clocks in MHz, the figures cuDeviceGetAttribute's CLOCK_RATE and
+    /// MEMORY_CLOCK_RATE give in kHz (`model::Specs`): NVML_CLOCK_GRAPHICS (0) and NVML_CLOCK_SM
+    /// (1) the SM boost clock, NVML_CLOCK_MEM (2) the memory clock. The video clock (3) is not
+    /// modelled (NVML_ERROR_NOT_SUPPORTED); another type is NVML_ERROR_INVALID_ARGUMENT.
+    fn nvmlDeviceGetMaxClockInfo(device: nvmlDevice_t, kind: c_uint, clock: *mut c_uint) {
+        let s = model_dev(device)?.2.specs;
+        let mhz = match kind {
+            0 | 1 => s.clock_khz / 1000,
+            2 => s.memory_clock_khz / 1000,
+            3 => return Err(ret::ERROR_NOT_SUPPORTED),
+            _ => return Err(ret::ERROR_INVALID_ARGUMENT),
+        };
+        write(clock, mhz)
+    }
+
+    /// The memory bus width in bits (CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH's figure).
+    fn nvmlDeviceGetMemoryBusWidth(device: nvmlDevice_t, width: *mut c_uint) {
+        write(width, model_dev(device)?.2.specs.memory_bus_width)
     }
 
     fn nvmlDeviceGetPciInfo_v2(device: nvmlDevice_t, pci: *mut nvmlPciInfo_t) {

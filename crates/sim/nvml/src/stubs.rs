@@ -48,9 +48,9 @@ not_supported! {
     nvmlDeviceGetGspFirmwareVersion nvmlDeviceGetHandleBySerial nvmlDeviceGetHostVgpuMode
     nvmlDeviceGetInforomConfigurationChecksum nvmlDeviceGetInforomImageVersion
     nvmlDeviceGetInforomVersion nvmlDeviceGetIrqNum nvmlDeviceGetJpgUtilization
-    nvmlDeviceGetMaxClockInfo nvmlDeviceGetMaxCustomerBoostClock nvmlDeviceGetMaxMigDeviceCount
+    nvmlDeviceGetMaxCustomerBoostClock nvmlDeviceGetMaxMigDeviceCount
     nvmlDeviceGetMaxPcieLinkGeneration nvmlDeviceGetMaxPcieLinkWidth nvmlDeviceGetMemClkVfOffset
-    nvmlDeviceGetMemoryBusWidth nvmlDeviceGetMemoryErrorCounter nvmlDeviceGetMigDeviceHandleByIndex
+    nvmlDeviceGetMemoryErrorCounter nvmlDeviceGetMigDeviceHandleByIndex
     nvmlDeviceGetMinMaxClockOfPState nvmlDeviceGetMinMaxFanSpeed nvmlDeviceGetModuleId
     nvmlDeviceGetNumFans nvmlDeviceGetNumGpuCores nvmlDeviceGetNvLinkErrorCounter
     nvmlDeviceGetNvLinkInfo nvmlDeviceGetNvLinkRemotePciInfo nvmlDeviceGetNvLinkUtilizationControl
