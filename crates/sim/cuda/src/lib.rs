@@ -6,7 +6,8 @@
 //! duration the caller picks (`sim_busy*` kernels: their first u64 parameter, in ns).
 //!
 //! Layout: `abi` helpers and the export macro here; `ctx` devices and contexts; `mem` every
-//! allocation path, copies and pools; `exec` modules, launches, streams, events and graphs;
+//! allocation path, copies and pools; `exec` modules, launches, streams and events; `graph` graphs and stream
+//! capture;
 //! `procaddr` cuGetProcAddress; `export_table` cuGetExportTable, the private tables NVIDIA's
 //! runtime asks for.
 #![allow(clippy::missing_safety_doc)]
@@ -14,6 +15,7 @@
 mod ctx;
 mod exec;
 mod export_table;
+mod graph;
 
 mod mem;
 mod proc_table;
@@ -277,6 +279,5 @@ not_supported! {
     // cublasCreate answers CUBLAS_STATUS_INTERNAL_ERROR) when one is absent; creating a handle
     // calls none of them. Seen on the simulator with a breakpoint on dlsym during cublasCreate_v2
     // (PyTorch 2.8, nvidia-cublas-cu12 12.8.4.1).
-    cuStreamWaitValue32 cuStreamBatchMemOp cuGraphKernelNodeGetParams
-    cuGraphExecKernelNodeSetParams
+    cuStreamWaitValue32 cuStreamBatchMemOp
 }
