@@ -1283,7 +1283,9 @@ fn capture_push(s: &Stream, kind: Kind) -> Option<Res> {
 
 /// An operation that cannot be captured was asked of a capturing stream (synchronizing or
 /// querying it): CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED ("not permitted when the stream is
-/// capturing"), and the capture is invalidated. Ok when `s` is not capturing.
+/// capturing"), and the capture is invalidated: the real driver then ends it with
+/// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (JuliaGPU/CUDA.jl#1229: cuStreamQuery during a capture
+/// answered 900, the capture's end 901). Ok when `s` is not capturing.
 pub(crate) fn refuse_if_capturing(s: &Stream) -> Res {
     match caps().get(&key(s)) {
         Some(c) => {
@@ -2072,6 +2074,34 @@ fn kernel_read(p: *const c_void, v2: bool) -> Result<KernelNode, CUresult> {
     }
 }
 
+// ---- after CUDA 13.0 ------------------------------------------------------------------------------
+// cuGraphNodeGetContainingGraph (CUDA 13.1, `PFN_..._v13010`), cuGraphNodeGetParams (13.2,
+// `_v13020`), cuGraphAddNode_v3 and cuGraphNodeSetParams_v2 (13.4, `_v13040`: the same
+// signatures and struct as the 12.x forms) are modelled here but not exported while the
+// simulator reports a CUDA 13.0 driver (`driver_version` 13000, as R580 drivers do): such a
+// driver has none of them. Exporting them is one line each in the `export!` block below,
+// with their `cuGetProcAddress` entries, once the reported version covers them.
+
+/// cuGraphNodeGetParams: the node's parameters as a `CUgraphNodeParams`.
+#[allow(dead_code)]
+fn node_get_params(node: CUgraphNode, p: *mut NodeParams) -> Res {
+    drv()?;
+    write(p, params_of_kind(&node_rec(node)?.kind)?)
+}
+
+/// cuGraphNodeGetContainingGraph: the graph a node belongs to.
+#[allow(dead_code)]
+fn containing_graph(node: CUgraphNode, out: *mut CUgraph) -> Res {
+    drv()?;
+    let (g, _) = locate(node)?;
+    let h = graph_bases()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&g.base)
+        .copied();
+    write(out, h.ok_or(err::INVALID_VALUE)? as CUgraph)
+}
+
 fn node_set_params(node: CUgraphNode, p: *mut NodeParams) -> Res {
     drv()?;
     let (g, _) = locate(node)?;
@@ -2118,12 +2148,6 @@ export! {
     fn cuGraphNodeGetType(node: CUgraphNode, ty: *mut i32) {
         drv()?;
         write(ty, node_rec(node)?.kind.ty())
-    }
-    fn cuGraphNodeGetContainingGraph(node: CUgraphNode, out: *mut CUgraph) {
-        drv()?;
-        let (g, _) = locate(node)?;
-        let h = graph_bases().lock().unwrap_or_else(|e| e.into_inner()).get(&g.base).copied();
-        write(out, h.ok_or(err::INVALID_VALUE)? as CUgraph)
     }
     fn cuGraphGetNodes(g: CUgraph, nodes: *mut CUgraphNode, count: *mut usize) { get_nodes(g, nodes, count, false) }
     fn cuGraphGetRootNodes(g: CUgraph, nodes: *mut CUgraphNode, count: *mut usize) { get_nodes(g, nodes, count, true) }
@@ -2276,18 +2300,8 @@ export! {
         check_default_edges(edges, ndeps)?;
         add_node(node, g, deps, ndeps, |gr| kind_of_params(gr, p))
     }
-    /// CUDA 13.4's symbol (`PFN_cuGraphAddNode_v13040`): the same signature and struct.
-    fn cuGraphAddNode_v3(node: *mut CUgraphNode, g: CUgraph, deps: *const CUgraphNode, edges: *const u64, ndeps: usize, p: *mut NodeParams) {
-        check_default_edges(edges, ndeps)?;
-        add_node(node, g, deps, ndeps, |gr| kind_of_params(gr, p))
-    }
     fn cuGraphNodeSetParams(node: CUgraphNode, p: *mut NodeParams) { node_set_params(node, p) }
-    /// CUDA 13.4's symbol (`PFN_cuGraphNodeSetParams_v13040`): the same signature and struct.
-    fn cuGraphNodeSetParams_v2(node: CUgraphNode, p: *mut NodeParams) { node_set_params(node, p) }
-    fn cuGraphNodeGetParams(node: CUgraphNode, p: *mut NodeParams) {
-        drv()?;
-        write(p, params_of_kind(&node_rec(node)?.kind)?)
-    }
+
     fn cuGraphExecNodeSetParams(exec: CUgraphExec, node: CUgraphNode, p: *mut NodeParams) {
         drv()?;
         let (g, _) = locate(node)?;

@@ -1020,7 +1020,8 @@ pub static PROC_TABLE: &[ProcEntry] = &[
     },
     // ---- added by i17-graph ----
     // Versions from CUDA 13.5 cudaTypedefs.h: each `PFN_<name>_v<version>` typedef; the n-th
-    // version of a name is its n-th ABI (`_v2`, `_v3` symbols), `_ptsz` typedefs the per-thread ones.
+    // version of a name is its n-th ABI (`_v2` symbol), `_ptsz` typedefs the per-thread ones.
+    // Versions after 13.0 (the driver the simulator reports) are left out: see graph.rs.
     ProcEntry {
         base: "cuGraphAddChildGraphNode",
         versions: &[(10000, "cuGraphAddChildGraphNode")],
@@ -1063,7 +1064,7 @@ pub static PROC_TABLE: &[ProcEntry] = &[
     },
     ProcEntry {
         base: "cuGraphAddNode",
-        versions: &[(12020, "cuGraphAddNode"), (12030, "cuGraphAddNode_v2"), (13040, "cuGraphAddNode_v3")],
+        versions: &[(12020, "cuGraphAddNode"), (12030, "cuGraphAddNode_v2")],
         per_thread: &[],
     },
     ProcEntry {
@@ -1198,11 +1199,6 @@ pub static PROC_TABLE: &[ProcEntry] = &[
         per_thread: &[],
     },
     ProcEntry {
-        base: "cuGraphNodeGetContainingGraph",
-        versions: &[(13010, "cuGraphNodeGetContainingGraph")],
-        per_thread: &[],
-    },
-    ProcEntry {
         base: "cuGraphNodeGetDependencies",
         versions: &[(10000, "cuGraphNodeGetDependencies"), (12030, "cuGraphNodeGetDependencies_v2")],
         per_thread: &[],
@@ -1218,18 +1214,13 @@ pub static PROC_TABLE: &[ProcEntry] = &[
         per_thread: &[],
     },
     ProcEntry {
-        base: "cuGraphNodeGetParams",
-        versions: &[(13020, "cuGraphNodeGetParams")],
-        per_thread: &[],
-    },
-    ProcEntry {
         base: "cuGraphNodeSetEnabled",
         versions: &[(11060, "cuGraphNodeSetEnabled")],
         per_thread: &[],
     },
     ProcEntry {
         base: "cuGraphNodeSetParams",
-        versions: &[(12020, "cuGraphNodeSetParams"), (13040, "cuGraphNodeSetParams_v2")],
+        versions: &[(12020, "cuGraphNodeSetParams")],
         per_thread: &[],
     },
     ProcEntry {

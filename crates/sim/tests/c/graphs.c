@@ -430,9 +430,9 @@ static void memory_and_generic(CUstream s) {
     np.type = CU_GRAPH_NODE_TYPE_MEM_FREE;
     np.free.dptr = ap.dptr;
     OK(cuGraphAddNode(&n_free, g, &n_d2h, NULL, 1, &np));
-    CUgraphNodeParams back;
-    OK(cuGraphNodeGetParams(n_set, &back));
-    CHECK(back.type == CU_GRAPH_NODE_TYPE_MEMSET && back.memset.value == 0xabcdef01u && back.memset.width == 256);
+    CUDA_MEMSET_NODE_PARAMS back;
+    OK(cuGraphMemsetNodeGetParams(n_set, &back));
+    CHECK(back.dst == ap.dptr && back.value == 0xabcdef01u && back.elementSize == 4 && back.width == 256);
     CUgraphNodeType t;
     OK(cuGraphNodeGetType(n_free, &t));
     CHECK(t == CU_GRAPH_NODE_TYPE_MEM_FREE);
