@@ -81,8 +81,8 @@ fn an_nvcc_built_graph_with_a_memory_node_and_a_host_node_runs() {
         return;
     };
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cudart/graph.cu");
-    let exe = cuvisor_testkit::profile_dir_of_test()
-        .join(format!("cudart-graph-{}", std::process::id()));
+    let exe =
+        cuvisor_testkit::profile_dir_of_test().join(format!("cudart-graph-{}", std::process::id()));
     let ran = Command::new(cu13.join("bin/nvcc"))
         .args(["-arch=sm_80", "-o"])
         .arg(&exe)

@@ -775,7 +775,9 @@ export! {
     fn cuStreamCreateWithPriority(out: *mut CUstream, flags: c_uint, priority: i32) { create_stream(out, flags, priority) }
     fn cuStreamDestroy_v2(s: CUstream) {
         drv()?;
-        streams().remove(s as usize).map(|_| ())
+        let st = streams().remove(s as usize)?;
+        graph::forget_stream(&st);
+        Ok(())
     }
     fn cuStreamSynchronize(s: CUstream) { stream_sync(s, false) }
     fn cuStreamSynchronize_ptsz(s: CUstream) { stream_sync(s, true) }

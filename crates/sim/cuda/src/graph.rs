@@ -605,10 +605,9 @@ fn kernel_params(k: &KernelNode) -> KernelParamsV2 {
             blockDimY: k.block[1],
             blockDimZ: k.block[2],
             sharedMemBytes: k.smem,
-            kernelParams: k
-                .arg
-                .as_ref()
-                .map_or(std::ptr::null_mut(), |a| a.ptrs.as_ptr() as *mut *mut c_void),
+            kernelParams: k.arg.as_ref().map_or(std::ptr::null_mut(), |a| {
+                a.ptrs.as_ptr() as *mut *mut c_void
+            }),
             extra: std::ptr::null_mut(),
         },
         kern: k.kern as *mut c_void,
@@ -659,11 +658,13 @@ fn run_copy(c: &Memcpy3D) -> Res {
     for z in 0..c.depth.max(1) {
         for y in 0..c.height.max(1) {
             let s = sb
-                + (c.src_x + (c.src_y + y) * c.src_pitch + (c.src_z + z) * c.src_pitch * c.src_height)
-                    as u64;
+                + (c.src_x
+                    + (c.src_y + y) * c.src_pitch
+                    + (c.src_z + z) * c.src_pitch * c.src_height) as u64;
             let d = db
-                + (c.dst_x + (c.dst_y + y) * c.dst_pitch + (c.dst_z + z) * c.dst_pitch * c.dst_height)
-                    as u64;
+                + (c.dst_x
+                    + (c.dst_y + y) * c.dst_pitch
+                    + (c.dst_z + z) * c.dst_pitch * c.dst_height) as u64;
             mem::copy_any(d, s, c.width)?;
         }
     }
@@ -685,7 +686,12 @@ fn check_memset(m: &MemsetParams) -> Res {
 fn run_memset(m: &MemsetParams) -> Res {
     check_memset(m)?;
     for r in 0..m.height {
-        mem::memset(m.dst + (r * m.pitch) as u64, m.value, m.elem as usize, m.width)?;
+        mem::memset(
+            m.dst + (r * m.pitch) as u64,
+            m.value,
+            m.elem as usize,
+            m.width,
+        )?;
     }
     Ok(())
 }
@@ -729,8 +735,7 @@ fn alloc_node(p: *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> Result<Kind, CUresult> {
 /// address" (cuGraphAddMemFreeNode).
 fn free_node(g: &Graph, addr: u64) -> Result<Kind, CUresult> {
     mem::graph_alloc_at(addr).ok_or(err::INVALID_VALUE)?;
-    if g
-        .lock()
+    if g.lock()
         .nodes
         .iter()
         .flatten()
@@ -1079,7 +1084,8 @@ fn update_check(
             }
             (Kind::Memset(a), Kind::Memset(b))
                 if a.height > 1
-                    && (a.pitch, a.elem, a.width, a.height) != (b.pitch, b.elem, b.width, b.height) =>
+                    && (a.pitch, a.elem, a.width, a.height)
+                        != (b.pitch, b.elem, b.width, b.height) =>
             {
                 return Err((UPDATE_PARAMETERS_CHANGED, h, 0));
             }
@@ -1090,10 +1096,8 @@ fn update_check(
             (Kind::Free(a), Kind::Free(b)) if a != b => {
                 return Err((UPDATE_PARAMETERS_CHANGED, h, 0));
             }
-            (Kind::Inline(a), Kind::Inline(b)) => {
-                if update_check(base, a, b).is_err() {
-                    return Err((UPDATE_PARAMETERS_CHANGED, h, 0));
-                }
+            (Kind::Inline(a), Kind::Inline(b)) if update_check(base, a, b).is_err() => {
+                return Err((UPDATE_PARAMETERS_CHANGED, h, 0));
             }
             _ => {}
         }
@@ -1108,8 +1112,7 @@ fn exec_update(exec: CUgraphExec, graph: CUgraph) -> Result<(), (CUresult, i32, 
     let g = graphs().get(graph as usize).map_err(fail)?;
     let new = snapshot(graph as usize).map_err(fail)?;
     let mut old = x.nodes.lock().unwrap_or_else(|e| e.into_inner());
-    update_check(g.base, &old, &new)
-        .map_err(|(r, n, f)| (GRAPH_EXEC_UPDATE_FAILURE, r, n, f))?;
+    update_check(g.base, &old, &new).map_err(|(r, n, f)| (GRAPH_EXEC_UPDATE_FAILURE, r, n, f))?;
     for (o, n) in old.iter_mut().zip(new) {
         if let (Some(o), Some(n)) = (o.as_mut(), n) {
             o.kind = n.kind;
@@ -1231,10 +1234,10 @@ struct SCap {
     seq: Arc<Seq>,
     deps: Vec<usize>,
     /// What `dependencies_out` / `edgeData_out` of cuStreamGetCaptureInfo point at (node
-    /// handles, and one all-zero `CUgraphEdgeData` each): boxed so that the addresses handed out
-    /// stay put until the capture's dependencies change.
-    out: Box<Vec<usize>>,
-    out_edges: Box<Vec<u64>>,
+    /// handles, and one all-zero `CUgraphEdgeData` each): their heap buffers stay put when the
+    /// `SCap` moves, so the addresses handed out hold until the next query.
+    out: Vec<usize>,
+    out_edges: Vec<u64>,
 }
 
 /// Capturing streams, by the address of their `Stream`.
@@ -1245,9 +1248,12 @@ fn caps() -> MutexGuard<'static, HashMap<usize, SCap>> {
         .unwrap_or_else(|e| e.into_inner())
 }
 
-/// Events last recorded in a capturing stream: event -> (capture id, the nodes it stands for).
-fn event_caps() -> MutexGuard<'static, HashMap<usize, (u64, Vec<usize>)>> {
-    static M: OnceLock<Mutex<HashMap<usize, (u64, Vec<usize>)>>> = OnceLock::new();
+/// Event -> (capture id, the nodes it stands for).
+type EventCaps = HashMap<usize, (u64, Vec<usize>)>;
+
+/// Events last recorded in a capturing stream.
+fn event_caps() -> MutexGuard<'static, EventCaps> {
+    static M: OnceLock<Mutex<EventCaps>> = OnceLock::new();
     M.get_or_init(|| Mutex::new(HashMap::new()))
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -1261,6 +1267,11 @@ thread_local! {
     /// The thread's stream capture interaction mode (cuThreadExchangeStreamCaptureMode); a
     /// thread starts in global mode ("This is the default mode").
     static CAPTURE_MODE: Cell<i32> = const { Cell::new(CAPTURE_MODE_GLOBAL) };
+}
+
+/// A destroyed stream leaves any capture it took part in (its address may name a new stream).
+pub(crate) fn forget_stream(s: &Stream) {
+    caps().remove(&key(s));
 }
 
 pub(crate) fn capturing(s: &Stream) -> bool {
@@ -1385,7 +1396,13 @@ pub(crate) fn capture_copy(
     if !capturing(s) {
         return None;
     }
-    let host = |t: c_uint, a: u64| if t == CU_MEMORYTYPE_HOST { a as usize } else { 0 };
+    let host = |t: c_uint, a: u64| {
+        if t == CU_MEMORYTYPE_HOST {
+            a as usize
+        } else {
+            0
+        }
+    };
     let dev = |t: c_uint, a: u64| if t == CU_MEMORYTYPE_HOST { 0 } else { a };
     let c = Memcpy3D {
         src_x: 0,
@@ -1476,7 +1493,10 @@ pub(crate) fn capture_event_record(s: &Stream, ev: usize, flags: c_uint) -> Opti
         return Some(Err(err::STREAM_CAPTURE_INVALIDATED));
     }
     if flags & EVENT_EXTERNAL != 0 {
-        let i = c.seq.g.push(Kind::EventRecord(ev), std::mem::take(&mut c.deps));
+        let i = c
+            .seq
+            .g
+            .push(Kind::EventRecord(ev), std::mem::take(&mut c.deps));
         c.deps = vec![i];
     }
     event_caps().insert(ev, (c.seq.id, c.deps.clone()));
@@ -1518,7 +1538,10 @@ pub(crate) fn capture_event_wait(s: &Stream, ev: usize, flags: c_uint) -> Option
                 c.seq.invalid.store(true, Release);
                 return Some(Err(STREAM_CAPTURE_ISOLATION));
             }
-            let i = c.seq.g.push(Kind::EventWait(ev), std::mem::take(&mut c.deps));
+            let i = c
+                .seq
+                .g
+                .push(Kind::EventWait(ev), std::mem::take(&mut c.deps));
             c.deps = vec![i];
             Some(Ok(()))
         }
@@ -1532,8 +1555,8 @@ pub(crate) fn capture_event_wait(s: &Stream, ev: usize, flags: c_uint) -> Option
                 SCap {
                     seq,
                     deps,
-                    out: Box::default(),
-                    out_edges: Box::default(),
+                    out: Vec::new(),
+                    out_edges: Vec::new(),
                 },
             );
             Some(Ok(()))
@@ -1580,8 +1603,8 @@ fn begin(h: CUstream, mode: i32, pt: bool, graph: Option<(usize, Vec<usize>)>) -
                 own_graph: own,
             }),
             deps,
-            out: Box::default(),
-            out_edges: Box::default(),
+            out: Vec::new(),
+            out_edges: Vec::new(),
         },
     );
     Ok(())
@@ -1727,8 +1750,8 @@ fn capture_info(
         return write(status, CAPTURE_STATUS_INVALIDATED);
     }
     let base = c.seq.g.base;
-    *c.out = c.deps.iter().map(|&i| node_handle(base, i)).collect();
-    *c.out_edges = vec![0; c.deps.len()];
+    c.out = c.deps.iter().map(|&i| node_handle(base, i)).collect();
+    c.out_edges = vec![0; c.deps.len()];
     write(status, CU_STREAM_CAPTURE_STATUS_ACTIVE)?;
     write_opt(id, c.seq.id)?;
     write_opt(graph, c.seq.graph as CUgraph)?;
@@ -1864,7 +1887,11 @@ fn remove_deps(
         return Err(err::INVALID_VALUE);
     }
     for (f, t) in pairs {
-        st.nodes[t].as_mut().expect("checked").deps.retain(|&d| d != f);
+        st.nodes[t]
+            .as_mut()
+            .expect("checked")
+            .deps
+            .retain(|&d| d != f);
     }
     Ok(())
 }
@@ -1872,12 +1899,7 @@ fn remove_deps(
 /// Writes a list the way the graph queries do: with a NULL array, the count; otherwise up to
 /// `*count` entries, and `*count` set to how many were written (the real number when it is
 /// smaller). Edge data, where asked for, is all zero (default edges).
-fn write_list(
-    items: &[usize],
-    out: *mut CUgraphNode,
-    edges: *mut u64,
-    count: *mut usize,
-) -> Res {
+fn write_list(items: &[usize], out: *mut CUgraphNode, edges: *mut u64, count: *mut usize) -> Res {
     if out.is_null() {
         if !edges.is_null() {
             return Err(err::INVALID_VALUE);
@@ -1993,8 +2015,18 @@ fn dot_print(graph: CUgraph, path: *const c_char) -> Res {
     let g = graphs().get(graph as usize)?;
     let path = cstr(path)?;
     let names = [
-        "KERNEL", "MEMCPY", "MEMSET", "HOST", "GRAPH", "EMPTY", "WAIT_EVENT", "EVENT_RECORD", "", "",
-        "MEM_ALLOC", "MEM_FREE",
+        "KERNEL",
+        "MEMCPY",
+        "MEMSET",
+        "HOST",
+        "GRAPH",
+        "EMPTY",
+        "WAIT_EVENT",
+        "EVENT_RECORD",
+        "",
+        "",
+        "MEM_ALLOC",
+        "MEM_FREE",
     ];
     let mut s = format!("digraph dot {{\n  subgraph cluster_{graph:p} {{\n    label=\"graph\"\n");
     let st = g.lock();
@@ -2070,7 +2102,10 @@ fn kernel_read(p: *const c_void, v2: bool) -> Result<KernelNode, CUresult> {
         let k: KernelParamsV2 = read(p as *const KernelParamsV2)?;
         kernel_node(&k.v1, k.kern)
     } else {
-        kernel_node(&read(p as *const CUDA_KERNEL_NODE_PARAMS)?, std::ptr::null_mut())
+        kernel_node(
+            &read(p as *const CUDA_KERNEL_NODE_PARAMS)?,
+            std::ptr::null_mut(),
+        )
     }
 }
 
