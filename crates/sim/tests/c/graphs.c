@@ -12,6 +12,19 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The forms before CUDA 12 that cuda.h 13.5 maps to newer symbols, called by their own names
+ * (as programs built with older headers do). */
+#undef cuGraphGetEdges
+#undef cuGraphExecUpdate
+#undef cuGraphKernelNodeGetParams
+#undef cuGraphAddDependencies
+#undef cuStreamGetCaptureInfo
+CUresult cuGraphGetEdges(CUgraph, CUgraphNode *, CUgraphNode *, size_t *);
+CUresult cuGraphExecUpdate(CUgraphExec, CUgraph, CUgraphNode *, CUgraphExecUpdateResult *);
+CUresult cuGraphKernelNodeGetParams(CUgraphNode, CUDA_KERNEL_NODE_PARAMS_v1 *);
+CUresult cuGraphAddDependencies(CUgraph, const CUgraphNode *, const CUgraphNode *, size_t);
+CUresult cuStreamGetCaptureInfo(CUstream, CUstreamCaptureStatus *, cuuint64_t *);
+
 static int failures;
 #define CHECK(cond)                                                                  \
     do {                                                                             \
@@ -94,7 +107,7 @@ static size_t count_nodes(CUgraph g) {
 
 static size_t count_edges(CUgraph g) {
     size_t n = 0;
-    OK(cuGraphGetEdges(g, NULL, NULL, NULL, &n));
+    OK(cuGraphGetEdges_v2(g, NULL, NULL, NULL, &n));
     return n;
 }
 
@@ -109,7 +122,7 @@ static size_t shape(CUgraph g, int *types, int (*edges)[2], size_t *nedges) {
         OK(cuGraphNodeGetType(nodes[i], &t));
         types[i] = (int)t;
     }
-    OK(cuGraphGetEdges(g, from, to, NULL, &e));
+    OK(cuGraphGetEdges_v2(g, from, to, NULL, &e));
     for (size_t k = 0; k < e; k++) {
         edges[k][0] = edges[k][1] = -1;
         for (size_t i = 0; i < n; i++) {
@@ -229,9 +242,16 @@ static void every_kind(CUstream s) {
     OK(cuGraphHostNodeGetParams(n_host1, &hp_back));
     CHECK(hp_back.fn == log_tag && hp_back.userData == (void *)1);
     CUDA_KERNEL_NODE_PARAMS kp_back;
-    OK(cuGraphKernelNodeGetParams(n_kern, &kp_back));
+    OK(cuGraphKernelNodeGetParams_v2(n_kern, &kp_back));
     CHECK(kp_back.func == busy && kp_back.blockDimX == 32 && kp_back.kernelParams != NULL &&
           *(unsigned long long *)kp_back.kernelParams[0] == ns);
+    CUDA_KERNEL_NODE_PARAMS_v1 kp1;
+    OK(cuGraphKernelNodeGetParams(n_kern, &kp1)); /* v1: the struct without kern and ctx */
+    CHECK(kp1.func == busy && *(unsigned long long *)kp1.kernelParams[0] == ns);
+    CUgraphNode from1[16], to1[16];
+    size_t ne1 = 16;
+    OK(cuGraphGetEdges(g, from1, to1, &ne1));
+    CHECK(ne1 == 9 && to1[0] == n_2d && (from1[0] == n_set || from1[0] == n_h2d));
     CUevent ev_back;
     OK(cuGraphEventRecordNodeGetEvent(n_rec, &ev_back));
     CHECK(ev_back == ev);
@@ -329,7 +349,7 @@ static void every_kind(CUstream s) {
     CUDA_HOST_NODE_PARAMS hp5 = {log_tag, (void *)5};
     OK(cuGraphHostNodeSetParams(host1_in_clone, &hp5));
     CUgraphExecUpdateResultInfo info;
-    OK(cuGraphExecUpdate(x, g2, &info));
+    OK(cuGraphExecUpdate_v2(x, g2, &info));
     CHECK(info.result == CU_GRAPH_EXEC_UPDATE_SUCCESS);
     order_n = 0;
     OK(cuGraphLaunch(x, s));
@@ -348,9 +368,13 @@ static void every_kind(CUstream s) {
     OK(cuGraphAddHostNode(&f2, g4, &f1, 1, &hp));
     CUgraphExec x3;
     OK(cuGraphInstantiate(&x3, g3, 0));
-    IS(cuGraphExecUpdate(x3, g4, &info), CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
+    IS(cuGraphExecUpdate_v2(x3, g4, &info), CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
     CHECK(info.result == CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED && info.errorNode == f2);
-    IS(cuGraphExecUpdate(x3, g, &info), CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
+    CUgraphNode err_node = NULL;
+    CUgraphExecUpdateResult res = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+    IS(cuGraphExecUpdate(x3, g4, &err_node, &res), CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE); /* v1 */
+    CHECK(res == CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED && err_node == f2);
+    IS(cuGraphExecUpdate_v2(x3, g, &info), CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
     CHECK(info.result == CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED && info.errorNode == NULL);
     /* an edge removed: the topology changed */
     CUgraph g5;
@@ -360,13 +384,13 @@ static void every_kind(CUstream s) {
     OK(cuGraphNodeFindInClone(&e2c, e2, g5));
     OK(cuGraphRemoveDependencies(g5, &e1c, &e2c, NULL, 1));
     IS(cuGraphRemoveDependencies(g5, &e1c, &e2c, NULL, 1), CUDA_ERROR_INVALID_VALUE); /* not there */
-    IS(cuGraphExecUpdate(x3, g5, &info), CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
+    IS(cuGraphExecUpdate_v2(x3, g5, &info), CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
     CHECK(info.result == CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED && info.errorNode == e2c);
-    OK(cuGraphAddDependencies(g5, &e1c, &e2c, NULL, 1));
-    IS(cuGraphAddDependencies(g5, &e1c, &e2c, NULL, 1), CUDA_ERROR_INVALID_VALUE); /* exists */
-    OK(cuGraphExecUpdate(x3, g5, &info));
+    OK(cuGraphAddDependencies(g5, &e1c, &e2c, 1)); /* v1 */
+    IS(cuGraphAddDependencies_v2(g5, &e1c, &e2c, NULL, 1), CUDA_ERROR_INVALID_VALUE); /* exists */
+    OK(cuGraphExecUpdate_v2(x3, g5, &info));
     /* a dependency cycle cannot be instantiated */
-    OK(cuGraphAddDependencies(g5, &e2c, &e1c, NULL, 1));
+    OK(cuGraphAddDependencies_v2(g5, &e2c, &e1c, NULL, 1));
     CUgraphExec xc;
     IS(cuGraphInstantiate(&xc, g5, 0), CUDA_ERROR_INVALID_VALUE);
 
@@ -463,6 +487,87 @@ static void memory_and_generic(CUstream s) {
     OK(cuGraphDestroy(g));
 }
 
+/* ---- 2b. a 3D copy of a sub-box, host -> device -> host ------------------------------------------ */
+static void copy_3d(CUstream s) {
+    enum { W = 8, H = 4, D = 3 };              /* the box: 8 bytes x 4 rows x 3 slices */
+    enum { HP = 32, HH = 8, HD = 5 };          /* host volume: pitch 32, 8 rows, 5 slices */
+    enum { DP = 64, DH = 16, DD = 4 };         /* device volume: pitch 64, 16 rows, 4 slices */
+    static unsigned char src[HD][HH][HP], back[HD][HH][HP];
+    for (int z = 0; z < HD; z++)
+        for (int y = 0; y < HH; y++)
+            for (int x = 0; x < HP; x++) src[z][y][x] = (unsigned char)(z * 64 + y * 8 + x);
+    memset(back, 0, sizeof back);
+    CUdeviceptr d;
+    OK(cuMemAlloc(&d, DP * DH * DD));
+    OK(cuMemsetD8(d, 0, DP * DH * DD));
+    CUDA_MEMCPY3D up, down;
+    memset(&up, 0, sizeof up);
+    up.srcMemoryType = CU_MEMORYTYPE_HOST;
+    up.srcHost = src;
+    up.srcXInBytes = 3;
+    up.srcY = 2;
+    up.srcZ = 1;
+    up.srcPitch = HP;
+    up.srcHeight = HH;
+    up.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    up.dstDevice = d;
+    up.dstXInBytes = 5;
+    up.dstY = 7;
+    up.dstZ = 1;
+    up.dstPitch = DP;
+    up.dstHeight = DH;
+    up.WidthInBytes = W;
+    up.Height = H;
+    up.Depth = D;
+    memset(&down, 0, sizeof down);
+    down.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    down.srcDevice = d;
+    down.srcPitch = DP;
+    down.srcHeight = DH;
+    down.dstMemoryType = CU_MEMORYTYPE_HOST;
+    down.dstHost = back;
+    down.dstPitch = HP;
+    down.dstHeight = HH;
+    down.srcY = 4; /* device rows 4..11 of each slice come back as host rows 0..7 */
+    down.WidthInBytes = 16;
+    down.Height = HH;
+    down.Depth = DD;
+    CUgraph g;
+    OK(cuGraphCreate(&g, 0));
+    CUgraphNode n_up, n_down, nb;
+    OK(cuGraphAddMemcpyNode(&n_up, g, NULL, 0, &up, ctx));
+    OK(cuGraphAddMemcpyNode(&n_down, g, &n_up, 1, &down, ctx));
+    CUDA_MEMCPY3D bad = up;
+    bad.srcPitch = 4; /* below the width of a row */
+    IS(cuGraphAddMemcpyNode(&nb, g, NULL, 0, &bad, ctx), CUDA_ERROR_INVALID_VALUE);
+    bad = up;
+    bad.srcMemoryType = (CUmemorytype)9;
+    IS(cuGraphAddMemcpyNode(&nb, g, NULL, 0, &bad, ctx), CUDA_ERROR_INVALID_VALUE);
+    CUgraphExec x;
+    OK(cuGraphInstantiate(&x, g, 0));
+    OK(cuGraphLaunch(x, s));
+    OK(cuStreamSynchronize(s));
+    /* device (x, y, z) = (5 + i, 7 + j, 1 + k) holds src (3 + i, 2 + j, 1 + k); device row y
+     * came back as host row y - 4, so back[z][y][x] is device (x, y + 4, z) */
+    int bad_bytes = 0, seen = 0;
+    for (int z = 0; z < DD; z++)
+        for (int y = 0; y < HH; y++)
+            for (int x = 0; x < 16; x++) {
+                int i = x - 5, j = y + 4 - 7, k = z - 1;
+                unsigned char want = 0;
+                if (i >= 0 && i < W && j >= 0 && j < H && k >= 0 && k < D) {
+                    want = src[1 + k][2 + j][3 + i];
+                    seen++;
+                }
+                if (back[z][y][x] != want) bad_bytes++;
+            }
+    CHECK(bad_bytes == 0);
+    CHECK(seen == W * H * D); /* the whole box came back */
+    OK(cuGraphExecDestroy(x));
+    OK(cuGraphDestroy(g));
+    OK(cuMemFree(d));
+}
+
 /* ---- 3. user objects --------------------------------------------------------------------------- */
 static volatile int destroyed;
 static void CUDA_CB destroy_obj(void *p) { destroyed = (int)(size_t)p; }
@@ -525,7 +630,7 @@ static void capture_equals_hand_built(CUstream s1, CUstream s2) {
     const CUgraphNode *cdeps;
     const CUgraphEdgeData *cedges;
     size_t ncd = 9;
-    OK(cuStreamGetCaptureInfo(s1, &st, &id, &cg, &cdeps, &cedges, &ncd));
+    OK(cuStreamGetCaptureInfo_v3(s1, &st, &id, &cg, &cdeps, &cedges, &ncd));
     CHECK(st == CU_STREAM_CAPTURE_STATUS_ACTIVE && ncd == 1 && cg != NULL);
     CUgraphNodeType t;
     OK(cuGraphNodeGetType(cdeps[0], &t));
@@ -536,7 +641,7 @@ static void capture_equals_hand_built(CUstream s1, CUstream s2) {
     OK(cuStreamIsCapturing(s2, &st));
     CHECK(st == CU_STREAM_CAPTURE_STATUS_ACTIVE); /* s2 joined the capture */
     cuuint64_t id2;
-    OK(cuStreamGetCaptureInfo(s2, &st, &id2, NULL, NULL, NULL, NULL));
+    OK(cuStreamGetCaptureInfo(s2, &st, &id2));
     CHECK(id2 == id);
     OK(cuMemcpyDtoDAsync(b, a, 1024, s2));
     OK(cuEventRecord(join, s2));
@@ -726,6 +831,7 @@ int main(void) {
     OK(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
     every_kind(s1);
     memory_and_generic(s1);
+    copy_3d(s1);
     user_objects();
     capture_equals_hand_built(s1, s2);
     capture_errors(s1, s2);
