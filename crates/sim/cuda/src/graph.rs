@@ -19,19 +19,21 @@ use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ffi::{c_char, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::ThreadId;
 
 // ---- values from cuda.h (CUDA 13.5) the ABI crate does not carry ---------------------------------
 
 /// `CUresult`: "the operation would have resulted in a merge of two independent capture
 /// sequences" (902), "a fork that was not joined to the primary stream" (904), "a dependency
-/// would have been created which crosses the capture sequence boundary" (905), "not permitted
+/// would have been created which crosses the capture sequence boundary" (905), "a disallowed
+/// implicit dependency on a current capture sequence from cudaStreamLegacy" (906), "not permitted
 /// on an event which was last recorded in a capturing stream" (907), "the graph update was not
 /// performed" (910).
 const STREAM_CAPTURE_MERGE: CUresult = 902;
 const STREAM_CAPTURE_UNJOINED: CUresult = 904;
 const STREAM_CAPTURE_ISOLATION: CUresult = 905;
+const STREAM_CAPTURE_IMPLICIT: CUresult = 906;
 const CAPTURED_EVENT: CUresult = 907;
 const GRAPH_EXEC_UPDATE_FAILURE: CUresult = 910;
 const OPERATING_SYSTEM: CUresult = 304;
@@ -77,6 +79,7 @@ const GRAPH_USER_OBJECT_MOVE: c_uint = 1;
 /// `CUgraphInstantiate_flags`: AUTO_FREE_ON_LAUNCH 1, UPLOAD 2, DEVICE_LAUNCH 4,
 /// USE_NODE_PRIORITY 8.
 const INSTANTIATE_FLAGS: u64 = 1 | 2 | 4 | 8;
+const INSTANTIATE_FLAG_DEVICE_LAUNCH: u64 = 4;
 
 type HostFn = Option<extern "C" fn(*mut c_void)>;
 
@@ -281,6 +284,9 @@ struct GState {
     uobjs: HashMap<usize, u32>,
     /// The graph this one was cloned from (its base): nodes keep their index in a clone.
     clone_of: Option<usize>,
+    /// The executable of a graph with memory nodes ("there can be at most one executable graph
+    /// in existence for that graph at a time", cuGraphInstantiate).
+    mem_exec: Option<Weak<GraphExec>>,
 }
 
 impl Graph {
@@ -883,9 +889,31 @@ fn instantiate_flags(
     if exec.is_null() || flags & !INSTANTIATE_FLAGS != 0 {
         return Err(err::INVALID_VALUE);
     }
+    // DEVICE_LAUNCH "cannot be used in conjunction with
+    // CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH" (cuGraphInstantiate).
+    let both = INSTANTIATE_FLAG_DEVICE_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+    if flags & both == both {
+        return Err(err::INVALID_VALUE);
+    }
     let nodes = snapshot(graph as usize)?;
     // A graph whose edges make a cycle cannot run.
     if topo(&nodes).is_none() {
+        return Err(err::INVALID_VALUE);
+    }
+    let mut ops = Vec::new();
+    flat(&nodes, &mut ops);
+    let has_mem = ops
+        .iter()
+        .any(|k| matches!(k, Kind::Alloc(_) | Kind::Free(_)));
+    // "An attempt to instantiate a second executable graph before destroying the first with
+    // cuGraphExecDestroy will result in an error" (a graph with allocation or free nodes; the
+    // documented codes leave CUDA_ERROR_INVALID_VALUE).
+    if has_mem
+        && g.lock()
+            .mem_exec
+            .as_ref()
+            .is_some_and(|w| w.strong_count() > 0)
+    {
         return Err(err::INVALID_VALUE);
     }
     let uobjs: Vec<(usize, u32)> = g.lock().uobjs.iter().map(|(&o, &n)| (o, n)).collect();
@@ -898,7 +926,13 @@ fn instantiate_flags(
         flags,
         uobjs,
     });
-    write(exec, x as CUgraphExec)?;
+    if let Err(e) = write(exec, x as CUgraphExec) {
+        let _ = execs().remove(x);
+        return Err(e);
+    }
+    if has_mem {
+        g.lock().mem_exec = Some(Arc::downgrade(&xa));
+    }
     Ok(xa)
 }
 
@@ -1233,6 +1267,10 @@ struct Seq {
 struct SCap {
     seq: Arc<Seq>,
     deps: Vec<usize>,
+    /// The stream's context, and whether the stream synchronizes with the legacy stream (not
+    /// created with CU_STREAM_NON_BLOCKING).
+    ctx: usize,
+    blocking: bool,
     /// What `dependencies_out` / `edgeData_out` of cuStreamGetCaptureInfo point at (node
     /// handles, and one all-zero `CUgraphEdgeData` each): their heap buffers stay put when the
     /// `SCap` moves, so the addresses handed out hold until the next query.
@@ -1278,6 +1316,45 @@ pub(crate) fn capturing(s: &Stream) -> bool {
     caps().contains_key(&key(s))
 }
 
+/// Whether `s` is its context's legacy stream while a blocking stream of that context captures:
+/// "When a blocking stream is capturing, the legacy stream is in an unusable state until the
+/// blocking stream capture is terminated. The legacy stream is not supported for stream
+/// capture, but attempted use would have an implicit dependency on the capturing stream(s)"
+/// (cuStreamIsCapturing). Work queued there answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and, an
+/// invalid operation, invalidates those captures (`invalidate`); the capture queries answer the
+/// error without ("The blocking stream capture is not invalidated").
+fn implicit(s: &Stream, invalidate: bool) -> Res {
+    let m = caps();
+    if m.is_empty() || m.contains_key(&key(s)) {
+        return Ok(());
+    }
+    let ch = s.ctx_handle();
+    let Ok(c) = ctx::get(ch as CUcontext) else {
+        return Ok(());
+    };
+    if !std::ptr::eq(s, &*c.legacy) {
+        return Ok(());
+    }
+    let mut hit = false;
+    for c in m.values().filter(|c| c.blocking && c.ctx == ch) {
+        hit = true;
+        if invalidate {
+            c.seq.invalid.store(true, Release);
+        }
+    }
+    if hit {
+        Err(STREAM_CAPTURE_IMPLICIT)
+    } else {
+        Ok(())
+    }
+}
+
+/// Work queued on a stream that is not capturing: refused where it is the legacy stream with a
+/// blocking capture beside it (see `implicit`). Used by every `capture_*` hook.
+fn not_captured(s: &Stream) -> Option<Res> {
+    implicit(s, true).err().map(Err)
+}
+
 /// Records `kind` as the next node of `s`'s capture (None when `s` is not capturing). An
 /// invalidated capture records nothing more: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ("the
 /// current capture sequence on the stream has been invalidated due to a previous error").
@@ -1298,6 +1375,7 @@ fn capture_push(s: &Stream, kind: Kind) -> Option<Res> {
 /// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (JuliaGPU/CUDA.jl#1229: cuStreamQuery during a capture
 /// answered 900, the capture's end 901). Ok when `s` is not capturing.
 pub(crate) fn refuse_if_capturing(s: &Stream) -> Res {
+    implicit(s, true)?;
     match caps().get(&key(s)) {
         Some(c) => {
             c.seq.invalid.store(true, Release);
@@ -1357,7 +1435,7 @@ pub(crate) fn capture_kernel(
     ns: u64,
 ) -> Option<Res> {
     if !capturing(s) {
-        return None;
+        return not_captured(s);
     }
     let busy = exec::function_or_kernel(f).map(|x| x.busy).unwrap_or(false);
     let k = KernelNode {
@@ -1374,6 +1452,9 @@ pub(crate) fn capture_kernel(
 
 /// cuLaunchHostFunc on a capturing stream: a host node.
 pub(crate) fn capture_host(s: &Stream, f: HostFn, data: *mut c_void) -> Option<Res> {
+    if !capturing(s) {
+        return not_captured(s);
+    }
     capture_push(
         s,
         Kind::Host(HostParams {
@@ -1394,7 +1475,7 @@ pub(crate) fn capture_copy(
     n: usize,
 ) -> Option<Res> {
     if !capturing(s) {
-        return None;
+        return not_captured(s);
     }
     let host = |t: c_uint, a: u64| {
         if t == CU_MEMORYTYPE_HOST {
@@ -1443,7 +1524,7 @@ pub(crate) fn capture_memset(
     count: usize,
 ) -> Option<Res> {
     if !capturing(s) {
-        return None;
+        return not_captured(s);
     }
     let m = MemsetParams {
         dst,
@@ -1555,6 +1636,8 @@ pub(crate) fn capture_event_wait(s: &Stream, ev: usize, flags: c_uint) -> Option
                 SCap {
                     seq,
                     deps,
+                    ctx: s.ctx_handle(),
+                    blocking: s.flags & CU_STREAM_NON_BLOCKING == 0,
                     out: Vec::new(),
                     out_edges: Vec::new(),
                 },
@@ -1603,6 +1686,8 @@ fn begin(h: CUstream, mode: i32, pt: bool, graph: Option<(usize, Vec<usize>)>) -
                 own_graph: own,
             }),
             deps,
+            ctx: s.ctx_handle(),
+            blocking: s.flags & CU_STREAM_NON_BLOCKING == 0,
             out: Vec::new(),
             out_edges: Vec::new(),
         },
@@ -1742,6 +1827,7 @@ fn capture_info(
     if status.is_null() || (!edges.is_null() && deps.is_null()) {
         return Err(err::INVALID_VALUE);
     }
+    implicit(&s, false)?;
     let mut m = caps();
     let Some(c) = m.get_mut(&key(&s)) else {
         return write(status, CU_STREAM_CAPTURE_STATUS_NONE);
@@ -1770,6 +1856,7 @@ fn capture_info(
 
 fn is_capturing(h: CUstream, status: *mut i32, pt: bool) -> Res {
     let s = exec::stream(h, pt)?;
+    implicit(&s, false)?;
     let v = match caps().get(&key(&s)) {
         None => CU_STREAM_CAPTURE_STATUS_NONE,
         Some(c) if c.seq.invalid.load(Acquire) => CAPTURE_STATUS_INVALIDATED,

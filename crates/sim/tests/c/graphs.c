@@ -466,8 +466,12 @@ static void memory_and_generic(CUstream s) {
     CUgraphNode nb;
     IS(cuGraphAddNode(&nb, g, NULL, NULL, 0, &np), CUDA_ERROR_INVALID_VALUE);
 
-    CUgraphExec x;
+    CUgraphExec x, x2;
+    IS(cuGraphInstantiate(&x, g, CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH),
+       CUDA_ERROR_INVALID_VALUE); /* "cannot be used in conjunction" */
     OK(cuGraphInstantiate(&x, g, 0));
+    /* a graph with memory nodes has at most one executable at a time */
+    IS(cuGraphInstantiate(&x2, g, 0), CUDA_ERROR_INVALID_VALUE);
     OK(cuGraphLaunch(x, s));
     OK(cuStreamSynchronize(s));
     for (int i = 0; i < 256; i++) CHECK(out[i] == 0xabcdef01u);
@@ -484,6 +488,8 @@ static void memory_and_generic(CUstream s) {
     OK(cuStreamSynchronize(s));
     CHECK(out[0] == 0x600dcafeu && out[255] == 0x600dcafeu);
     OK(cuGraphExecDestroy(x));
+    OK(cuGraphInstantiate(&x2, g, 0)); /* the first one is gone */
+    OK(cuGraphExecDestroy(x2));
     OK(cuGraphDestroy(g));
 }
 
@@ -815,6 +821,25 @@ static void capture_errors(CUstream s1, CUstream s2) {
     IS(cuStreamWaitEvent(s1, outside, CU_EVENT_WAIT_EXTERNAL), CUDA_ERROR_INVALID_VALUE);
     /* no capture to end */
     IS(cuStreamEndCapture(s1, &g), CUDA_ERROR_ILLEGAL_STATE);
+
+    /* a blocking stream capturing makes the legacy stream unusable */
+    CUstream blocking;
+    OK(cuStreamCreate(&blocking, CU_STREAM_DEFAULT));
+    OK(cuStreamBeginCapture(blocking, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    IS(cuStreamIsCapturing(CU_STREAM_LEGACY, &st), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    OK(cuStreamIsCapturing(blocking, &st));
+    CHECK(st == CU_STREAM_CAPTURE_STATUS_ACTIVE); /* a query does not invalidate */
+    OK(cuLaunchHostFunc(s1, log_tag, (void *)1)); /* a non-blocking stream is not affected */
+    IS(cuLaunchHostFunc(CU_STREAM_LEGACY, log_tag, (void *)1), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    IS(cuStreamEndCapture(blocking, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    OK(cuStreamSynchronize(s1));
+    /* a non-blocking capture leaves it alone */
+    OK(cuStreamBeginCapture(s1, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    OK(cuStreamIsCapturing(CU_STREAM_LEGACY, &st));
+    CHECK(st == CU_STREAM_CAPTURE_STATUS_NONE);
+    OK(cuStreamEndCapture(s1, &g));
+    OK(cuGraphDestroy(g));
+    OK(cuStreamDestroy(blocking));
 }
 
 int main(void) {
