@@ -472,10 +472,27 @@ fn destroy_graph(h: usize) {
     }
 }
 
+/// Whether graph `h`, or a child graph in it, has memory allocation or free nodes.
+fn has_mem_nodes(h: usize) -> bool {
+    let Ok(g) = graphs().get(h) else { return false };
+    let nodes = g.lock().nodes.clone();
+    nodes.iter().flatten().any(|n| match n.kind {
+        Kind::Alloc(_) | Kind::Free(_) => true,
+        Kind::Child(c) => has_mem_nodes(c),
+        _ => false,
+    })
+}
+
 /// A copy of graph `h` (cuGraphClone, and child graph nodes, which own a clone of the graph
-/// they are given): same nodes at the same indices, child graphs cloned in turn.
+/// they are given): same nodes at the same indices, child graphs cloned in turn. "Cloning is not
+/// supported for graphs which contain memory allocation nodes, memory free nodes"
+/// (cuGraphClone; cuGraphAddChildGraphNode: "this call will return an error"):
+/// CUDA_ERROR_INVALID_VALUE.
 fn clone_graph(h: usize) -> Result<usize, CUresult> {
     let g = graphs().get(h)?;
+    if has_mem_nodes(h) {
+        return Err(err::INVALID_VALUE);
+    }
     let (mut nodes, uobjs) = {
         let st = g.lock();
         (st.nodes.clone(), st.uobjs.clone())

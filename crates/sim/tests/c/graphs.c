@@ -466,6 +466,12 @@ static void memory_and_generic(CUstream s) {
     CUgraphNode nb;
     IS(cuGraphAddNode(&nb, g, NULL, NULL, 0, &np), CUDA_ERROR_INVALID_VALUE);
 
+    /* graphs with memory nodes cannot be cloned, nor cloned into a child graph node */
+    CUgraph nope, parent;
+    IS(cuGraphClone(&nope, g), CUDA_ERROR_INVALID_VALUE);
+    OK(cuGraphCreate(&parent, 0));
+    IS(cuGraphAddChildGraphNode(&nb, parent, NULL, 0, g), CUDA_ERROR_INVALID_VALUE);
+    OK(cuGraphDestroy(parent));
     CUgraphExec x, x2;
     IS(cuGraphInstantiate(&x, g, CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH),
        CUDA_ERROR_INVALID_VALUE); /* "cannot be used in conjunction" */
