@@ -982,10 +982,45 @@ fn instantiate_with_params(
             }
         })
     });
-    params.err_node_out = std::ptr::null_mut();
-    params.result_out = i32::from(r.is_err());
+    // `CUgraphInstantiateResult`: SUCCESS 0, ERROR 1, INVALID_STRUCTURE 2 ("invalid structure,
+    // such as cycles"), with the node at fault in `hErrNode_out`.
+    let stuck = r.as_ref().err().and_then(|_| cycle_node(graph));
+    params.err_node_out = stuck.map_or(std::ptr::null_mut(), |h| h as CUgraphNode);
+    params.result_out = match (&r, stuck) {
+        (Ok(()), _) => 0,
+        (Err(_), Some(_)) => 2,
+        (Err(_), None) => 1,
+    };
     write(p, params)?;
     r
+}
+
+/// A node of `graph` that a dependency cycle keeps from ever running (the lowest), if any.
+fn cycle_node(graph: CUgraph) -> Option<usize> {
+    let g = graphs().get(graph as usize).ok()?;
+    let nodes = g.lock().nodes.clone();
+    if topo(&nodes).is_some() {
+        return None;
+    }
+    // Nodes whose dependencies can all run, repeatedly; what is left waits on a cycle.
+    let mut ran = vec![false; nodes.len()];
+    loop {
+        let mut more = false;
+        for (i, n) in nodes.iter().enumerate() {
+            if let Some(n) = n {
+                if !ran[i] && n.deps.iter().all(|&d| ran[d]) {
+                    ran[i] = true;
+                    more = true;
+                }
+            }
+        }
+        if !more {
+            break;
+        }
+    }
+    (0..nodes.len())
+        .find(|&i| nodes[i].is_some() && !ran[i])
+        .map(|i| node_handle(g.base, i))
 }
 
 /// Per device: the most the graph's allocations hold at once while it runs (`peak`), and what
@@ -1399,6 +1434,24 @@ pub(crate) fn refuse_if_capturing(s: &Stream) -> Res {
             Err(err::STREAM_CAPTURE_UNSUPPORTED)
         }
         None => Ok(()),
+    }
+}
+
+/// cuCtxSynchronize while streams of the context capture: it would wait for a capturing
+/// stream, which "is not permitted when the stream is capturing" (CUDA_ERROR_STREAM_CAPTURE_
+/// UNSUPPORTED; cudaDeviceSynchronize during a capture answers so on the real driver,
+/// NVlabs/instant-ngp#795), and those captures are invalidated.
+pub(crate) fn refuse_ctx_sync(ch: usize) -> Res {
+    let m = caps();
+    let mut hit = false;
+    for c in m.values().filter(|c| c.ctx == ch) {
+        c.seq.invalid.store(true, Release);
+        hit = true;
+    }
+    if hit {
+        Err(err::STREAM_CAPTURE_UNSUPPORTED)
+    } else {
+        Ok(())
     }
 }
 

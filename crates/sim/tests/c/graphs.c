@@ -393,6 +393,10 @@ static void every_kind(CUstream s) {
     OK(cuGraphAddDependencies_v2(g5, &e2c, &e1c, NULL, 1));
     CUgraphExec xc;
     IS(cuGraphInstantiate(&xc, g5, 0), CUDA_ERROR_INVALID_VALUE);
+    CUDA_GRAPH_INSTANTIATE_PARAMS ip;
+    memset(&ip, 0, sizeof ip);
+    IS(cuGraphInstantiateWithParams(&xc, g5, &ip), CUDA_ERROR_INVALID_VALUE);
+    CHECK(ip.result_out == CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE && ip.hErrNode_out == e1c);
 
     /* DOT output */
     char path[64];
@@ -754,6 +758,12 @@ static void capture_errors(CUstream s1, CUstream s2) {
     IS(cuMemsetD8Async(0x1000, 0, 16, s1), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
     IS(cuStreamEndCapture(s1, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
     CHECK(g == NULL);
+
+    /* synchronizing the context waits for the capturing stream: refused, capture invalidated */
+    OK(cuStreamBeginCapture(s1, CU_STREAM_CAPTURE_MODE_RELAXED));
+    IS(cuCtxSynchronize(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    IS(cuStreamEndCapture(s1, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    OK(cuCtxSynchronize());
 
     /* global mode: cuMemAlloc is a potentially unsafe call; a relaxed thread may make it */
     OK(cuStreamBeginCapture(s1, CU_STREAM_CAPTURE_MODE_GLOBAL));
