@@ -2294,8 +2294,26 @@ fn containing_graph(node: CUgraphNode, out: *mut CUgraph) -> Res {
     write(out, h.ok_or(err::INVALID_VALUE)? as CUgraph)
 }
 
+/// The type a `CUgraphNodeParams` names, checked against the node's: "The node type specified
+/// by nodeParams->type must match the type of hNode" (CUDA_ERROR_INVALID_VALUE); "Modifying
+/// parameters is not supported for node types CU_GRAPH_NODE_TYPE_MEM_ALLOC and
+/// CU_GRAPH_NODE_TYPE_MEM_FREE" (cuGraphNodeSetParams; "API unsupported" in an executable,
+/// cuGraphExecNodeSetParams): CUDA_ERROR_NOT_SUPPORTED.
+fn settable_type(node: CUgraphNode, p: *const NodeParams) -> Result<i32, CUresult> {
+    let want = node_rec(node)?.kind.ty();
+    let ty = read(p)?.ty;
+    if ty != want {
+        return Err(err::INVALID_VALUE);
+    }
+    if matches!(ty, T_MEM_ALLOC | T_MEM_FREE) {
+        return Err(err::NOT_SUPPORTED);
+    }
+    Ok(ty)
+}
+
 fn node_set_params(node: CUgraphNode, p: *mut NodeParams) -> Res {
     drv()?;
+    settable_type(node, p)?;
     let (g, _) = locate(node)?;
     let k = kind_of_params(&g, p)?;
     set_kind(node, k)
@@ -2496,16 +2514,13 @@ export! {
 
     fn cuGraphExecNodeSetParams(exec: CUgraphExec, node: CUgraphNode, p: *mut NodeParams) {
         drv()?;
-        let (g, _) = locate(node)?;
-        let k = match kind_of_params(&g, p)? {
-            Kind::Child(c) => {
-                let snap = snapshot(c);
-                destroy_graph(c);
-                Kind::Inline(Arc::new(snap?))
-            }
-            // Memory nodes cannot change in an executable.
-            Kind::Alloc(_) | Kind::Free(_) => return Err(err::INVALID_VALUE),
-            k => k,
+        let k = if settable_type(node, p)? == T_GRAPH {
+            // The executable takes the child's nodes as they are now (no clone is kept).
+            let (child, _own): (usize, i32) = union_of(&read(p as *const NodeParams)?);
+            Kind::Inline(Arc::new(snapshot(child)?))
+        } else {
+            let (g, _) = locate(node)?;
+            kind_of_params(&g, p)?
         };
         exec_set(exec, node, k)
     }

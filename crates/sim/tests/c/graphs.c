@@ -494,6 +494,14 @@ static void memory_and_generic(CUstream s) {
     np.memset.width = 256;
     np.memset.height = 1;
     OK(cuGraphExecNodeSetParams(x, n_set, &np));
+    IS(cuGraphExecNodeSetParams(x, n_d2h, &np), CUDA_ERROR_INVALID_VALUE); /* a memcpy node */
+    IS(cuGraphNodeSetParams(n_d2h, &np), CUDA_ERROR_INVALID_VALUE);
+    CUgraphNodeParams fp;
+    memset(&fp, 0, sizeof fp);
+    fp.type = CU_GRAPH_NODE_TYPE_MEM_FREE;
+    fp.free.dptr = ap.dptr;
+    IS(cuGraphNodeSetParams(n_free, &fp), CUDA_ERROR_NOT_SUPPORTED);
+    IS(cuGraphExecNodeSetParams(x, n_free, &fp), CUDA_ERROR_NOT_SUPPORTED);
     OK(cuGraphLaunch(x, s));
     OK(cuStreamSynchronize(s));
     CHECK(out[0] == 0x600dcafeu && out[255] == 0x600dcafeu);
