@@ -513,7 +513,7 @@ export! {
 
     fn cuCtxSynchronize() {
         let (h, c) = current()?;
-        crate::graph::refuse_ctx_sync(h)?;
+        crate::capture::refuse_ctx_sync(h)?;
         synchronize(&c);
         Ok(())
     }
@@ -521,7 +521,7 @@ export! {
     /// CUDA 13.0: waits for the work of `ctx`, NULL meaning the current context.
     fn cuCtxSynchronize_v2(ctx: CUcontext) {
         let (h, c) = given_or_current(ctx)?;
-        crate::graph::refuse_ctx_sync(h)?;
+        crate::capture::refuse_ctx_sync(h)?;
         synchronize(&c);
         Ok(())
     }

@@ -8,7 +8,7 @@
 //! Copies and memsets take no simulated time.
 
 use crate::ctx::{self, Context};
-use crate::{cstr, drv, export, graph, mem, read, write, Registry, Res};
+use crate::{capture, cstr, drv, export, mem, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_image::{self as image, Image};
 use cuvisor_sim::state::{now_ns, sleep_until};
@@ -247,7 +247,7 @@ fn launch(
     check_dims(&dims, cooperative, s.dev)?;
     let ns = kernel_ns(&func, params, extra)?;
     // Captured: a kernel node of the capture's graph.
-    if let Some(r) = graph::capture_kernel(&s, f, &dims, 0, ns) {
+    if let Some(r) = capture::capture_kernel(&s, f, &dims, 0, ns) {
         return r;
     }
     s.run(Node { ns })
@@ -277,7 +277,7 @@ fn launch_ex(
 
 fn stream_sync(h: CUstream, pt: bool) -> Res {
     let s = stream(h, pt)?;
-    graph::refuse_if_capturing(&s)?;
+    capture::refuse_if_capturing(&s)?;
     sleep_until(s.done_at());
     mem::trim_pools_at_sync(s.dev);
     Ok(())
@@ -285,7 +285,7 @@ fn stream_sync(h: CUstream, pt: bool) -> Res {
 
 fn stream_query(h: CUstream, pt: bool) -> Res {
     let s = stream(h, pt)?;
-    graph::refuse_if_capturing(&s)?;
+    capture::refuse_if_capturing(&s)?;
     if now_ns() >= s.done_at() {
         Ok(())
     } else {
@@ -300,7 +300,7 @@ fn stream_wait_event(h: CUstream, ev: CUevent, flags: c_uint, pt: bool) -> Res {
         return Err(err::INVALID_VALUE);
     }
     // In a capture, a join or fork of capturing streams (or an event wait node).
-    if let Some(r) = graph::capture_event_wait(&s, ev as usize, flags) {
+    if let Some(r) = capture::capture_event_wait(&s, ev as usize, flags) {
         return r;
     }
     s.tail.fetch_max(e.time.load(Acquire), AcqRel);
@@ -315,7 +315,7 @@ fn event_record(ev: CUevent, h: CUstream, flags: c_uint, pt: bool) -> Res {
         return Err(err::INVALID_VALUE);
     }
     // In a capture, the event marks the stream's place in the captured graph; nothing to time.
-    if let Some(r) = graph::capture_event_record(&s, ev as usize, flags) {
+    if let Some(r) = capture::capture_event_record(&s, ev as usize, flags) {
         return r;
     }
     e.time.store(s.done_at().max(now_ns()), Release);
@@ -353,7 +353,7 @@ fn host_func(
         return Err(err::INVALID_VALUE);
     }
     // Captured: a host node.
-    if let Some(r) = graph::capture_host(&s, f, data) {
+    if let Some(r) = capture::capture_host(&s, f, data) {
         return r;
     }
     let f = f.ok_or(err::INVALID_VALUE)?;
@@ -776,7 +776,7 @@ export! {
     fn cuStreamDestroy_v2(s: CUstream) {
         drv()?;
         let st = streams().remove(s as usize)?;
-        graph::forget_stream(&st);
+        capture::forget_stream(&st);
         Ok(())
     }
     fn cuStreamSynchronize(s: CUstream) { stream_sync(s, false) }
@@ -819,13 +819,13 @@ export! {
     fn cuEventQuery(e: CUevent) {
         drv()?;
         let ev = events().get(e as usize)?;
-        graph::event_captured(e as usize)?;
+        capture::event_captured(e as usize)?;
         if now_ns() >= ev.time.load(Acquire) { Ok(()) } else { Err(err::NOT_READY) }
     }
     fn cuEventSynchronize(e: CUevent) {
         drv()?;
         let ev = events().get(e as usize)?;
-        graph::event_captured(e as usize)?;
+        capture::event_captured(e as usize)?;
         sleep_until(ev.time.load(Acquire));
         // "the allocator will try to release memory back to the OS on the next call to stream,
         // event or context synchronize" (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD).

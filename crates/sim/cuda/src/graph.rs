@@ -1,87 +1,47 @@
-//! CUDA graphs and stream capture: graphs built by hand (every node kind a program makes:
-//! kernel, memcpy, memset, host, child graph, empty, event record / wait, memory allocation /
-//! free), their edges, clones, executables (instantiate, update, per-node parameters, enable,
-//! launch in dependency order), user objects, and stream capture that records a stream's work
-//! (forked and joined across streams through events) into the same graph a program would build.
+//! CUDA graphs and their nodes: graphs built by hand (every node kind a program makes: kernel,
+//! memcpy, memset, host, child graph, empty, event record / wait, memory allocation / free, and
+//! the generic `CUgraphNodeParams` API), per-node parameters, edges, clones, DOT output and user
+//! objects. Executables are `graph_exec`'s, stream capture `capture`'s; both build on this.
 //!
 //! Facts come from CUDA 13.5's `cuda.h` (the doc comment of each function, cited by name) and
 //! the CUDA Programming Guide, "CUDA Graphs".
-//!
-//! What the rest of the driver calls (kept narrow so that the stream and event code can move):
-//! `capturing`, `refuse_if_capturing`, `check_unsafe_call`, `event_captured` and the
-//! `capture_*` hooks, each answering `None` when the stream is not capturing.
 
-use crate::exec::{self, Dims, Node, Stream};
+use crate::exec::{self, Dims};
 use crate::{cstr, ctx, drv, export, mem, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
-use cuvisor_sim::state::{now_ns, sleep_until};
-use std::cell::Cell;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::{c_char, c_uint, c_void};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::thread::ThreadId;
 
 // ---- values from cuda.h (CUDA 13.5) the ABI crate does not carry ---------------------------------
 
-/// `CUresult`: "the operation would have resulted in a merge of two independent capture
-/// sequences" (902), "a fork that was not joined to the primary stream" (904), "a dependency
-/// would have been created which crosses the capture sequence boundary" (905), "a disallowed
-/// implicit dependency on a current capture sequence from cudaStreamLegacy" (906), "not permitted
-/// on an event which was last recorded in a capturing stream" (907), "the graph update was not
-/// performed" (910).
-const STREAM_CAPTURE_MERGE: CUresult = 902;
-const STREAM_CAPTURE_UNJOINED: CUresult = 904;
-const STREAM_CAPTURE_ISOLATION: CUresult = 905;
-const STREAM_CAPTURE_IMPLICIT: CUresult = 906;
-const CAPTURED_EVENT: CUresult = 907;
-const GRAPH_EXEC_UPDATE_FAILURE: CUresult = 910;
+/// `CUDA_ERROR_OPERATING_SYSTEM`.
 const OPERATING_SYSTEM: CUresult = 304;
 
 /// `CUgraphNodeType`.
-const T_KERNEL: i32 = 0;
-const T_MEMCPY: i32 = 1;
-const T_MEMSET: i32 = 2;
+pub(crate) const T_KERNEL: i32 = 0;
+pub(crate) const T_MEMCPY: i32 = 1;
+pub(crate) const T_MEMSET: i32 = 2;
 const T_HOST: i32 = 3;
-const T_GRAPH: i32 = 4;
+pub(crate) const T_GRAPH: i32 = 4;
 const T_EMPTY: i32 = 5;
 const T_WAIT_EVENT: i32 = 6;
 const T_EVENT_RECORD: i32 = 7;
 const T_MEM_ALLOC: i32 = 10;
 const T_MEM_FREE: i32 = 11;
 
-/// `CUgraphExecUpdateResult`.
-const UPDATE_SUCCESS: i32 = 0;
-const UPDATE_TOPOLOGY_CHANGED: i32 = 2;
-const UPDATE_NODE_TYPE_CHANGED: i32 = 3;
-const UPDATE_PARAMETERS_CHANGED: i32 = 5;
-
 /// `CUmemorytype`: HOST 1, DEVICE 2, ARRAY 3, UNIFIED 4.
 const MEMTYPE_ARRAY: c_uint = 3;
 const MEMTYPE_UNIFIED: c_uint = 4;
 
-/// `CU_STREAM_CAPTURE_STATUS_INVALIDATED`.
-const CAPTURE_STATUS_INVALIDATED: i32 = 2;
-/// `CUstreamCaptureMode`: GLOBAL 0, THREAD_LOCAL 1, RELAXED 2.
-const CAPTURE_MODE_GLOBAL: i32 = 0;
-const CAPTURE_MODE_RELAXED: i32 = 2;
-/// `CUevent_record_flags` / `CUevent_wait_flags`: CU_EVENT_RECORD_EXTERNAL = CU_EVENT_WAIT_EXTERNAL
-/// = 1, "When using stream capture, create an event record node / event wait node instead of
-/// the default behavior"; the wait flag "is invalid outside of stream capture".
-const EVENT_EXTERNAL: c_uint = 1;
-/// `CUstreamUpdateCaptureDependencies_flags`: ADD 0, SET 1.
-const SET_CAPTURE_DEPENDENCIES: c_uint = 1;
 /// `CUuserObject_flags`: CU_USER_OBJECT_NO_DESTRUCTOR_SYNC, "Currently it is required to pass"
 /// (cuUserObjectCreate). `CUuserObjectRetain_flags`: CU_GRAPH_USER_OBJECT_MOVE.
 const USER_OBJECT_NO_DESTRUCTOR_SYNC: c_uint = 1;
 const GRAPH_USER_OBJECT_MOVE: c_uint = 1;
 
-/// `CUgraphInstantiate_flags`: AUTO_FREE_ON_LAUNCH 1, UPLOAD 2, DEVICE_LAUNCH 4,
-/// USE_NODE_PRIORITY 8.
-const INSTANTIATE_FLAGS: u64 = 1 | 2 | 4 | 8;
-const INSTANTIATE_FLAG_DEVICE_LAUNCH: u64 = 4;
-
-type HostFn = Option<extern "C" fn(*mut c_void)>;
+/// `CUhostFn`.
+pub(crate) type HostFn = Option<extern "C" fn(*mut c_void)>;
 
 // ---- parameter structs (cuda.h layouts) -----------------------------------------------------------
 
@@ -89,100 +49,80 @@ type HostFn = Option<extern "C" fn(*mut c_void)>;
 #[repr(C)]
 #[derive(Clone, Copy, PartialEq, Debug)]
 pub struct Memcpy3D {
-    src_x: usize,
-    src_y: usize,
-    src_z: usize,
-    src_lod: usize,
-    src_type: c_uint,
-    src_host: usize,
-    src_dev: u64,
-    src_array: usize,
-    reserved0: usize,
-    src_pitch: usize,
-    src_height: usize,
-    dst_x: usize,
-    dst_y: usize,
-    dst_z: usize,
-    dst_lod: usize,
-    dst_type: c_uint,
-    dst_host: usize,
-    dst_dev: u64,
-    dst_array: usize,
-    reserved1: usize,
-    dst_pitch: usize,
-    dst_height: usize,
-    width: usize,
-    height: usize,
-    depth: usize,
+    pub(crate) src_x: usize,
+    pub(crate) src_y: usize,
+    pub(crate) src_z: usize,
+    pub(crate) src_lod: usize,
+    pub(crate) src_type: c_uint,
+    pub(crate) src_host: usize,
+    pub(crate) src_dev: u64,
+    pub(crate) src_array: usize,
+    pub(crate) reserved0: usize,
+    pub(crate) src_pitch: usize,
+    pub(crate) src_height: usize,
+    pub(crate) dst_x: usize,
+    pub(crate) dst_y: usize,
+    pub(crate) dst_z: usize,
+    pub(crate) dst_lod: usize,
+    pub(crate) dst_type: c_uint,
+    pub(crate) dst_host: usize,
+    pub(crate) dst_dev: u64,
+    pub(crate) dst_array: usize,
+    pub(crate) reserved1: usize,
+    pub(crate) dst_pitch: usize,
+    pub(crate) dst_height: usize,
+    pub(crate) width: usize,
+    pub(crate) height: usize,
+    pub(crate) depth: usize,
 }
 
 /// `CUDA_MEMCPY_NODE_PARAMS` (in `CUgraphNodeParams`).
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct MemcpyNodeParams {
-    flags: i32,
-    reserved: i32,
-    ctx: usize,
-    copy: Memcpy3D,
+pub(crate) struct MemcpyNodeParams {
+    pub(crate) flags: i32,
+    pub(crate) reserved: i32,
+    pub(crate) ctx: usize,
+    pub(crate) copy: Memcpy3D,
 }
 
 /// `CUDA_MEMSET_NODE_PARAMS` (v1; v2 appends the context).
 #[repr(C)]
 #[derive(Clone, Copy, PartialEq, Debug)]
 pub struct MemsetParams {
-    dst: u64,
-    pitch: usize,
-    value: c_uint,
-    elem: c_uint,
-    width: usize,
-    height: usize,
+    pub(crate) dst: u64,
+    pub(crate) pitch: usize,
+    pub(crate) value: c_uint,
+    pub(crate) elem: c_uint,
+    pub(crate) width: usize,
+    pub(crate) height: usize,
 }
 
 /// `CUDA_HOST_NODE_PARAMS` (v1; v2 appends sync mode and context).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct HostParams {
-    f: HostFn,
-    data: usize,
+    pub(crate) f: HostFn,
+    pub(crate) data: usize,
 }
 
 /// `CUDA_KERNEL_NODE_PARAMS_v2` (= v3): v1, then `kern` and `ctx`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct KernelParamsV2 {
-    v1: CUDA_KERNEL_NODE_PARAMS,
-    kern: *mut c_void,
-    ctx: *mut c_void,
+    pub(crate) v1: CUDA_KERNEL_NODE_PARAMS,
+    pub(crate) kern: *mut c_void,
+    pub(crate) ctx: *mut c_void,
 }
 
 /// `CUgraphNodeParams` (CUDA 12.2): type, 3 reserved ints, a 232-byte union, a reserved i64.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct NodeParams {
-    ty: i32,
-    reserved0: [i32; 3],
-    u: [u64; 29],
-    reserved2: i64,
-}
-
-/// `CUgraphExecUpdateResultInfo`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct UpdateResultInfo {
-    result: i32,
-    error_node: CUgraphNode,
-    error_from: CUgraphNode,
-}
-
-/// `CUDA_GRAPH_INSTANTIATE_PARAMS` (cuda.h, CUDA 12.0).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct InstantiateParams {
-    flags: u64,
-    upload_stream: CUstream,
-    err_node_out: CUgraphNode,
-    /// `CUgraphInstantiateResult`: CUDA_GRAPH_INSTANTIATE_SUCCESS = 0, _ERROR = 1.
-    result_out: i32,
+    pub(crate) ty: i32,
+    pub(crate) reserved0: [i32; 3],
+    pub(crate) u: [u64; 29],
+    pub(crate) reserved2: i64,
 }
 
 // ---- nodes and graphs -----------------------------------------------------------------------------
@@ -191,26 +131,26 @@ pub struct InstantiateParams {
 /// ... are copied", cuGraphAddKernelNode); the simulator knows one parameter, a `sim_busy*`
 /// kernel's run time, and keeps its copy so that cuGraphKernelNodeGetParams can point at it.
 #[derive(Clone)]
-struct KernelNode {
-    func: usize,
-    kern: usize,
-    grid: [c_uint; 3],
-    block: [c_uint; 3],
-    smem: c_uint,
-    ns: u64,
-    arg: Option<Arc<KArg>>,
+pub(crate) struct KernelNode {
+    pub(crate) func: usize,
+    pub(crate) kern: usize,
+    pub(crate) grid: [c_uint; 3],
+    pub(crate) block: [c_uint; 3],
+    pub(crate) smem: c_uint,
+    pub(crate) ns: u64,
+    pub(crate) arg: Option<Arc<KArg>>,
 }
 
 /// The copied first parameter of a `sim_busy*` kernel, and the one-entry `kernelParams` array
 /// that points at it.
-struct KArg {
+pub(crate) struct KArg {
     /// Kept alive for `ptrs`, which points at it.
-    _val: Box<u64>,
-    ptrs: Box<[usize; 1]>,
+    pub(crate) _val: Box<u64>,
+    pub(crate) ptrs: Box<[usize; 1]>,
 }
 
 impl KArg {
-    fn new(v: u64) -> Arc<KArg> {
+    pub(crate) fn new(v: u64) -> Arc<KArg> {
         let val = Box::new(v);
         let ptrs = Box::new([&*val as *const u64 as usize]);
         Arc::new(KArg { _val: val, ptrs })
@@ -219,7 +159,7 @@ impl KArg {
 
 /// A memory-allocation node's allocation, shared by its graph and the graph's executables: its
 /// address is given back when all are gone (and the allocation is not live).
-struct NodeAlloc(Arc<mem::GraphAlloc>);
+pub(crate) struct NodeAlloc(pub(crate) Arc<mem::GraphAlloc>);
 
 impl Drop for NodeAlloc {
     fn drop(&mut self) {
@@ -228,7 +168,7 @@ impl Drop for NodeAlloc {
 }
 
 #[derive(Clone)]
-enum Kind {
+pub(crate) enum Kind {
     Kernel(KernelNode),
     Memcpy(Memcpy3D),
     Memset(MemsetParams),
@@ -245,7 +185,7 @@ enum Kind {
 }
 
 impl Kind {
-    fn ty(&self) -> i32 {
+    pub(crate) fn ty(&self) -> i32 {
         match self {
             Kind::Kernel(_) => T_KERNEL,
             Kind::Memcpy(_) => T_MEMCPY,
@@ -264,36 +204,36 @@ impl Kind {
 /// A node: what it does, the nodes it depends on (indices in its graph, in edge order), and
 /// (in an executable) whether it is enabled.
 #[derive(Clone)]
-struct NodeRec {
-    kind: Kind,
-    deps: Vec<usize>,
-    enabled: bool,
+pub(crate) struct NodeRec {
+    pub(crate) kind: Kind,
+    pub(crate) deps: Vec<usize>,
+    pub(crate) enabled: bool,
 }
 
 pub(crate) struct Graph {
     /// Node handles are `base + index + 1` (see `node_handle`).
-    base: usize,
-    st: Mutex<GState>,
+    pub(crate) base: usize,
+    pub(crate) st: Mutex<GState>,
 }
 
 #[derive(Default)]
-struct GState {
+pub(crate) struct GState {
     /// Indexed by node; `None` where a node was destroyed (indices stay stable).
-    nodes: Vec<Option<NodeRec>>,
+    pub(crate) nodes: Vec<Option<NodeRec>>,
     /// User objects this graph holds references to, and how many.
-    uobjs: HashMap<usize, u32>,
+    pub(crate) uobjs: HashMap<usize, u32>,
     /// The graph this one was cloned from (its base): nodes keep their index in a clone.
-    clone_of: Option<usize>,
+    pub(crate) clone_of: Option<usize>,
     /// The executable of a graph with memory nodes ("there can be at most one executable graph
     /// in existence for that graph at a time", cuGraphInstantiate).
-    mem_exec: Option<Weak<GraphExec>>,
+    pub(crate) mem_exec: Option<Weak<()>>,
 }
 
 impl Graph {
-    fn lock(&self) -> MutexGuard<'_, GState> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, GState> {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
-    fn push(&self, kind: Kind, deps: Vec<usize>) -> usize {
+    pub(crate) fn push(&self, kind: Kind, deps: Vec<usize>) -> usize {
         let mut st = self.lock();
         st.nodes.push(Some(NodeRec {
             kind,
@@ -304,39 +244,17 @@ impl Graph {
     }
 }
 
-struct GraphExec {
-    /// The base of the graph it was instantiated from: its node handles name this one's nodes.
-    base: usize,
-    nodes: Mutex<Vec<Option<NodeRec>>>,
-    /// CUgraphInstantiate_flags.
-    flags: u64,
-    /// User-object references the executable holds (those of its graph at instantiation).
-    uobjs: Vec<(usize, u32)>,
-}
-
-impl Drop for GraphExec {
-    fn drop(&mut self) {
-        for &(o, n) in &self.uobjs {
-            let _ = user_object_release(o, n);
-        }
-    }
-}
-
 /// Node handles: each graph gets a range of 2^32 values of its own, far above any address a
 /// registry handle (a heap pointer) can have, so that a node names its graph.
 const NODE_RANGE: usize = 1 << 32;
 const NODE_BASE: usize = 1 << 56;
 
-fn node_handle(base: usize, index: usize) -> usize {
+pub(crate) fn node_handle(base: usize, index: usize) -> usize {
     base + index + 1
 }
 
-fn graphs() -> &'static Registry<Graph> {
+pub(crate) fn graphs() -> &'static Registry<Graph> {
     static R: OnceLock<Registry<Graph>> = OnceLock::new();
-    R.get_or_init(Registry::new)
-}
-fn execs() -> &'static Registry<GraphExec> {
-    static R: OnceLock<Registry<GraphExec>> = OnceLock::new();
     R.get_or_init(Registry::new)
 }
 /// graph base -> graph handle.
@@ -345,7 +263,7 @@ fn graph_bases() -> &'static Mutex<HashMap<usize, usize>> {
     M.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-fn new_graph() -> (usize, Arc<Graph>) {
+pub(crate) fn new_graph() -> (usize, Arc<Graph>) {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let base = NODE_BASE + NEXT.fetch_add(1, Relaxed) * NODE_RANGE;
     let (h, g) = graphs().insert(Graph {
@@ -360,7 +278,7 @@ fn new_graph() -> (usize, Arc<Graph>) {
 }
 
 /// The graph a node handle belongs to, and the node's index (the node alive).
-fn locate(h: CUgraphNode) -> Result<(Arc<Graph>, usize), CUresult> {
+pub(crate) fn locate(h: CUgraphNode) -> Result<(Arc<Graph>, usize), CUresult> {
     let (base, i) = split(h)?;
     let g = graph_bases()
         .lock()
@@ -376,7 +294,7 @@ fn locate(h: CUgraphNode) -> Result<(Arc<Graph>, usize), CUresult> {
 }
 
 /// A node handle's (graph base, index).
-fn split(h: CUgraphNode) -> Result<(usize, usize), CUresult> {
+pub(crate) fn split(h: CUgraphNode) -> Result<(usize, usize), CUresult> {
     let h = h as usize;
     let off = h.checked_sub(NODE_BASE).ok_or(err::INVALID_VALUE)?;
     let base = off / NODE_RANGE * NODE_RANGE + NODE_BASE;
@@ -409,7 +327,11 @@ fn set_kind(h: CUgraphNode, kind: Kind) -> Res {
 
 /// Reads the `n` node handles of `deps` as indices of `g`: each a live node of that graph,
 /// none twice (CUDA_ERROR_INVALID_VALUE otherwise).
-fn dep_indices(g: &Graph, deps: *const CUgraphNode, n: usize) -> Result<Vec<usize>, CUresult> {
+pub(crate) fn dep_indices(
+    g: &Graph,
+    deps: *const CUgraphNode,
+    n: usize,
+) -> Result<Vec<usize>, CUresult> {
     if n > 0 && deps.is_null() {
         return Err(err::INVALID_VALUE);
     }
@@ -445,7 +367,7 @@ fn add_node(
 }
 
 /// Destroys a graph and the child graphs its nodes own, giving back its user-object references.
-fn destroy_graph(h: usize) {
+pub(crate) fn destroy_graph(h: usize) {
     let Ok(g) = graphs().remove(h) else { return };
     graph_bases()
         .lock()
@@ -514,7 +436,7 @@ fn clone_graph(h: usize) -> Result<usize, CUresult> {
 }
 
 /// The nodes of graph `h` as an executable holds them: child graphs inlined.
-fn snapshot(h: usize) -> Result<Vec<Option<NodeRec>>, CUresult> {
+pub(crate) fn snapshot(h: usize) -> Result<Vec<Option<NodeRec>>, CUresult> {
     let g = graphs().get(h)?;
     let nodes = g.lock().nodes.clone();
     nodes
@@ -533,7 +455,7 @@ fn snapshot(h: usize) -> Result<Vec<Option<NodeRec>>, CUresult> {
 
 /// A graph made of an executable's nodes (a graph launched into a capturing stream becomes a
 /// child graph node holding such a graph).
-fn graph_of(nodes: &[Option<NodeRec>]) -> usize {
+pub(crate) fn graph_of(nodes: &[Option<NodeRec>]) -> usize {
     let mapped = nodes
         .iter()
         .map(|n| {
@@ -553,7 +475,7 @@ fn graph_of(nodes: &[Option<NodeRec>]) -> usize {
 
 /// The live nodes in an order that respects every edge (the lowest index first among those
 /// ready), or None if the edges make a cycle.
-fn topo(nodes: &[Option<NodeRec>]) -> Option<Vec<usize>> {
+pub(crate) fn topo(nodes: &[Option<NodeRec>]) -> Option<Vec<usize>> {
     let mut indeg = vec![0usize; nodes.len()];
     let mut out: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
     let mut ready = BTreeSet::new();
@@ -584,7 +506,7 @@ fn topo(nodes: &[Option<NodeRec>]) -> Option<Vec<usize>> {
 
 /// What a launch runs, in order: child graphs inlined, disabled nodes left out ("Disabled nodes
 /// are functionally equivalent to empty nodes", cuGraphNodeSetEnabled).
-fn flat<'a>(nodes: &'a [Option<NodeRec>], out: &mut Vec<&'a Kind>) {
+pub(crate) fn flat<'a>(nodes: &'a [Option<NodeRec>], out: &mut Vec<&'a Kind>) {
     for i in topo(nodes).unwrap_or_default() {
         let n = nodes[i].as_ref().expect("live");
         match &n.kind {
@@ -665,7 +587,7 @@ fn check_copy(c: &Memcpy3D) -> Res {
 
 /// Runs a 3D copy row by row (each row checked against the allocations: device memory must be
 /// live and hold the row; host memory is the caller's).
-fn run_copy(c: &Memcpy3D) -> Res {
+pub(crate) fn run_copy(c: &Memcpy3D) -> Res {
     check_copy(c)?;
     let base = |t: c_uint, host: usize, dev: u64| {
         if t == CU_MEMORYTYPE_HOST {
@@ -696,7 +618,7 @@ fn run_copy(c: &Memcpy3D) -> Res {
 
 /// "elementSize: Size of each element in bytes. Must be 1, 2, or 4"; "pitch: Pitch of destination
 /// device pointer. Unused if height is 1" (CUDA_MEMSET_NODE_PARAMS).
-fn check_memset(m: &MemsetParams) -> Res {
+pub(crate) fn check_memset(m: &MemsetParams) -> Res {
     if !matches!(m.elem, 1 | 2 | 4) || m.width == 0 || m.height == 0 {
         return Err(err::INVALID_VALUE);
     }
@@ -706,7 +628,7 @@ fn check_memset(m: &MemsetParams) -> Res {
     Ok(())
 }
 
-fn run_memset(m: &MemsetParams) -> Res {
+pub(crate) fn run_memset(m: &MemsetParams) -> Res {
     check_memset(m)?;
     for r in 0..m.height {
         mem::memset(
@@ -719,23 +641,11 @@ fn run_memset(m: &MemsetParams) -> Res {
     Ok(())
 }
 
-fn host_node(p: HostParams) -> Result<Kind, CUresult> {
+pub(crate) fn host_node(p: HostParams) -> Result<Kind, CUresult> {
     if p.f.is_none() {
         return Err(err::INVALID_VALUE);
     }
     Ok(Kind::Host(p))
-}
-
-/// A host function at its place in the stream: it runs once the work before it has ended, and
-/// what follows it in the launch waits for it to return (CUDA Programming Guide, "Host
-/// Functions"). The simulator runs it in the launching thread after waiting for the stream.
-/// Merge point: where the stream chapter runs host functions on a driver thread, host nodes
-/// should go there (one call per node).
-fn run_host(s: &Stream, p: &HostParams) {
-    sleep_until(s.done_at());
-    if let Some(f) = p.f {
-        f(p.data as *mut c_void);
-    }
 }
 
 /// An allocation node on the device `p.poolProps.location` names; the address goes back in
@@ -756,7 +666,7 @@ fn alloc_node(p: *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> Result<Kind, CUresult> {
 /// A memory-free node of `g` for `addr`: CUDA_ERROR_INVALID_VALUE for "an allocation twice in
 /// the same graph", "an address that was not returned by an allocation node", "an invalid
 /// address" (cuGraphAddMemFreeNode).
-fn free_node(g: &Graph, addr: u64) -> Result<Kind, CUresult> {
+pub(crate) fn free_node(g: &Graph, addr: u64) -> Result<Kind, CUresult> {
     mem::graph_alloc_at(addr).ok_or(err::INVALID_VALUE)?;
     if g.lock()
         .nodes
@@ -791,7 +701,7 @@ fn alloc_params(a: &mem::GraphAlloc) -> CUDA_MEM_ALLOC_NODE_PARAMS {
 }
 
 /// The union of a `CUgraphNodeParams` as the struct `T`.
-fn union_of<T: Copy>(p: &NodeParams) -> T {
+pub(crate) fn union_of<T: Copy>(p: &NodeParams) -> T {
     debug_assert!(std::mem::size_of::<T>() <= std::mem::size_of_val(&p.u));
     // SAFETY: T is a plain-data cuda.h struct no larger than the 232-byte union it is read from.
     unsafe { (p.u.as_ptr() as *const T).read_unaligned() }
@@ -807,7 +717,7 @@ fn set_union<T: Copy>(p: &mut NodeParams, v: T) {
 /// address is written back into the struct, as cuGraphAddMemAllocNode does. Kinds the
 /// simulator does not model (external semaphores, batch memory operations, conditional and
 /// batch copy nodes) answer CUDA_ERROR_NOT_SUPPORTED.
-fn kind_of_params(g: &Graph, p: *mut NodeParams) -> Result<Kind, CUresult> {
+pub(crate) fn kind_of_params(g: &Graph, p: *mut NodeParams) -> Result<Kind, CUresult> {
     let np = read(p as *const NodeParams)?;
     if np.reserved0 != [0; 3] || np.reserved2 != 0 {
         return Err(err::INVALID_VALUE);
@@ -894,364 +804,6 @@ fn params_of_kind(k: &Kind) -> Result<NodeParams, CUresult> {
     Ok(p)
 }
 
-// ---- instantiate, update, launch ------------------------------------------------------------------
-
-fn instantiate_flags(
-    exec: *mut CUgraphExec,
-    graph: CUgraph,
-    flags: u64,
-) -> Result<Arc<GraphExec>, CUresult> {
-    drv()?;
-    let g = graphs().get(graph as usize)?;
-    if exec.is_null() || flags & !INSTANTIATE_FLAGS != 0 {
-        return Err(err::INVALID_VALUE);
-    }
-    // DEVICE_LAUNCH "cannot be used in conjunction with
-    // CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH" (cuGraphInstantiate).
-    let both = INSTANTIATE_FLAG_DEVICE_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
-    if flags & both == both {
-        return Err(err::INVALID_VALUE);
-    }
-    let nodes = snapshot(graph as usize)?;
-    // A graph whose edges make a cycle cannot run.
-    if topo(&nodes).is_none() {
-        return Err(err::INVALID_VALUE);
-    }
-    let mut ops = Vec::new();
-    flat(&nodes, &mut ops);
-    let has_mem = ops
-        .iter()
-        .any(|k| matches!(k, Kind::Alloc(_) | Kind::Free(_)));
-    // "An attempt to instantiate a second executable graph before destroying the first with
-    // cuGraphExecDestroy will result in an error" (a graph with allocation or free nodes; the
-    // documented codes leave CUDA_ERROR_INVALID_VALUE).
-    if has_mem
-        && g.lock()
-            .mem_exec
-            .as_ref()
-            .is_some_and(|w| w.strong_count() > 0)
-    {
-        return Err(err::INVALID_VALUE);
-    }
-    let uobjs: Vec<(usize, u32)> = g.lock().uobjs.iter().map(|(&o, &n)| (o, n)).collect();
-    for &(o, n) in &uobjs {
-        user_object_retain(o, n)?;
-    }
-    let (x, xa) = execs().insert(GraphExec {
-        base: g.base,
-        nodes: Mutex::new(nodes),
-        flags,
-        uobjs,
-    });
-    if let Err(e) = write(exec, x as CUgraphExec) {
-        let _ = execs().remove(x);
-        return Err(e);
-    }
-    if has_mem {
-        g.lock().mem_exec = Some(Arc::downgrade(&xa));
-    }
-    Ok(xa)
-}
-
-/// cuGraphInstantiateWithParams (CUDA 12.0): instantiates, and reports through the struct.
-/// With CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD the graph is uploaded into `hUploadStream`, which
-/// takes no simulated time; the stream must still be one.
-fn instantiate_with_params(
-    exec: *mut CUgraphExec,
-    graph: CUgraph,
-    p: *mut InstantiateParams,
-    pt: bool,
-) -> Res {
-    drv()?;
-    let mut params = read(p as *const InstantiateParams)?;
-    if params.flags & !INSTANTIATE_FLAGS != 0 {
-        return Err(err::INVALID_VALUE);
-    }
-    if params.flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD != 0 {
-        exec::stream(params.upload_stream, pt)?;
-    }
-    let r = instantiate_flags(exec, graph, params.flags).and_then(|x| {
-        if params.flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD == 0 {
-            return Ok(());
-        }
-        // The upload maps the graph's memory now; a device that cannot give it fails the call
-        // and the executable is not kept.
-        upload(&x).inspect_err(|_| {
-            if let Ok(h) = read(exec as *const CUgraphExec) {
-                let _ = execs().remove(h as usize);
-            }
-        })
-    });
-    // `CUgraphInstantiateResult`: SUCCESS 0, ERROR 1, INVALID_STRUCTURE 2 ("invalid structure,
-    // such as cycles"), with the node at fault in `hErrNode_out`.
-    let stuck = r.as_ref().err().and_then(|_| cycle_node(graph));
-    params.err_node_out = stuck.map_or(std::ptr::null_mut(), |h| h as CUgraphNode);
-    params.result_out = match (&r, stuck) {
-        (Ok(()), _) => 0,
-        (Err(_), Some(_)) => 2,
-        (Err(_), None) => 1,
-    };
-    write(p, params)?;
-    r
-}
-
-/// A node of `graph` that a dependency cycle keeps from ever running (the lowest), if any.
-fn cycle_node(graph: CUgraph) -> Option<usize> {
-    let g = graphs().get(graph as usize).ok()?;
-    let nodes = g.lock().nodes.clone();
-    if topo(&nodes).is_some() {
-        return None;
-    }
-    // Nodes whose dependencies can all run, repeatedly; what is left waits on a cycle.
-    let mut ran = vec![false; nodes.len()];
-    loop {
-        let mut more = false;
-        for (i, n) in nodes.iter().enumerate() {
-            if let Some(n) = n {
-                if !ran[i] && n.deps.iter().all(|&d| ran[d]) {
-                    ran[i] = true;
-                    more = true;
-                }
-            }
-        }
-        if !more {
-            break;
-        }
-    }
-    (0..nodes.len())
-        .find(|&i| nodes[i].is_some() && !ran[i])
-        .map(|i| node_handle(g.base, i))
-}
-
-/// Per device: the most the graph's allocations hold at once while it runs (`peak`), and what
-/// of that it frees again before it ends (`transient`).
-fn graph_memory(ops: &[&Kind]) -> HashMap<usize, (u64, u64)> {
-    let mut m: HashMap<usize, (u64, u64)> = HashMap::new(); // dev -> (now, peak)
-    let mut mine: HashMap<u64, (usize, u64)> = HashMap::new();
-    for op in ops {
-        match op {
-            Kind::Alloc(a) => {
-                let e = m.entry(a.0.dev).or_default();
-                e.0 += a.0.size;
-                e.1 = e.1.max(e.0);
-                mine.insert(a.0.addr, (a.0.dev, a.0.size));
-            }
-            Kind::Free(addr) => {
-                if let Some((dev, size)) = mine.remove(addr) {
-                    m.entry(dev).or_default().0 -= size;
-                }
-            }
-            _ => {}
-        }
-    }
-    m.into_iter()
-        .map(|(d, (now, peak))| (d, (peak, peak - now)))
-        .collect()
-}
-
-/// Maps the physical memory a graph's allocations need, as cuGraphUpload does (and a launch
-/// before it runs): the device's graph memory pool grows to cover them, or
-/// CUDA_ERROR_OUT_OF_MEMORY.
-fn upload(x: &GraphExec) -> Res {
-    let nodes = x.nodes.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let mut ops = Vec::new();
-    flat(&nodes, &mut ops);
-    for (dev, (peak, _)) in graph_memory(&ops) {
-        mem::graph_reserve(dev, peak)?;
-    }
-    Ok(())
-}
-
-fn graph_upload(exec: CUgraphExec, h: CUstream, pt: bool) -> Res {
-    let x = execs().get(exec as usize)?;
-    exec::stream(h, pt)?;
-    upload(&x)
-}
-
-/// A launch: "If any allocations created by hGraphExec remain unfreed (from a previous launch)
-/// and hGraphExec was not instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
-/// the launch will fail with CUDA_ERROR_INVALID_VALUE" (cuGraphLaunch); with the flag, the
-/// launch frees them first. Then the graph's memory is mapped (`upload`); a device that cannot
-/// give it fails the launch with CUDA_ERROR_OUT_OF_MEMORY, nothing run. Then the nodes run in
-/// dependency order on the stream: kernels take the device's timeline, copies and memsets move
-/// the bytes, host nodes run at their place, event nodes record / wait, child graphs inline,
-/// allocations become live and frees free them.
-/// Launched into a capturing stream, the graph becomes a child graph node of the capture.
-fn graph_launch(exec: CUgraphExec, h: CUstream, pt: bool) -> Res {
-    let x = execs().get(exec as usize)?;
-    let s = exec::stream(h, pt)?;
-    let nodes = x.nodes.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let mut ops = Vec::new();
-    flat(&nodes, &mut ops);
-    let allocs: Vec<&Arc<NodeAlloc>> = ops
-        .iter()
-        .filter_map(|op| match op {
-            Kind::Alloc(a) => Some(a),
-            _ => None,
-        })
-        .collect();
-    if capturing(&s) {
-        // A graph with memory nodes cannot be a child graph (CUDA_CHILD_GRAPH_NODE_PARAMS:
-        // "Graphs containing memory allocation or memory free nodes must set the ownership to
-        // be moved to the parent", which a launch cannot).
-        if !allocs.is_empty() {
-            return Err(err::STREAM_CAPTURE_UNSUPPORTED);
-        }
-        let child = graph_of(&nodes);
-        return capture_push(&s, Kind::Child(child)).unwrap_or(Ok(()));
-    }
-    if allocs.iter().any(|a| a.0.live()) {
-        if x.flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH == 0 {
-            return Err(err::INVALID_VALUE);
-        }
-        for a in allocs.iter().filter(|a| a.0.live()) {
-            mem::graph_alloc_free(a.0.addr)?;
-        }
-    }
-    upload(&x)?;
-    let ch = match s.ctx_handle() {
-        0 => ctx::current()?.0,
-        c => c,
-    };
-    for op in &ops {
-        match op {
-            Kind::Kernel(k) => s.run(Node { ns: k.ns })?,
-            Kind::Memcpy(c) => run_copy(c)?,
-            Kind::Memset(m) => run_memset(m)?,
-            Kind::Host(p) => run_host(&s, p),
-            Kind::EventRecord(e) => exec::event_record_at(*e, s.done_at().max(now_ns()))?,
-            Kind::EventWait(e) => {
-                s.tail.fetch_max(exec::event_time(*e)?, AcqRel);
-            }
-            Kind::Alloc(a) => mem::graph_alloc_map(&a.0, ch)?,
-            Kind::Free(addr) => mem::graph_alloc_free(*addr)?,
-            Kind::Empty | Kind::Child(_) | Kind::Inline(_) => {}
-        }
-    }
-    for (dev, (_, transient)) in graph_memory(&ops) {
-        mem::graph_running(dev, s.done_at(), transient);
-    }
-    Ok(())
-}
-
-/// Compares the graph `new` with an executable's nodes `old` as cuGraphExecUpdate does: the
-/// same node count, each pair of the same type with the same dependencies (in edge order);
-/// memcpy nodes may not change memory types, 2D memsets only address and value. On a mismatch,
-/// the result code and the node of `new` (and the mismatched dependency) to report.
-fn update_check(
-    base: usize,
-    old: &[Option<NodeRec>],
-    new: &[Option<NodeRec>],
-) -> Result<(), (i32, usize, usize)> {
-    if old.len() != new.len() {
-        return Err((UPDATE_TOPOLOGY_CHANGED, 0, 0));
-    }
-    for (i, (o, n)) in old.iter().zip(new).enumerate() {
-        let h = node_handle(base, i);
-        let (o, n) = match (o, n) {
-            (Some(o), Some(n)) => (o, n),
-            (None, None) => continue,
-            _ => return Err((UPDATE_TOPOLOGY_CHANGED, 0, 0)),
-        };
-        if o.deps.len() != n.deps.len() {
-            return Err((UPDATE_TOPOLOGY_CHANGED, h, 0));
-        }
-        if let Some((_, &d)) = o.deps.iter().zip(&n.deps).find(|(a, b)| a != b) {
-            return Err((UPDATE_TOPOLOGY_CHANGED, h, node_handle(base, d)));
-        }
-        if o.kind.ty() != n.kind.ty() {
-            return Err((UPDATE_NODE_TYPE_CHANGED, h, 0));
-        }
-        match (&o.kind, &n.kind) {
-            (Kind::Memcpy(a), Kind::Memcpy(b))
-                if a.src_type != b.src_type || a.dst_type != b.dst_type =>
-            {
-                return Err((UPDATE_PARAMETERS_CHANGED, h, 0));
-            }
-            (Kind::Memset(a), Kind::Memset(b))
-                if a.height > 1
-                    && (a.pitch, a.elem, a.width, a.height)
-                        != (b.pitch, b.elem, b.width, b.height) =>
-            {
-                return Err((UPDATE_PARAMETERS_CHANGED, h, 0));
-            }
-            // Memory nodes keep their addresses: an executable's allocation cannot move.
-            (Kind::Alloc(a), Kind::Alloc(b)) if a.0.addr != b.0.addr => {
-                return Err((UPDATE_PARAMETERS_CHANGED, h, 0));
-            }
-            (Kind::Free(a), Kind::Free(b)) if a != b => {
-                return Err((UPDATE_PARAMETERS_CHANGED, h, 0));
-            }
-            (Kind::Inline(a), Kind::Inline(b)) if update_check(base, a, b).is_err() => {
-                return Err((UPDATE_PARAMETERS_CHANGED, h, 0));
-            }
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-fn exec_update(exec: CUgraphExec, graph: CUgraph) -> Result<(), (CUresult, i32, usize, usize)> {
-    let fail = |e: CUresult| (e, 1, 0, 0);
-    drv().map_err(fail)?;
-    let x = execs().get(exec as usize).map_err(fail)?;
-    let g = graphs().get(graph as usize).map_err(fail)?;
-    let new = snapshot(graph as usize).map_err(fail)?;
-    let mut old = x.nodes.lock().unwrap_or_else(|e| e.into_inner());
-    update_check(g.base, &old, &new).map_err(|(r, n, f)| (GRAPH_EXEC_UPDATE_FAILURE, r, n, f))?;
-    for (o, n) in old.iter_mut().zip(new) {
-        if let (Some(o), Some(n)) = (o.as_mut(), n) {
-            o.kind = n.kind;
-        }
-    }
-    Ok(())
-}
-
-/// The executable's copy of the node `h` names (a node of the graph it was instantiated from).
-fn exec_node<R>(
-    exec: CUgraphExec,
-    h: CUgraphNode,
-    f: impl FnOnce(&mut NodeRec) -> Result<R, CUresult>,
-) -> Result<R, CUresult> {
-    drv()?;
-    let x = execs().get(exec as usize)?;
-    let (base, i) = split(h)?;
-    if base != x.base {
-        return Err(err::INVALID_VALUE);
-    }
-    let mut nodes = x.nodes.lock().unwrap_or_else(|e| e.into_inner());
-    let n = nodes
-        .get_mut(i)
-        .and_then(|n| n.as_mut())
-        .ok_or(err::INVALID_VALUE)?;
-    f(n)
-}
-
-/// Sets an executable node's parameters: the node must be of the same type ("hNode - ... node
-/// from the graph from which graphExec was instantiated"; another type is CUDA_ERROR_INVALID_VALUE).
-fn exec_set(exec: CUgraphExec, h: CUgraphNode, kind: Kind) -> Res {
-    exec_node(exec, h, |n| {
-        if n.kind.ty() != kind.ty() {
-            return Err(err::INVALID_VALUE);
-        }
-        match (&n.kind, &kind) {
-            (Kind::Memcpy(a), Kind::Memcpy(b))
-                if a.src_type != b.src_type || a.dst_type != b.dst_type =>
-            {
-                return Err(err::INVALID_VALUE);
-            }
-            (Kind::Inline(a), Kind::Inline(b)) if update_check(0, a, b).is_err() => {
-                // cuGraphExecChildGraphNodeSetParams: "The topology of childGraph, as well as
-                // the node insertion order, must match that of the graph contained in hNode".
-                return Err(err::INVALID_VALUE);
-            }
-            _ => {}
-        }
-        n.kind = kind;
-        Ok(())
-    })
-}
-
 // ---- user objects ---------------------------------------------------------------------------------
 
 struct UserObject {
@@ -1265,7 +817,7 @@ fn user_objects() -> &'static Registry<UserObject> {
     R.get_or_init(Registry::new)
 }
 
-fn user_object_retain(o: usize, n: u32) -> Res {
+pub(crate) fn user_object_retain(o: usize, n: u32) -> Res {
     let u = user_objects().get(o)?;
     let mut r = u.refs.lock().unwrap_or_else(|e| e.into_inner());
     *r = r.checked_add(n).ok_or(err::INVALID_VALUE)?;
@@ -1275,7 +827,7 @@ fn user_object_retain(o: usize, n: u32) -> Res {
 /// Drops `n` references; at the last, the object goes and its destructor runs. "the destroy
 /// callback ... may be called from a driver thread" and must not call CUDA
 /// (cuUserObjectCreate, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC): it runs on a thread of its own.
-fn user_object_release(o: usize, n: u32) -> Res {
+pub(crate) fn user_object_release(o: usize, n: u32) -> Res {
     let u = user_objects().get(o)?;
     let last = {
         let mut r = u.refs.lock().unwrap_or_else(|e| e.into_inner());
@@ -1295,671 +847,11 @@ fn user_object_release(o: usize, n: u32) -> Res {
     Ok(())
 }
 
-// ---- stream capture -------------------------------------------------------------------------------
-
-/// A capture sequence: the graph it records into, its mode, the thread that began it.
-struct Seq {
-    /// "an id for the capture sequence, which is unique over the lifetime of the process"
-    /// (cuStreamGetCaptureInfo).
-    id: u64,
-    graph: usize,
-    g: Arc<Graph>,
-    mode: i32,
-    thread: ThreadId,
-    /// The stream the capture began on (the only one that may end it).
-    origin: usize,
-    /// A rule of capture was broken: the sequence goes on but yields no graph.
-    invalid: AtomicBool,
-    /// The graph was made by the capture (cuStreamBeginCapture), not given
-    /// (cuStreamBeginCaptureToGraph): an invalidated capture destroys it.
-    own_graph: bool,
-}
-
-/// A stream taking part in a capture: its sequence and the nodes its next work depends on.
-struct SCap {
-    seq: Arc<Seq>,
-    deps: Vec<usize>,
-    /// The stream's context, and whether the stream synchronizes with the legacy stream (not
-    /// created with CU_STREAM_NON_BLOCKING).
-    ctx: usize,
-    blocking: bool,
-    /// What `dependencies_out` / `edgeData_out` of cuStreamGetCaptureInfo point at (node
-    /// handles, and one all-zero `CUgraphEdgeData` each): their heap buffers stay put when the
-    /// `SCap` moves, so the addresses handed out hold until the next query.
-    out: Vec<usize>,
-    out_edges: Vec<u64>,
-}
-
-/// Capturing streams, by the address of their `Stream`.
-fn caps() -> MutexGuard<'static, HashMap<usize, SCap>> {
-    static M: OnceLock<Mutex<HashMap<usize, SCap>>> = OnceLock::new();
-    M.get_or_init(|| Mutex::new(HashMap::new()))
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-}
-
-/// Event -> (capture id, the nodes it stands for).
-type EventCaps = HashMap<usize, (u64, Vec<usize>)>;
-
-/// Events last recorded in a capturing stream.
-fn event_caps() -> MutexGuard<'static, EventCaps> {
-    static M: OnceLock<Mutex<EventCaps>> = OnceLock::new();
-    M.get_or_init(|| Mutex::new(HashMap::new()))
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-}
-
-fn key(s: &Stream) -> usize {
-    s as *const Stream as usize
-}
-
-thread_local! {
-    /// The thread's stream capture interaction mode (cuThreadExchangeStreamCaptureMode); a
-    /// thread starts in global mode ("This is the default mode").
-    static CAPTURE_MODE: Cell<i32> = const { Cell::new(CAPTURE_MODE_GLOBAL) };
-}
-
-/// A destroyed stream leaves any capture it took part in (its address may name a new stream).
-pub(crate) fn forget_stream(s: &Stream) {
-    caps().remove(&key(s));
-}
-
-pub(crate) fn capturing(s: &Stream) -> bool {
-    caps().contains_key(&key(s))
-}
-
-/// Whether `s` is its context's legacy stream while a blocking stream of that context captures:
-/// "When a blocking stream is capturing, the legacy stream is in an unusable state until the
-/// blocking stream capture is terminated. The legacy stream is not supported for stream
-/// capture, but attempted use would have an implicit dependency on the capturing stream(s)"
-/// (cuStreamIsCapturing). Work queued there answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and, an
-/// invalid operation, invalidates those captures (`invalidate`); the capture queries answer the
-/// error without ("The blocking stream capture is not invalidated").
-fn implicit(s: &Stream, invalidate: bool) -> Res {
-    let m = caps();
-    if m.is_empty() || m.contains_key(&key(s)) {
-        return Ok(());
-    }
-    let ch = s.ctx_handle();
-    let Ok(c) = ctx::get(ch as CUcontext) else {
-        return Ok(());
-    };
-    if !std::ptr::eq(s, &*c.legacy) {
-        return Ok(());
-    }
-    let mut hit = false;
-    for c in m.values().filter(|c| c.blocking && c.ctx == ch) {
-        hit = true;
-        if invalidate {
-            c.seq.invalid.store(true, Release);
-        }
-    }
-    if hit {
-        Err(STREAM_CAPTURE_IMPLICIT)
-    } else {
-        Ok(())
-    }
-}
-
-/// Work queued on a stream that is not capturing: refused where it is the legacy stream with a
-/// blocking capture beside it (see `implicit`). Used by every `capture_*` hook.
-fn not_captured(s: &Stream) -> Option<Res> {
-    implicit(s, true).err().map(Err)
-}
-
-/// Records `kind` as the next node of `s`'s capture (None when `s` is not capturing). An
-/// invalidated capture records nothing more: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ("the
-/// current capture sequence on the stream has been invalidated due to a previous error").
-fn capture_push(s: &Stream, kind: Kind) -> Option<Res> {
-    let mut m = caps();
-    let c = m.get_mut(&key(s))?;
-    if c.seq.invalid.load(Acquire) {
-        return Some(Err(err::STREAM_CAPTURE_INVALIDATED));
-    }
-    let i = c.seq.g.push(kind, std::mem::take(&mut c.deps));
-    c.deps = vec![i];
-    Some(Ok(()))
-}
-
-/// An operation that cannot be captured was asked of a capturing stream (synchronizing or
-/// querying it): CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED ("not permitted when the stream is
-/// capturing"), and the capture is invalidated: the real driver then ends it with
-/// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (JuliaGPU/CUDA.jl#1229: cuStreamQuery during a capture
-/// answered 900, the capture's end 901). Ok when `s` is not capturing.
-pub(crate) fn refuse_if_capturing(s: &Stream) -> Res {
-    implicit(s, true)?;
-    match caps().get(&key(s)) {
-        Some(c) => {
-            c.seq.invalid.store(true, Release);
-            Err(err::STREAM_CAPTURE_UNSUPPORTED)
-        }
-        None => Ok(()),
-    }
-}
-
-/// cuCtxSynchronize while streams of the context capture: it would wait for a capturing
-/// stream, which "is not permitted when the stream is capturing" (CUDA_ERROR_STREAM_CAPTURE_
-/// UNSUPPORTED; cudaDeviceSynchronize during a capture answers so on the real driver,
-/// NVlabs/instant-ngp#795), and those captures are invalidated.
-pub(crate) fn refuse_ctx_sync(ch: usize) -> Res {
-    let m = caps();
-    let mut hit = false;
-    for c in m.values().filter(|c| c.ctx == ch) {
-        c.seq.invalid.store(true, Release);
-        hit = true;
-    }
-    if hit {
-        Err(err::STREAM_CAPTURE_UNSUPPORTED)
-    } else {
-        Ok(())
-    }
-}
-
-/// A "potentially unsafe API call" (cuMemAlloc and the like, cuThreadExchangeStreamCaptureMode):
-/// prohibited, with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, where "the local thread has an
-/// ongoing capture sequence that was not initiated with CU_STREAM_CAPTURE_MODE_RELAXED" or, in
-/// global mode, "any other thread has a concurrent capture sequence initiated with
-/// CU_STREAM_CAPTURE_MODE_GLOBAL"; relaxed threads are not prohibited. The capture sequences
-/// the call conflicts with are invalidated.
-pub(crate) fn check_unsafe_call() -> Res {
-    let mode = CAPTURE_MODE.with(Cell::get);
-    if mode == CAPTURE_MODE_RELAXED {
-        return Ok(());
-    }
-    let me = std::thread::current().id();
-    let m = caps();
-    let mut bad = false;
-    for c in m.values() {
-        let s = &c.seq;
-        if s.mode != CAPTURE_MODE_RELAXED
-            && (s.thread == me || (mode == CAPTURE_MODE_GLOBAL && s.mode == CAPTURE_MODE_GLOBAL))
-        {
-            s.invalid.store(true, Release);
-            bad = true;
-        }
-    }
-    if bad {
-        Err(err::STREAM_CAPTURE_UNSUPPORTED)
-    } else {
-        Ok(())
-    }
-}
-
-/// Whether an event was last recorded in a capturing stream (cuEventQuery and
-/// cuEventSynchronize then answer CUDA_ERROR_CAPTURED_EVENT).
-pub(crate) fn event_captured(ev: usize) -> Res {
-    if event_caps().contains_key(&ev) {
-        Err(CAPTURED_EVENT)
-    } else {
-        Ok(())
-    }
-}
-
-/// A kernel launch on a capturing stream: a kernel node (None when not capturing). `f` is the
-/// function or library kernel launched, `ns` its run time as the launch computed it.
-pub(crate) fn capture_kernel(
-    s: &Stream,
-    f: CUfunction,
-    dims: &Dims,
-    smem: c_uint,
-    ns: u64,
-) -> Option<Res> {
-    if !capturing(s) {
-        return not_captured(s);
-    }
-    let busy = exec::function_or_kernel(f).map(|x| x.busy).unwrap_or(false);
-    let k = KernelNode {
-        func: f as usize,
-        kern: 0,
-        grid: dims.grid,
-        block: dims.block,
-        smem,
-        ns,
-        arg: busy.then(|| KArg::new(ns)),
-    };
-    capture_push(s, Kind::Kernel(k))
-}
-
-/// cuLaunchHostFunc on a capturing stream: a host node.
-pub(crate) fn capture_host(s: &Stream, f: HostFn, data: *mut c_void) -> Option<Res> {
-    if !capturing(s) {
-        return not_captured(s);
-    }
-    capture_push(
-        s,
-        Kind::Host(HostParams {
-            f,
-            data: data as usize,
-        }),
-    )
-}
-
-/// A 1D async copy on a capturing stream: a memcpy node of `n` bytes (`src_type`/`dst_type`:
-/// CU_MEMORYTYPE_HOST, _DEVICE or _UNIFIED).
-pub(crate) fn capture_copy(
-    s: &Stream,
-    dst: u64,
-    dst_type: c_uint,
-    src: u64,
-    src_type: c_uint,
-    n: usize,
-) -> Option<Res> {
-    if !capturing(s) {
-        return not_captured(s);
-    }
-    let host = |t: c_uint, a: u64| {
-        if t == CU_MEMORYTYPE_HOST {
-            a as usize
-        } else {
-            0
-        }
-    };
-    let dev = |t: c_uint, a: u64| if t == CU_MEMORYTYPE_HOST { 0 } else { a };
-    let c = Memcpy3D {
-        src_x: 0,
-        src_y: 0,
-        src_z: 0,
-        src_lod: 0,
-        src_type,
-        src_host: host(src_type, src),
-        src_dev: dev(src_type, src),
-        src_array: 0,
-        reserved0: 0,
-        src_pitch: 0,
-        src_height: 0,
-        dst_x: 0,
-        dst_y: 0,
-        dst_z: 0,
-        dst_lod: 0,
-        dst_type,
-        dst_host: host(dst_type, dst),
-        dst_dev: dev(dst_type, dst),
-        dst_array: 0,
-        reserved1: 0,
-        dst_pitch: 0,
-        dst_height: 0,
-        width: n,
-        height: 1,
-        depth: 1,
-    };
-    capture_push(s, Kind::Memcpy(c))
-}
-
-/// A 1D async memset on a capturing stream: a memset node.
-pub(crate) fn capture_memset(
-    s: &Stream,
-    dst: u64,
-    value: u32,
-    elem: usize,
-    count: usize,
-) -> Option<Res> {
-    if !capturing(s) {
-        return not_captured(s);
-    }
-    let m = MemsetParams {
-        dst,
-        pitch: 0,
-        value,
-        elem: elem as c_uint,
-        width: count,
-        height: 1,
-    };
-    if let Err(e) = check_memset(&m) {
-        return Some(Err(e));
-    }
-    capture_push(s, Kind::Memset(m))
-}
-
-/// cuMemAllocAsync / cuMemAllocFromPoolAsync on stream `s` while it is captured: an allocation
-/// node on device `dev` (None when `s` is not capturing).
-pub(crate) fn capture_alloc(s: &Stream, dev: usize, size: u64) -> Option<Result<u64, CUresult>> {
-    if !capturing(s) {
-        return None;
-    }
-    Some(mem::graph_alloc_new(dev, size).and_then(|a| {
-        let addr = a.addr;
-        capture_push(s, Kind::Alloc(Arc::new(NodeAlloc(a))))
-            .unwrap_or(Ok(()))
-            .map(|_| addr)
-    }))
-}
-
-/// cuMemFreeAsync on stream `s` while it is captured: a free node (None when not capturing).
-pub(crate) fn capture_free(s: &Stream, addr: u64) -> Option<Res> {
-    let g = caps().get(&key(s))?.seq.g.clone();
-    Some(free_node(&g, addr).and_then(|k| capture_push(s, k).unwrap_or(Ok(()))))
-}
-
-/// cuEventRecord(WithFlags) on stream `s`. While `s` captures, the event stands for the
-/// stream's current position in the capture (what a later cuStreamWaitEvent joins), and with
-/// CU_EVENT_RECORD_EXTERNAL an event record node is made. Recorded outside a capture, the event
-/// is no longer a captured one (None: the caller records it in time).
-pub(crate) fn capture_event_record(s: &Stream, ev: usize, flags: c_uint) -> Option<Res> {
-    let mut m = caps();
-    let Some(c) = m.get_mut(&key(s)) else {
-        event_caps().remove(&ev);
-        return None;
-    };
-    if c.seq.invalid.load(Acquire) {
-        return Some(Err(err::STREAM_CAPTURE_INVALIDATED));
-    }
-    if flags & EVENT_EXTERNAL != 0 {
-        let i = c
-            .seq
-            .g
-            .push(Kind::EventRecord(ev), std::mem::take(&mut c.deps));
-        c.deps = vec![i];
-    }
-    event_caps().insert(ev, (c.seq.id, c.deps.clone()));
-    Some(Ok(()))
-}
-
-/// cuStreamWaitEvent on stream `s`. An event recorded in a capture: a stream of the same
-/// capture joins the event's position (its next work depends on both); a stream not capturing
-/// joins the capture (a fork: "a second stream joins the capture by waiting on an event
-/// recorded in a capturing stream", CUDA Programming Guide, "Cross-stream Dependencies and
-/// Events"); a stream of another capture would merge two sequences
-/// (CUDA_ERROR_STREAM_CAPTURE_MERGE). An event recorded outside any capture, waited on by a
-/// capturing stream: with CU_EVENT_WAIT_EXTERNAL an event wait node; without it, a dependency
-/// the graph cannot express that crosses the capture boundary
-/// (CUDA_ERROR_STREAM_CAPTURE_ISOLATION). Outside capture the flag is invalid
-/// (CUDA_ERROR_INVALID_VALUE: "This flag is invalid outside of stream capture").
-pub(crate) fn capture_event_wait(s: &Stream, ev: usize, flags: c_uint) -> Option<Res> {
-    let mut m = caps();
-    let captured = event_caps().get(&ev).cloned();
-    let k = key(s);
-    match (m.get_mut(&k), captured) {
-        (Some(c), Some((id, deps))) => {
-            if c.seq.id != id {
-                c.seq.invalid.store(true, Release);
-                return Some(Err(STREAM_CAPTURE_MERGE));
-            }
-            for d in deps {
-                if !c.deps.contains(&d) {
-                    c.deps.push(d);
-                }
-            }
-            Some(Ok(()))
-        }
-        (Some(c), None) => {
-            if c.seq.invalid.load(Acquire) {
-                return Some(Err(err::STREAM_CAPTURE_INVALIDATED));
-            }
-            if flags & EVENT_EXTERNAL == 0 {
-                c.seq.invalid.store(true, Release);
-                return Some(Err(STREAM_CAPTURE_ISOLATION));
-            }
-            let i = c
-                .seq
-                .g
-                .push(Kind::EventWait(ev), std::mem::take(&mut c.deps));
-            c.deps = vec![i];
-            Some(Ok(()))
-        }
-        (None, Some((id, deps))) => {
-            let Some(seq) = m.values().find(|c| c.seq.id == id).map(|c| c.seq.clone()) else {
-                // The capture has ended: the event stands for nothing that can run.
-                return Some(Err(STREAM_CAPTURE_ISOLATION));
-            };
-            m.insert(
-                k,
-                SCap {
-                    seq,
-                    deps,
-                    ctx: s.ctx_handle(),
-                    blocking: s.flags & CU_STREAM_NON_BLOCKING == 0,
-                    out: Vec::new(),
-                    out_edges: Vec::new(),
-                },
-            );
-            Some(Ok(()))
-        }
-        (None, None) if flags & EVENT_EXTERNAL != 0 => Some(Err(err::INVALID_VALUE)),
-        (None, None) => None,
-    }
-}
-
-static NEXT_CAPTURE_ID: AtomicU64 = AtomicU64::new(1);
-
-/// Begins a capture on `h` into `graph` (made here when None) with the given dependencies.
-fn begin(h: CUstream, mode: i32, pt: bool, graph: Option<(usize, Vec<usize>)>) -> Res {
-    let s = exec::stream(h, pt)?;
-    // cuStreamBeginCapture: "Capture may not be initiated if stream is CU_STREAM_LEGACY".
-    if Arc::ptr_eq(&s, &ctx::current()?.1.legacy) {
-        return Err(err::STREAM_CAPTURE_UNSUPPORTED);
-    }
-    if !(CAPTURE_MODE_GLOBAL..=CAPTURE_MODE_RELAXED).contains(&mode) {
-        return Err(err::INVALID_VALUE);
-    }
-    let mut m = caps();
-    let k = key(&s);
-    if m.contains_key(&k) {
-        return Err(err::ILLEGAL_STATE);
-    }
-    let own = graph.is_none();
-    let (gh, deps) = match graph {
-        Some(x) => x,
-        None => (new_graph().0, Vec::new()),
-    };
-    let g = graphs().get(gh)?;
-    m.insert(
-        k,
-        SCap {
-            seq: Arc::new(Seq {
-                id: NEXT_CAPTURE_ID.fetch_add(1, Relaxed),
-                graph: gh,
-                g,
-                mode,
-                thread: std::thread::current().id(),
-                origin: k,
-                invalid: AtomicBool::new(false),
-                own_graph: own,
-            }),
-            deps,
-            ctx: s.ctx_handle(),
-            blocking: s.flags & CU_STREAM_NON_BLOCKING == 0,
-            out: Vec::new(),
-            out_edges: Vec::new(),
-        },
-    );
-    Ok(())
-}
-
-/// cuStreamBeginCaptureToGraph (CUDA 12.3): captures into an existing graph, the first work
-/// depending on `deps` (nodes of that graph); edge data, where given, must be the default
-/// (all zero: the simulator's edges carry none).
-fn begin_to_graph(
-    h: CUstream,
-    graph: CUgraph,
-    deps: *const CUgraphNode,
-    edges: *const u64,
-    n: usize,
-    mode: i32,
-    pt: bool,
-) -> Res {
-    drv()?;
-    let g = graphs().get(graph as usize)?;
-    let d = dep_indices(&g, deps, n)?;
-    check_default_edges(edges, n)?;
-    begin(h, mode, pt, Some((graph as usize, d)))
-}
-
-fn check_default_edges(edges: *const u64, n: usize) -> Res {
+pub(crate) fn check_default_edges(edges: *const u64, n: usize) -> Res {
     if !edges.is_null() {
         for i in 0..n {
             if read(edges.wrapping_add(i))? != 0 {
                 return Err(err::INVALID_VALUE);
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The nodes `from` depends on, directly or not, and `from` themselves.
-fn ancestors(g: &Graph, from: &[usize]) -> HashSet<usize> {
-    let st = g.lock();
-    let mut seen = HashSet::new();
-    let mut todo: Vec<usize> = from.to_vec();
-    while let Some(i) = todo.pop() {
-        if seen.insert(i) {
-            if let Some(Some(n)) = st.nodes.get(i) {
-                todo.extend(&n.deps);
-            }
-        }
-    }
-    seen
-}
-
-/// cuStreamEndCapture: only on the stream the capture began on (another one of the sequence:
-/// CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, "the capture was not initiated in this stream"), from
-/// the thread that began it unless relaxed (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD). Every
-/// stream that joined must have joined back ("a fork that was not joined to the primary
-/// stream": CUDA_ERROR_STREAM_CAPTURE_UNJOINED); an invalidated capture yields "a NULL graph"
-/// and CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. The capture ends on every stream either way.
-fn end_capture(h: CUstream, out: *mut CUgraph, pt: bool) -> Res {
-    let s = exec::stream(h, pt)?;
-    if out.is_null() {
-        return Err(err::INVALID_VALUE);
-    }
-    let k = key(&s);
-    let mut m = caps();
-    let c = m.get(&k).ok_or(err::ILLEGAL_STATE)?;
-    let seq = c.seq.clone();
-    if seq.origin != k {
-        return Err(err::STREAM_CAPTURE_UNMATCHED);
-    }
-    if seq.mode != CAPTURE_MODE_RELAXED && seq.thread != std::thread::current().id() {
-        return Err(err::STREAM_CAPTURE_WRONG_THREAD);
-    }
-    let members: Vec<usize> = m
-        .iter()
-        .filter(|(_, c)| c.seq.id == seq.id)
-        .map(|(&k, _)| k)
-        .collect();
-    let origin_deps = m.get(&k).map(|c| c.deps.clone()).unwrap_or_default();
-    let others: Vec<Vec<usize>> = members
-        .iter()
-        .filter(|&&x| x != k)
-        .filter_map(|x| m.get(x).map(|c| c.deps.clone()))
-        .collect();
-    for x in members {
-        m.remove(&x);
-    }
-    drop(m);
-    event_caps().retain(|_, (id, _)| *id != seq.id);
-    let joined = ancestors(&seq.g, &origin_deps);
-    let unjoined = others.iter().flatten().any(|d| !joined.contains(d));
-    let fail = if seq.invalid.load(Acquire) {
-        Some(err::STREAM_CAPTURE_INVALIDATED)
-    } else if unjoined {
-        Some(STREAM_CAPTURE_UNJOINED)
-    } else {
-        None
-    };
-    match fail {
-        Some(e) => {
-            if seq.own_graph {
-                destroy_graph(seq.graph);
-            }
-            write(out, std::ptr::null_mut())?;
-            Err(e)
-        }
-        None => write(out, seq.graph as CUgraph),
-    }
-}
-
-/// Writes `v` where the caller asked for it (an optional out-parameter).
-fn write_opt<T>(p: *mut T, v: T) -> Res {
-    if p.is_null() {
-        Ok(())
-    } else {
-        write(p, v)
-    }
-}
-
-/// cuStreamGetCaptureInfo in all three forms: v1 (10.1) asks for status and id, v2 (11.3) adds
-/// the graph and the dependencies, v3 (12.3) their edge data. The status is required; "If
-/// edgeData_out is non-NULL then dependencies_out must be as well"; the other outputs are valid
-/// only while the status is ACTIVE (the simulator leaves them alone otherwise). Edges here
-/// carry no data, so a query without `edgeData_out` is never lossy (CUDA_ERROR_LOSSY_QUERY).
-#[allow(clippy::too_many_arguments)]
-fn capture_info(
-    h: CUstream,
-    status: *mut i32,
-    id: *mut u64,
-    graph: *mut CUgraph,
-    deps: *mut *const CUgraphNode,
-    edges: *mut *const c_void,
-    ndeps: *mut usize,
-    pt: bool,
-) -> Res {
-    let s = exec::stream(h, pt)?;
-    if status.is_null() || (!edges.is_null() && deps.is_null()) {
-        return Err(err::INVALID_VALUE);
-    }
-    implicit(&s, false)?;
-    let mut m = caps();
-    let Some(c) = m.get_mut(&key(&s)) else {
-        return write(status, CU_STREAM_CAPTURE_STATUS_NONE);
-    };
-    if c.seq.invalid.load(Acquire) {
-        return write(status, CAPTURE_STATUS_INVALIDATED);
-    }
-    let base = c.seq.g.base;
-    c.out = c.deps.iter().map(|&i| node_handle(base, i)).collect();
-    c.out_edges = vec![0; c.deps.len()];
-    write(status, CU_STREAM_CAPTURE_STATUS_ACTIVE)?;
-    write_opt(id, c.seq.id)?;
-    write_opt(graph, c.seq.graph as CUgraph)?;
-    let (d, e) = if c.deps.is_empty() {
-        (std::ptr::null(), std::ptr::null())
-    } else {
-        (
-            c.out.as_ptr() as *const CUgraphNode,
-            c.out_edges.as_ptr() as *const c_void,
-        )
-    };
-    write_opt(deps, d)?;
-    write_opt(edges, e)?;
-    write_opt(ndeps, c.deps.len())
-}
-
-fn is_capturing(h: CUstream, status: *mut i32, pt: bool) -> Res {
-    let s = exec::stream(h, pt)?;
-    implicit(&s, false)?;
-    let v = match caps().get(&key(&s)) {
-        None => CU_STREAM_CAPTURE_STATUS_NONE,
-        Some(c) if c.seq.invalid.load(Acquire) => CAPTURE_STATUS_INVALIDATED,
-        Some(_) => CU_STREAM_CAPTURE_STATUS_ACTIVE,
-    };
-    write(status, v)
-}
-
-/// cuStreamUpdateCaptureDependencies(_v2): "Modifies the dependency set of a capturing stream"
-/// with nodes of the capture's graph; flags ADD (0) or SET (1); a stream not capturing is
-/// CUDA_ERROR_ILLEGAL_STATE.
-fn update_capture_deps(
-    h: CUstream,
-    deps: *const CUgraphNode,
-    edges: *const u64,
-    n: usize,
-    flags: c_uint,
-    pt: bool,
-) -> Res {
-    let s = exec::stream(h, pt)?;
-    if flags > SET_CAPTURE_DEPENDENCIES {
-        return Err(err::INVALID_VALUE);
-    }
-    check_default_edges(edges, n)?;
-    let mut m = caps();
-    let c = m.get_mut(&key(&s)).ok_or(err::ILLEGAL_STATE)?;
-    let d = dep_indices(&c.seq.g, deps, n)?;
-    if flags == SET_CAPTURE_DEPENDENCIES {
-        c.deps = d;
-    } else {
-        for i in d {
-            if !c.deps.contains(&i) {
-                c.deps.push(i);
             }
         }
     }
@@ -2223,19 +1115,19 @@ fn get_nodes(graph: CUgraph, out: *mut CUgraphNode, count: *mut usize, roots: bo
     write_list(&items, out, std::ptr::null_mut(), count)
 }
 
-fn read_memset(p: *const MemsetParams) -> Result<MemsetParams, CUresult> {
+pub(crate) fn read_memset(p: *const MemsetParams) -> Result<MemsetParams, CUresult> {
     let m = read(p)?;
     check_memset(&m)?;
     Ok(m)
 }
 
-fn read_copy(p: *const Memcpy3D) -> Result<Memcpy3D, CUresult> {
+pub(crate) fn read_copy(p: *const Memcpy3D) -> Result<Memcpy3D, CUresult> {
     let c = read(p)?;
     check_copy(&c)?;
     Ok(c)
 }
 
-fn event_of(e: CUevent) -> Result<usize, CUresult> {
+pub(crate) fn event_of(e: CUevent) -> Result<usize, CUresult> {
     exec::event_exists(e as usize)?;
     Ok(e as usize)
 }
@@ -2254,7 +1146,7 @@ fn kernel_get(h: CUgraphNode, p: *mut c_void, v2: bool) -> Res {
     }
 }
 
-fn kernel_read(p: *const c_void, v2: bool) -> Result<KernelNode, CUresult> {
+pub(crate) fn kernel_read(p: *const c_void, v2: bool) -> Result<KernelNode, CUresult> {
     if v2 {
         let k: KernelParamsV2 = read(p as *const KernelParamsV2)?;
         kernel_node(&k.v1, k.kern)
@@ -2299,7 +1191,7 @@ fn containing_graph(node: CUgraphNode, out: *mut CUgraph) -> Res {
 /// parameters is not supported for node types CU_GRAPH_NODE_TYPE_MEM_ALLOC and
 /// CU_GRAPH_NODE_TYPE_MEM_FREE" (cuGraphNodeSetParams; "API unsupported" in an executable,
 /// cuGraphExecNodeSetParams): CUDA_ERROR_NOT_SUPPORTED.
-fn settable_type(node: CUgraphNode, p: *const NodeParams) -> Result<i32, CUresult> {
+pub(crate) fn settable_type(node: CUgraphNode, p: *const NodeParams) -> Result<i32, CUresult> {
     let want = node_rec(node)?.kind.ty();
     let ty = read(p)?.ty;
     if ty != want {
@@ -2512,124 +1404,6 @@ export! {
     }
     fn cuGraphNodeSetParams(node: CUgraphNode, p: *mut NodeParams) { node_set_params(node, p) }
 
-    fn cuGraphExecNodeSetParams(exec: CUgraphExec, node: CUgraphNode, p: *mut NodeParams) {
-        drv()?;
-        let k = if settable_type(node, p)? == T_GRAPH {
-            // The executable takes the child's nodes as they are now (no clone is kept).
-            let (child, _own): (usize, i32) = union_of(&read(p as *const NodeParams)?);
-            Kind::Inline(Arc::new(snapshot(child)?))
-        } else {
-            let (g, _) = locate(node)?;
-            kind_of_params(&g, p)?
-        };
-        exec_set(exec, node, k)
-    }
-
-    fn cuGraphInstantiate(exec: *mut CUgraphExec, g: CUgraph, _err_node: *mut CUgraphNode, _log: *mut c_char, _log_size: usize) {
-        instantiate_flags(exec, g, 0).map(|_| ())
-    }
-    fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, g: CUgraph, _err_node: *mut CUgraphNode, _log: *mut c_char, _log_size: usize) {
-        instantiate_flags(exec, g, 0).map(|_| ())
-    }
-    fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, g: CUgraph, flags: u64) {
-        instantiate_flags(exec, g, flags).map(|_| ())
-    }
-    fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, g: CUgraph, p: *mut InstantiateParams) {
-        instantiate_with_params(exec, g, p, false)
-    }
-    fn cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, g: CUgraph, p: *mut InstantiateParams) {
-        instantiate_with_params(exec, g, p, true)
-    }
-    fn cuGraphExecGetFlags(exec: CUgraphExec, flags: *mut u64) {
-        drv()?;
-        write(flags, execs().get(exec as usize)?.flags)
-    }
-    fn cuGraphLaunch(exec: CUgraphExec, s: CUstream) { graph_launch(exec, s, false) }
-    fn cuGraphLaunch_ptsz(exec: CUgraphExec, s: CUstream) { graph_launch(exec, s, true) }
-    fn cuGraphUpload(exec: CUgraphExec, s: CUstream) { graph_upload(exec, s, false) }
-    fn cuGraphUpload_ptsz(exec: CUgraphExec, s: CUstream) { graph_upload(exec, s, true) }
-    fn cuGraphExecDestroy(exec: CUgraphExec) {
-        drv()?;
-        execs().remove(exec as usize).map(|_| ())
-    }
-    /// CUDA 12.0's form: the result in a `CUgraphExecUpdateResultInfo`.
-    fn cuGraphExecUpdate_v2(exec: CUgraphExec, g: CUgraph, info: *mut UpdateResultInfo) {
-        if info.is_null() {
-            return Err(err::INVALID_VALUE);
-        }
-        let (r, res, node, from) = match exec_update(exec, g) {
-            Ok(()) => (Ok(()), UPDATE_SUCCESS, 0, 0),
-            Err((e, res, node, from)) => (Err(e), res, node, from),
-        };
-        write(info, UpdateResultInfo { result: res, error_node: node as CUgraphNode, error_from: from as CUgraphNode })?;
-        r
-    }
-    /// CUDA 10.2's form: the error node and the result through two pointers.
-    fn cuGraphExecUpdate(exec: CUgraphExec, g: CUgraph, err_node: *mut CUgraphNode, result: *mut i32) {
-        if err_node.is_null() || result.is_null() {
-            return Err(err::INVALID_VALUE);
-        }
-        let (r, res, node) = match exec_update(exec, g) {
-            Ok(()) => (Ok(()), UPDATE_SUCCESS, 0),
-            Err((e, res, node, _)) => (Err(e), res, node),
-        };
-        write(err_node, node as CUgraphNode)?;
-        write(result, res)?;
-        r
-    }
-    fn cuGraphExecKernelNodeSetParams(exec: CUgraphExec, node: CUgraphNode, p: *const c_void) {
-        drv()?;
-        exec_set(exec, node, Kind::Kernel(kernel_read(p, false)?))
-    }
-    fn cuGraphExecKernelNodeSetParams_v2(exec: CUgraphExec, node: CUgraphNode, p: *const c_void) {
-        drv()?;
-        exec_set(exec, node, Kind::Kernel(kernel_read(p, true)?))
-    }
-    fn cuGraphExecMemcpyNodeSetParams(exec: CUgraphExec, node: CUgraphNode, p: *const Memcpy3D, _ctx: CUcontext) {
-        drv()?;
-        exec_set(exec, node, Kind::Memcpy(read_copy(p)?))
-    }
-    fn cuGraphExecMemsetNodeSetParams(exec: CUgraphExec, node: CUgraphNode, p: *const MemsetParams, _ctx: CUcontext) {
-        drv()?;
-        exec_set(exec, node, Kind::Memset(read_memset(p)?))
-    }
-    fn cuGraphExecHostNodeSetParams(exec: CUgraphExec, node: CUgraphNode, p: *const HostParams) {
-        drv()?;
-        exec_set(exec, node, host_node(read(p)?)?)
-    }
-    fn cuGraphExecChildGraphNodeSetParams(exec: CUgraphExec, node: CUgraphNode, child: CUgraph) {
-        drv()?;
-        exec_set(exec, node, Kind::Inline(Arc::new(snapshot(child as usize)?)))
-    }
-    fn cuGraphExecEventRecordNodeSetEvent(exec: CUgraphExec, node: CUgraphNode, e: CUevent) {
-        drv()?;
-        exec_set(exec, node, Kind::EventRecord(event_of(e)?))
-    }
-    fn cuGraphExecEventWaitNodeSetEvent(exec: CUgraphExec, node: CUgraphNode, e: CUevent) {
-        drv()?;
-        exec_set(exec, node, Kind::EventWait(event_of(e)?))
-    }
-    /// "The following node types are currently supported: Kernel, Memset, Memcpy" (and batch
-    /// and fabric copies, which the simulator does not make); others: CUDA_ERROR_INVALID_VALUE.
-    fn cuGraphNodeSetEnabled(exec: CUgraphExec, node: CUgraphNode, on: c_uint) {
-        exec_node(exec, node, |n| {
-            if !matches!(n.kind.ty(), T_KERNEL | T_MEMCPY | T_MEMSET) {
-                return Err(err::INVALID_VALUE);
-            }
-            n.enabled = on != 0;
-            Ok(())
-        })
-    }
-    fn cuGraphNodeGetEnabled(exec: CUgraphExec, node: CUgraphNode, on: *mut c_uint) {
-        let v = exec_node(exec, node, |n| {
-            if !matches!(n.kind.ty(), T_KERNEL | T_MEMCPY | T_MEMSET) {
-                return Err(err::INVALID_VALUE);
-            }
-            Ok(c_uint::from(n.enabled))
-        })?;
-        write(on, v)
-    }
-
     fn cuUserObjectCreate(out: *mut *mut c_void, ptr: *mut c_void, destroy: HostFn, refs: c_uint, flags: c_uint) {
         drv()?;
         if out.is_null() || destroy.is_none() || refs == 0 || flags != USER_OBJECT_NO_DESTRUCTOR_SYNC {
@@ -2686,60 +1460,5 @@ export! {
             }
         }
         user_object_release(o as usize, n)
-    }
-
-    /// CUDA 10.0's form: no mode argument (global mode).
-    fn cuStreamBeginCapture(s: CUstream) { begin(s, CAPTURE_MODE_GLOBAL, false, None) }
-    fn cuStreamBeginCapture_ptsz(s: CUstream) { begin(s, CAPTURE_MODE_GLOBAL, true, None) }
-    fn cuStreamBeginCapture_v2(s: CUstream, mode: i32) { begin(s, mode, false, None) }
-    fn cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: i32) { begin(s, mode, true, None) }
-    fn cuStreamBeginCaptureToGraph(s: CUstream, g: CUgraph, deps: *const CUgraphNode, edges: *const u64, n: usize, mode: i32) {
-        begin_to_graph(s, g, deps, edges, n, mode, false)
-    }
-    fn cuStreamBeginCaptureToGraph_ptsz(s: CUstream, g: CUgraph, deps: *const CUgraphNode, edges: *const u64, n: usize, mode: i32) {
-        begin_to_graph(s, g, deps, edges, n, mode, true)
-    }
-    fn cuStreamEndCapture(s: CUstream, g: *mut CUgraph) { end_capture(s, g, false) }
-    fn cuStreamEndCapture_ptsz(s: CUstream, g: *mut CUgraph) { end_capture(s, g, true) }
-    fn cuStreamIsCapturing(s: CUstream, status: *mut i32) { is_capturing(s, status, false) }
-    fn cuStreamIsCapturing_ptsz(s: CUstream, status: *mut i32) { is_capturing(s, status, true) }
-    fn cuStreamGetCaptureInfo(s: CUstream, status: *mut i32, id: *mut u64) {
-        capture_info(s, status, id, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), false)
-    }
-    fn cuStreamGetCaptureInfo_ptsz(s: CUstream, status: *mut i32, id: *mut u64) {
-        capture_info(s, status, id, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), true)
-    }
-    fn cuStreamGetCaptureInfo_v2(s: CUstream, status: *mut i32, id: *mut u64, g: *mut CUgraph, deps: *mut *const CUgraphNode, ndeps: *mut usize) {
-        capture_info(s, status, id, g, deps, std::ptr::null_mut(), ndeps, false)
-    }
-    fn cuStreamGetCaptureInfo_v2_ptsz(s: CUstream, status: *mut i32, id: *mut u64, g: *mut CUgraph, deps: *mut *const CUgraphNode, ndeps: *mut usize) {
-        capture_info(s, status, id, g, deps, std::ptr::null_mut(), ndeps, true)
-    }
-    fn cuStreamGetCaptureInfo_v3(s: CUstream, status: *mut i32, id: *mut u64, g: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const c_void, ndeps: *mut usize) {
-        capture_info(s, status, id, g, deps, edges, ndeps, false)
-    }
-    fn cuStreamGetCaptureInfo_v3_ptsz(s: CUstream, status: *mut i32, id: *mut u64, g: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const c_void, ndeps: *mut usize) {
-        capture_info(s, status, id, g, deps, edges, ndeps, true)
-    }
-    fn cuStreamUpdateCaptureDependencies(s: CUstream, deps: *const CUgraphNode, n: usize, flags: c_uint) {
-        update_capture_deps(s, deps, std::ptr::null(), n, flags, false)
-    }
-    fn cuStreamUpdateCaptureDependencies_ptsz(s: CUstream, deps: *const CUgraphNode, n: usize, flags: c_uint) {
-        update_capture_deps(s, deps, std::ptr::null(), n, flags, true)
-    }
-    fn cuStreamUpdateCaptureDependencies_v2(s: CUstream, deps: *const CUgraphNode, edges: *const u64, n: usize, flags: c_uint) {
-        update_capture_deps(s, deps, edges, n, flags, false)
-    }
-    fn cuStreamUpdateCaptureDependencies_v2_ptsz(s: CUstream, deps: *const CUgraphNode, edges: *const u64, n: usize, flags: c_uint) {
-        update_capture_deps(s, deps, edges, n, flags, true)
-    }
-    /// Sets the thread's capture mode to `*mode` and writes the previous one back.
-    fn cuThreadExchangeStreamCaptureMode(mode: *mut i32) {
-        drv()?;
-        let want = read(mode as *const i32)?;
-        if !(CAPTURE_MODE_GLOBAL..=CAPTURE_MODE_RELAXED).contains(&want) {
-            return Err(err::INVALID_VALUE);
-        }
-        write(mode, CAPTURE_MODE.with(|m| m.replace(want)))
     }
 }

@@ -6,16 +6,18 @@
 //! duration the caller picks (`sim_busy*` kernels: their first u64 parameter, in ns).
 //!
 //! Layout: `abi` helpers and the export macro here; `ctx` devices and contexts; `mem` every
-//! allocation path, copies and pools; `exec` modules, launches, streams and events; `graph` graphs and stream
-//! capture;
+//! allocation path, copies and pools; `exec` modules, launches, streams and events; `graph` graphs and their nodes, `graph_exec`
+//! executable graphs, `capture` stream capture;
 //! `procaddr` cuGetProcAddress; `export_table` cuGetExportTable, the private tables NVIDIA's
 //! runtime asks for.
 #![allow(clippy::missing_safety_doc)]
 
+mod capture;
 mod ctx;
 mod exec;
 mod export_table;
 mod graph;
+mod graph_exec;
 
 mod mem;
 mod proc_table;

@@ -32,9 +32,9 @@
 //! - v1 (32-bit) entry points: allocations live below 2 GiB (a 256 MiB arena), as a 32-bit
 //!   `CUdeviceptr_v1` requires.
 
+use crate::capture;
 use crate::ctx;
 use crate::exec;
-use crate::graph;
 use crate::{drv, export, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::arena::{round_up, Arena, ALIGN};
@@ -563,7 +563,7 @@ fn alloc_from_pool(
     // pool's properties are used to set the node's creation parameters" (cuMemAllocAsync and
     // cuMemAllocFromPoolAsync, CUDA driver API reference): the pool grows by nothing, and the
     // graph's memory is taken from the device's graph memory pool when the graph runs.
-    if let Some(r) = graph::capture_alloc(&stream, pool.dev, size as u64) {
+    if let Some(r) = capture::capture_alloc(&stream, pool.dev, size as u64) {
         return write(dptr, r?);
     }
     let rounded = round_up(size as u64, ALIGN);
@@ -588,7 +588,7 @@ fn free_async(dptr: CUdeviceptr, s: CUstream, pt: bool) -> Res {
     let stream = exec::stream(s, pt)?;
     // "During stream capture, this function results in the creation of a free node"
     // (cuMemFreeAsync, CUDA driver API reference): nothing is freed now.
-    if let Some(r) = graph::capture_free(&stream, dptr) {
+    if let Some(r) = capture::capture_free(&stream, dptr) {
         return r;
     }
     free(dptr, |_| true)
@@ -1114,7 +1114,7 @@ export! {
     fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) {
         // cuMemAlloc is the "potentially unsafe API call" of stream capture's example
         // (cuThreadExchangeStreamCaptureMode): refused during a capture the thread's mode sees.
-        graph::check_unsafe_call()?;
+        capture::check_unsafe_call()?;
         if dptr.is_null() {
             return Err(err::INVALID_VALUE);
         }
@@ -1257,14 +1257,14 @@ export! {
     fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_any(dst, src, n) }
     fn cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { wait_for_context()?; copy_any(dst, src, n) }
 
-    fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) { let st = exec::stream(s, false)?; captured(graph::capture_copy(&st, dst, CU_MEMORYTYPE_DEVICE, src as u64, CU_MEMORYTYPE_HOST, n), || copy_htod(dst, src, n)) }
-    fn cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) { let st = exec::stream(s, true)?; captured(graph::capture_copy(&st, dst, CU_MEMORYTYPE_DEVICE, src as u64, CU_MEMORYTYPE_HOST, n), || copy_htod(dst, src, n)) }
-    fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) { let st = exec::stream(s, false)?; captured(graph::capture_copy(&st, dst as u64, CU_MEMORYTYPE_HOST, src, CU_MEMORYTYPE_DEVICE, n), || copy_dtoh(dst, src, n)) }
-    fn cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) { let st = exec::stream(s, true)?; captured(graph::capture_copy(&st, dst as u64, CU_MEMORYTYPE_HOST, src, CU_MEMORYTYPE_DEVICE, n), || copy_dtoh(dst, src, n)) }
-    fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { let st = exec::stream(s, false)?; captured(graph::capture_copy(&st, dst, CU_MEMORYTYPE_DEVICE, src, CU_MEMORYTYPE_DEVICE, n), || copy_dtod(dst, src, n)) }
-    fn cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { let st = exec::stream(s, true)?; captured(graph::capture_copy(&st, dst, CU_MEMORYTYPE_DEVICE, src, CU_MEMORYTYPE_DEVICE, n), || copy_dtod(dst, src, n)) }
-    fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { let st = exec::stream(s, false)?; captured(graph::capture_copy(&st, dst, MEMTYPE_UNIFIED, src, MEMTYPE_UNIFIED, n), || copy_any(dst, src, n)) }
-    fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { let st = exec::stream(s, true)?; captured(graph::capture_copy(&st, dst, MEMTYPE_UNIFIED, src, MEMTYPE_UNIFIED, n), || copy_any(dst, src, n)) }
+    fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) { let st = exec::stream(s, false)?; captured(capture::capture_copy(&st, dst, CU_MEMORYTYPE_DEVICE, src as u64, CU_MEMORYTYPE_HOST, n), || copy_htod(dst, src, n)) }
+    fn cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) { let st = exec::stream(s, true)?; captured(capture::capture_copy(&st, dst, CU_MEMORYTYPE_DEVICE, src as u64, CU_MEMORYTYPE_HOST, n), || copy_htod(dst, src, n)) }
+    fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) { let st = exec::stream(s, false)?; captured(capture::capture_copy(&st, dst as u64, CU_MEMORYTYPE_HOST, src, CU_MEMORYTYPE_DEVICE, n), || copy_dtoh(dst, src, n)) }
+    fn cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) { let st = exec::stream(s, true)?; captured(capture::capture_copy(&st, dst as u64, CU_MEMORYTYPE_HOST, src, CU_MEMORYTYPE_DEVICE, n), || copy_dtoh(dst, src, n)) }
+    fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { let st = exec::stream(s, false)?; captured(capture::capture_copy(&st, dst, CU_MEMORYTYPE_DEVICE, src, CU_MEMORYTYPE_DEVICE, n), || copy_dtod(dst, src, n)) }
+    fn cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { let st = exec::stream(s, true)?; captured(capture::capture_copy(&st, dst, CU_MEMORYTYPE_DEVICE, src, CU_MEMORYTYPE_DEVICE, n), || copy_dtod(dst, src, n)) }
+    fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { let st = exec::stream(s, false)?; captured(capture::capture_copy(&st, dst, MEMTYPE_UNIFIED, src, MEMTYPE_UNIFIED, n), || copy_any(dst, src, n)) }
+    fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) { let st = exec::stream(s, true)?; captured(capture::capture_copy(&st, dst, MEMTYPE_UNIFIED, src, MEMTYPE_UNIFIED, n), || copy_any(dst, src, n)) }
 
     fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize) { wait_for_context()?; memset(dst, v as u32, 1, n) }
     fn cuMemsetD8_v2_ptds(dst: CUdeviceptr, v: u8, n: usize) { wait_for_context()?; memset(dst, v as u32, 1, n) }
@@ -1272,12 +1272,12 @@ export! {
     fn cuMemsetD16_v2_ptds(dst: CUdeviceptr, v: u16, n: usize) { wait_for_context()?; memset(dst, v as u32, 2, n) }
     fn cuMemsetD32_v2(dst: CUdeviceptr, v: u32, n: usize) { wait_for_context()?; memset(dst, v, 4, n) }
     fn cuMemsetD32_v2_ptds(dst: CUdeviceptr, v: u32, n: usize) { wait_for_context()?; memset(dst, v, 4, n) }
-    fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, s: CUstream) { let st = exec::stream(s, false)?; captured(graph::capture_memset(&st, dst, v as u32, 1, n), || memset(dst, v as u32, 1, n)) }
-    fn cuMemsetD8Async_ptsz(dst: CUdeviceptr, v: u8, n: usize, s: CUstream) { let st = exec::stream(s, true)?; captured(graph::capture_memset(&st, dst, v as u32, 1, n), || memset(dst, v as u32, 1, n)) }
-    fn cuMemsetD16Async(dst: CUdeviceptr, v: u16, n: usize, s: CUstream) { let st = exec::stream(s, false)?; captured(graph::capture_memset(&st, dst, v as u32, 2, n), || memset(dst, v as u32, 2, n)) }
-    fn cuMemsetD16Async_ptsz(dst: CUdeviceptr, v: u16, n: usize, s: CUstream) { let st = exec::stream(s, true)?; captured(graph::capture_memset(&st, dst, v as u32, 2, n), || memset(dst, v as u32, 2, n)) }
-    fn cuMemsetD32Async(dst: CUdeviceptr, v: u32, n: usize, s: CUstream) { let st = exec::stream(s, false)?; captured(graph::capture_memset(&st, dst, v, 4, n), || memset(dst, v, 4, n)) }
-    fn cuMemsetD32Async_ptsz(dst: CUdeviceptr, v: u32, n: usize, s: CUstream) { let st = exec::stream(s, true)?; captured(graph::capture_memset(&st, dst, v, 4, n), || memset(dst, v, 4, n)) }
+    fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, s: CUstream) { let st = exec::stream(s, false)?; captured(capture::capture_memset(&st, dst, v as u32, 1, n), || memset(dst, v as u32, 1, n)) }
+    fn cuMemsetD8Async_ptsz(dst: CUdeviceptr, v: u8, n: usize, s: CUstream) { let st = exec::stream(s, true)?; captured(capture::capture_memset(&st, dst, v as u32, 1, n), || memset(dst, v as u32, 1, n)) }
+    fn cuMemsetD16Async(dst: CUdeviceptr, v: u16, n: usize, s: CUstream) { let st = exec::stream(s, false)?; captured(capture::capture_memset(&st, dst, v as u32, 2, n), || memset(dst, v as u32, 2, n)) }
+    fn cuMemsetD16Async_ptsz(dst: CUdeviceptr, v: u16, n: usize, s: CUstream) { let st = exec::stream(s, true)?; captured(capture::capture_memset(&st, dst, v as u32, 2, n), || memset(dst, v as u32, 2, n)) }
+    fn cuMemsetD32Async(dst: CUdeviceptr, v: u32, n: usize, s: CUstream) { let st = exec::stream(s, false)?; captured(capture::capture_memset(&st, dst, v, 4, n), || memset(dst, v, 4, n)) }
+    fn cuMemsetD32Async_ptsz(dst: CUdeviceptr, v: u32, n: usize, s: CUstream) { let st = exec::stream(s, true)?; captured(capture::capture_memset(&st, dst, v, 4, n), || memset(dst, v, 4, n)) }
 
     fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) {
         let (i, _) = ctx::device(dev)?;
