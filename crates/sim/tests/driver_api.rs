@@ -621,14 +621,26 @@ fn graphs_capture_and_cooperative_launches_take_device_time() {
             status,
             cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
         );
-        for _ in 0..3 {
-            ok(launch_busy(f, 10_000_000, s));
-        }
+        ok(launch_busy(f, 10_000_000, s));
+        // Synchronizing a capturing stream is refused and invalidates the capture, which then
+        // ends with no graph (the real driver: JuliaGPU/CUDA.jl#1229, 900 then 901).
         assert_eq!(
             cu::cuStreamSynchronize(s),
             CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
         );
         let mut g = null_mut();
+        assert_eq!(
+            cu::cuStreamEndCapture(s, &mut g),
+            CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        );
+        assert!(g.is_null());
+        ok(cu::cuStreamBeginCapture_v2(
+            s,
+            cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        ));
+        for _ in 0..3 {
+            ok(launch_busy(f, 10_000_000, s));
+        }
         ok(cu::cuStreamEndCapture(s, &mut g));
         ok(cu::cuStreamQuery(s));
         let mut exec = null_mut();

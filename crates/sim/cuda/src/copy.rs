@@ -15,6 +15,8 @@
 //! the simulator's device address space that is no live allocation is refused.
 
 use crate::array;
+use crate::capture;
+use crate::graph::MemsetParams;
 use crate::stream::{self, Job};
 use crate::{ctx, export, mem, read, write, Res};
 use cuvisor_cuda_abi::cuda::*;
@@ -264,6 +266,64 @@ enum On {
     Stream(CUstream, bool),
 }
 
+/// What an async copy or memset becomes on a capturing stream.
+enum Captured {
+    /// A memcpy node.
+    Copy(CUDA_MEMCPY3D),
+    /// A memset node.
+    Set(MemsetParams),
+    /// Nothing the graphs model (peer and batched copies, 1D array copies): refused.
+    Unsupported,
+}
+
+/// On a capturing stream the copy is recorded as a node instead of run: the capture's answer
+/// (None: not captured, run it).
+fn captured(on: On, node: impl FnOnce() -> Captured) -> Option<Res> {
+    let On::Stream(h, pt) = on else {
+        return None;
+    };
+    let s = match stream::stream(h, pt) {
+        Ok(s) => s,
+        Err(e) => return Some(Err(e)),
+    };
+    match node() {
+        Captured::Copy(c) => capture::capture_copy(&s, &c),
+        Captured::Set(m) => capture::capture_memset(&s, m),
+        Captured::Unsupported => capture::capture_unsupported(&s),
+    }
+}
+
+/// A copy as the `CUDA_MEMCPY3D` a memcpy node holds (the inverse of `split3d`).
+fn as_3d(src: &Desc, dst: &Desc, e: Extent) -> CUDA_MEMCPY3D {
+    CUDA_MEMCPY3D {
+        srcXInBytes: src.x as usize,
+        srcY: src.y as usize,
+        srcZ: src.z as usize,
+        srcLOD: 0,
+        srcMemoryType: src.memtype,
+        srcHost: src.host as *const c_void,
+        srcDevice: src.device,
+        srcArray: src.array,
+        reserved0: std::ptr::null_mut(),
+        srcPitch: src.pitch as usize,
+        srcHeight: src.height as usize,
+        dstXInBytes: dst.x as usize,
+        dstY: dst.y as usize,
+        dstZ: dst.z as usize,
+        dstLOD: 0,
+        dstMemoryType: dst.memtype,
+        dstHost: dst.host as *mut c_void,
+        dstDevice: dst.device,
+        dstArray: dst.array,
+        reserved1: std::ptr::null_mut(),
+        dstPitch: dst.pitch as usize,
+        dstHeight: dst.height as usize,
+        WidthInBytes: e.width as usize,
+        Height: e.height as usize,
+        Depth: e.depth as usize,
+    }
+}
+
 /// Checks a copy and runs it where `on` says: after the context's queued work, or in its
 /// stream's order.
 fn run(on: On, check: impl FnOnce() -> Result<Job, CUresult>) -> Res {
@@ -279,7 +339,11 @@ fn run(on: On, check: impl FnOnce() -> Result<Job, CUresult>) -> Res {
 // ---- linear copies ------------------------------------------------------------------------------
 
 fn linear(on: On, dst: Desc, src: Desc, n: usize) -> Res {
-    run(on, || plan(&src, &dst, Extent::line(n as u64)))
+    let e = Extent::line(n as u64);
+    if let Some(r) = captured(on, || Captured::Copy(as_3d(&src, &dst, e))) {
+        return r;
+    }
+    run(on, || plan(&src, &dst, e))
 }
 
 fn host_src(p: *const c_void) -> Desc {
@@ -334,6 +398,9 @@ fn line_side(d: &Desc, n: u64, write: bool) -> Result<Side, CUresult> {
 
 /// 1D copies where one side or both are arrays.
 fn array_copy(on: On, dst: Result<Desc, CUresult>, src: Result<Desc, CUresult>, n: usize) -> Res {
+    if let Some(r) = captured(on, || Captured::Unsupported) {
+        return r;
+    }
     run(on, || array_plan(dst?, src?, n))
 }
 
@@ -394,6 +461,12 @@ fn copy2d(on: On, p: *const CUDA_MEMCPY2D) -> Res {
 }
 
 fn copy2d_of(on: On, c: CUDA_MEMCPY2D) -> Res {
+    if let Some(r) = captured(on, || {
+        let (src, dst, e) = split2d(&c);
+        Captured::Copy(as_3d(&src, &dst, e))
+    }) {
+        return r;
+    }
     run(on, || {
         let (src, dst, e) = split2d(&c);
         plan(&src, &dst, e)
@@ -447,6 +520,9 @@ fn copy3d(on: On, p: *const CUDA_MEMCPY3D) -> Res {
 }
 
 fn copy3d_of(on: On, c: CUDA_MEMCPY3D) -> Res {
+    if let Some(r) = captured(on, || Captured::Copy(c)) {
+        return r;
+    }
     run(on, || plan3d_struct(&c))
 }
 
@@ -472,6 +548,9 @@ fn plan3d_struct(c: &CUDA_MEMCPY3D) -> Result<Job, CUresult> {
 /// CUDA_ERROR_INVALID_VALUE.
 fn copy3d_peer(on: On, p: *const CUDA_MEMCPY3D_PEER) -> Res {
     let c: CUDA_MEMCPY3D_PEER = read(p)?;
+    if let Some(r) = captured(on, || Captured::Unsupported) {
+        return r;
+    }
     run(on, || plan3d_peer(&c))
 }
 
@@ -541,6 +620,9 @@ fn peer(
     sctx: CUcontext,
     n: usize,
 ) -> Res {
+    if let Some(r) = captured(on, || Captured::Unsupported) {
+        return r;
+    }
     run(on, || {
         let (dc, sc) = (ctx::get(dctx)?, ctx::get(sctx)?);
         if n == 0 {
@@ -566,7 +648,11 @@ fn batch_stream(s: CUstream, pt: bool) -> Res {
     if h == CU_STREAM_LEGACY || (h == 0 && !pt) {
         return Err(err::INVALID_VALUE);
     }
-    stream::stream(s, pt).map(|_| ())
+    // A batch would be a node kind the graphs do not model: refused under capture.
+    match captured(On::Stream(s, pt), || Captured::Unsupported) {
+        Some(Err(e)) => Err(e),
+        _ => Ok(()),
+    }
 }
 
 fn valid_order(o: c_int) -> bool {
@@ -767,6 +853,18 @@ fn memset2d(
     width: usize,
     height: usize,
 ) -> Res {
+    if let Some(r) = captured(on, || {
+        Captured::Set(MemsetParams {
+            dst,
+            pitch: if height > 1 { pitch } else { 0 },
+            value,
+            elem: elem as c_uint,
+            width,
+            height,
+        })
+    }) {
+        return r;
+    }
     run(on, || fill(dst, pitch, value, elem, width, height))
 }
 

@@ -382,14 +382,16 @@ export! {
     }
 
     fn cuCtxSynchronize() {
-        let (_, c) = current()?;
+        let (h, c) = current()?;
+        crate::capture::refuse_ctx_sync(h)?;
         synchronize(&c);
         Ok(())
     }
 
     /// CUDA 13.0: waits for the work of `ctx`, NULL meaning the current context.
     fn cuCtxSynchronize_v2(ctx: CUcontext) {
-        let (_, c) = given_or_current(ctx)?;
+        let (h, c) = given_or_current(ctx)?;
+        crate::capture::refuse_ctx_sync(h)?;
         synchronize(&c);
         Ok(())
     }

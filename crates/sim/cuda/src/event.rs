@@ -8,7 +8,7 @@
 //! the others query, synchronize on and wait for: CLOCK_MONOTONIC is one clock for the machine.
 
 use crate::stream::{stream, wait_for, Stream};
-use crate::{ctx, drv, export, mem, write, Registry, Res};
+use crate::{capture, ctx, drv, export, mem, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::state::{now_ns, sleep_until, EVENT_PENDING};
 use std::ffi::c_uint;
@@ -66,6 +66,25 @@ fn events() -> &'static Registry<Event> {
 }
 
 /// The event behind a handle, after the driver is initialised.
+/// For graph event nodes: the event `ev` exists (CUDA_ERROR_INVALID_HANDLE otherwise).
+pub(crate) fn event_exists(ev: usize) -> Res {
+    event(ev as CUevent).map(|_| ())
+}
+
+/// For graph event-wait nodes: when the work `ev` captured ends (waiting for a record still
+/// queued behind host work to get its time).
+pub(crate) fn event_time(ev: usize) -> Result<u64, CUresult> {
+    let e = event(ev as CUevent)?;
+    wait_for(|| e.time() != EVENT_PENDING);
+    Ok(e.time())
+}
+
+/// For graph event-record nodes: the event now stands for work ending at `t`.
+pub(crate) fn event_record_at(ev: usize, t: u64) -> Res {
+    event(ev as CUevent)?.set(t);
+    Ok(())
+}
+
 fn event(h: CUevent) -> Result<Arc<Event>, CUresult> {
     drv()?;
     events().get(h as usize)
@@ -99,8 +118,9 @@ fn record(ev: CUevent, h: CUstream, flags: c_uint, pt: bool) -> Res {
     if flags & !CU_EVENT_RECORD_EXTERNAL != 0 {
         return Err(err::INVALID_VALUE);
     }
-    if s.capturing() {
-        return Ok(()); // becomes an event-record node of the captured graph; nothing to time now
+    // In a capture the event marks the stream's place in the captured graph: nothing to time.
+    if let Some(r) = capture::capture_event_record(&s, ev as usize, flags) {
+        return r;
     }
     if flags & CU_EVENT_RECORD_EXTERNAL != 0 {
         return Err(err::INVALID_VALUE); // "This flag is invalid outside of stream capture."
@@ -121,6 +141,7 @@ fn record(ev: CUevent, h: CUstream, flags: c_uint, pt: bool) -> Res {
 /// and answers CUDA_SUCCESS (cuda.h).
 fn query(ev: CUevent) -> Res {
     let e = event(ev)?;
+    capture::event_captured(ev as usize)?;
     let t = e.time();
     if t != EVENT_PENDING && now_ns() >= t {
         Ok(())
@@ -133,6 +154,7 @@ fn query(ev: CUevent) -> Res {
 /// waits (the thread sleeps rather than spins); the simulator always sleeps.
 fn synchronize(ev: CUevent) -> Res {
     let e = event(ev)?;
+    capture::event_captured(ev as usize)?;
     wait_for(|| e.time() != EVENT_PENDING);
     sleep_until(e.time());
     // "the allocator will try to release memory back to the OS on the next call to stream,
@@ -176,8 +198,9 @@ fn stream_wait(h: CUstream, ev: CUevent, flags: c_uint, pt: bool) -> Res {
     if flags & !CU_EVENT_WAIT_EXTERNAL != 0 {
         return Err(err::INVALID_VALUE);
     }
-    if s.capturing() {
-        return Ok(()); // becomes an event-wait node of the captured graph (the graph chapter's)
+    // In a capture, a join or fork of capturing streams (or an event-wait node).
+    if let Some(r) = capture::capture_event_wait(&s, ev as usize, flags) {
+        return r;
     }
     if flags & CU_EVENT_WAIT_EXTERNAL != 0 {
         return Err(err::INVALID_VALUE); // "This flag is invalid when used outside of capture."

@@ -1,5 +1,5 @@
-//! Execution: modules and functions, kernel launches, graphs and stream capture (streams and
-//! events are `stream` and `event`).
+//! Execution: modules and functions, kernel launches (streams and events are `stream` and
+//! `event`; graphs and stream capture `graph`, `graph_exec` and `capture`).
 //!
 //! Time model: a kernel takes the device's timeline for its run time (`sim_busy*`: the first u64
 //! parameter in ns; others: the model's default). The timeline is shared by every process, so
@@ -7,62 +7,39 @@
 //! events, queries and synchronization follow from those times and the wall clock.
 //! Copies and memsets take no simulated time.
 
-use crate::ctx;
 use crate::stream::{stream, Stream};
-use crate::{cstr, drv, export, mem, occupancy, read, write, Registry, Res};
+use crate::{capture, cstr, ctx, drv, export, mem, occupancy, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_image::{self as image, Image};
 
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_uint, c_void};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// A capture sequence: the graph it records into, made at cuStreamBeginCapture (so that
-/// cuStreamGetCaptureInfo can name it) and handed over at cuStreamEndCapture.
-pub(crate) struct Capture {
-    /// "an id for the capture sequence, which is unique over the lifetime of the process"
-    /// (cuStreamGetCaptureInfo, CUDA driver API reference).
-    id: u64,
-    graph: usize,
-    nodes: Arc<Graph>,
-    /// What `dependencies_out` / `edgeData_out` point at: work captured from one stream is a
-    /// chain, so the next node depends on the last one captured (if any), over an edge with
-    /// no data (`CUgraphEdgeData`, 8 bytes, all zero: the default edge). Boxed so the
-    /// addresses handed out stay put while the capture lasts.
-    /// The node handle as an address (a `CUgraphNode` has the same size and layout).
-    deps: Box<[usize; 1]>,
-    edges: Box<[u64; 1]>,
+/// Writes `v` where the caller asked for it (an optional out-parameter).
+fn write_opt<T>(p: *mut T, v: T) -> Res {
+    if p.is_null() {
+        Ok(())
+    } else {
+        write(p, v)
+    }
+}
+
+/// Kernel work for a stream: its run time on the device's timeline.
+#[derive(Clone, Copy)]
+pub(crate) struct Node {
+    pub ns: u64,
 }
 
 impl Stream {
-    pub(crate) fn capturing(&self) -> bool {
-        self.capture
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
-    }
-    /// Queues `dur` ns of work in stream order (or records it, while capturing).
-    fn run(self: &Arc<Self>, node: Node) -> Res {
-        {
-            let cap = self.capture.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(c) = cap.as_ref() {
-                c.nodes.push(Op::Kernel(node.ns));
-                return Ok(());
-            }
-        }
+    /// Queues `node.ns` ns of kernel work in stream order (behind any host work queued on it).
+    pub(crate) fn run(self: &Arc<Self>, node: Node) -> Res {
         drv()?;
         self.submit(move |s| {
             let _ = s.run_kernel_now(node.ns);
         });
         Ok(())
     }
-}
-
-#[derive(Clone, Copy)]
-struct Node {
-    ns: u64,
 }
 
 struct Module {
@@ -77,7 +54,7 @@ struct Module {
 
 pub(crate) struct Function {
     /// `sim_busy*`: run time comes from the first parameter.
-    busy: bool,
+    pub busy: bool,
     module: usize,
     /// Its name in the module (what its resources are found under).
     name: String,
@@ -99,96 +76,6 @@ struct Kernel {
     function: usize,
 }
 
-/// A graph node: a kernel (its run time), a memory-allocation node, or a memory-free node (the
-/// address it frees).
-#[derive(Clone)]
-enum Op {
-    Kernel(u64),
-    Alloc(Arc<NodeAlloc>),
-    Free(u64),
-}
-
-/// A memory-allocation node's allocation, shared by its graph and the graph's executable: its
-/// address is given back when both are gone (and the allocation is not live).
-struct NodeAlloc(Arc<mem::GraphAlloc>);
-
-impl Drop for NodeAlloc {
-    fn drop(&mut self) {
-        mem::graph_alloc_orphan(&self.0);
-    }
-}
-
-struct Graph {
-    /// Node handles are `base + index + 1` (see `node_handle`).
-    base: usize,
-    nodes: Mutex<Vec<Op>>,
-}
-
-impl Graph {
-    fn push(&self, op: Op) -> usize {
-        let mut n = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
-        n.push(op);
-        node_handle(self.base, n.len() - 1)
-    }
-    fn len(&self) -> usize {
-        self.nodes.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-}
-
-struct GraphExec {
-    nodes: Vec<Op>,
-    /// CUgraphInstantiate_flags.
-    flags: u64,
-}
-
-/// Node handles: each graph gets a range of 2^32 values of its own, far above any address a
-/// registry handle (a heap pointer) can have, so that a node names its graph.
-const NODE_RANGE: usize = 1 << 32;
-const NODE_BASE: usize = 1 << 56;
-
-fn node_handle(base: usize, index: usize) -> usize {
-    base + index + 1
-}
-
-/// graph base -> graph handle.
-fn graph_bases() -> &'static Mutex<HashMap<usize, usize>> {
-    static M: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
-    M.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-fn new_graph() -> (usize, Arc<Graph>) {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let base = NODE_BASE + NEXT.fetch_add(1, Relaxed) * NODE_RANGE;
-    let (h, g) = graphs().insert(Graph {
-        base,
-        nodes: Mutex::new(Vec::new()),
-    });
-    graph_bases()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(base, h);
-    (h, g)
-}
-
-/// The node behind a node handle.
-fn node_of(h: CUgraphNode) -> Result<Op, CUresult> {
-    let h = h as usize;
-    let base =
-        h.checked_sub(NODE_BASE).ok_or(err::INVALID_VALUE)? / NODE_RANGE * NODE_RANGE + NODE_BASE;
-    let g = graph_bases()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&base)
-        .copied()
-        .ok_or(err::INVALID_VALUE)?;
-    let g = graphs().get(g)?;
-    let nodes = g.nodes.lock().unwrap_or_else(|e| e.into_inner());
-    (h - base)
-        .checked_sub(1)
-        .and_then(|i| nodes.get(i).cloned())
-        .ok_or(err::INVALID_VALUE)
-}
-
 fn modules() -> &'static Registry<Module> {
     static R: OnceLock<Registry<Module>> = OnceLock::new();
     R.get_or_init(Registry::new)
@@ -205,18 +92,10 @@ fn kernels() -> &'static Registry<Kernel> {
     static R: OnceLock<Registry<Kernel>> = OnceLock::new();
     R.get_or_init(Registry::new)
 }
-fn graphs() -> &'static Registry<Graph> {
-    static R: OnceLock<Registry<Graph>> = OnceLock::new();
-    R.get_or_init(Registry::new)
-}
-fn execs() -> &'static Registry<GraphExec> {
-    static R: OnceLock<Registry<GraphExec>> = OnceLock::new();
-    R.get_or_init(Registry::new)
-}
 
 /// Run time of a launch: `sim_busy*` kernels say it in their first parameter (a u64, in ns),
 /// passed either through `kernelParams` or the `extra` buffer.
-fn kernel_ns(
+pub(crate) fn kernel_ns(
     f: &Function,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
@@ -254,12 +133,12 @@ fn unsafe_index(arr: *mut *mut c_void, i: usize) -> *const *mut c_void {
     arr.wrapping_add(i)
 }
 
-struct Dims {
-    grid: [c_uint; 3],
-    block: [c_uint; 3],
+pub(crate) struct Dims {
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
 }
 
-fn check_dims(d: &Dims, cooperative: bool, dev: usize) -> Res {
+pub(crate) fn check_dims(d: &Dims, cooperative: bool, dev: usize) -> Res {
     let [gx, gy, gz] = d.grid;
     let [bx, by, bz] = d.block;
     if gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 {
@@ -298,6 +177,10 @@ fn launch(
     let s = stream(h, per_thread)?;
     check_dims(&dims, cooperative, s.dev)?;
     let ns = kernel_ns(&func, params, extra)?;
+    // Captured: a kernel node of the capture's graph.
+    if let Some(r) = capture::capture_kernel(&s, f, &dims, 0, ns) {
+        return r;
+    }
     s.run(Node { ns })
 }
 
@@ -321,361 +204,6 @@ fn launch_ex(
         block: [c.blockDimX, c.blockDimY, c.blockDimZ],
     };
     launch(f, dims, params, extra, c.hStream, pt, cooperative)
-}
-
-fn begin_capture(h: CUstream, mode: i32, pt: bool) -> Res {
-    let s = stream(h, pt)?;
-    if Arc::ptr_eq(&s, &ctx::current()?.1.legacy) {
-        return Err(err::STREAM_CAPTURE_UNSUPPORTED); // the legacy stream cannot be captured
-    }
-    if !(0..=2).contains(&mode) {
-        return Err(err::INVALID_VALUE);
-    }
-    let mut cap = s.capture.lock().unwrap_or_else(|e| e.into_inner());
-    if cap.is_some() {
-        return Err(err::ILLEGAL_STATE);
-    }
-    static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-    let (graph, nodes) = new_graph();
-    *cap = Some(Capture {
-        id: NEXT_ID.fetch_add(1, Relaxed),
-        graph,
-        nodes,
-        deps: Box::new([0]),
-        edges: Box::new([0]),
-    });
-    Ok(())
-}
-
-fn end_capture(h: CUstream, graph: *mut CUgraph, pt: bool) -> Res {
-    let s = stream(h, pt)?;
-    if graph.is_null() {
-        return Err(err::INVALID_VALUE);
-    }
-    let c = s
-        .capture
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take()
-        .ok_or(err::ILLEGAL_STATE)?;
-    write(graph, c.graph as CUgraph)
-}
-
-/// Writes `v` where the caller asked for it (an optional out-parameter).
-fn write_opt<T>(p: *mut T, v: T) -> Res {
-    if p.is_null() {
-        Ok(())
-    } else {
-        write(p, v)
-    }
-}
-
-/// cuStreamGetCaptureInfo in all three forms: v1 (10.1) asks for status and id, v2 (11.3) adds
-/// the graph and the dependencies, v3 (12.3) their edge data. The CUDA driver API reference:
-/// the status is required; "If edgeData_out is non-NULL then dependencies_out must be as
-/// well"; the other outputs are valid only while the status is ACTIVE (the simulator leaves
-/// them alone otherwise). Edges here carry no data, so a query without `edgeData_out` is
-/// never lossy (CUDA_ERROR_LOSSY_QUERY).
-#[allow(clippy::too_many_arguments)]
-fn capture_info(
-    h: CUstream,
-    status: *mut i32,
-    id: *mut u64,
-    graph: *mut CUgraph,
-    deps: *mut *const CUgraphNode,
-    edges: *mut *const c_void,
-    ndeps: *mut usize,
-    pt: bool,
-) -> Res {
-    let s = stream(h, pt)?;
-    if status.is_null() || (!edges.is_null() && deps.is_null()) {
-        return Err(err::INVALID_VALUE);
-    }
-    let mut cap = s.capture.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(c) = cap.as_mut() else {
-        return write(status, CU_STREAM_CAPTURE_STATUS_NONE);
-    };
-    let n = c.nodes.len();
-    c.deps[0] = if n > 0 {
-        node_handle(c.nodes.base, n - 1)
-    } else {
-        0
-    };
-    let count = usize::from(n > 0);
-    write(status, CU_STREAM_CAPTURE_STATUS_ACTIVE)?;
-    write_opt(id, c.id)?;
-    write_opt(graph, c.graph as CUgraph)?;
-    let (d, e) = if count > 0 {
-        (
-            c.deps.as_ptr() as *const CUgraphNode,
-            c.edges.as_ptr() as *const c_void,
-        )
-    } else {
-        (std::ptr::null(), std::ptr::null())
-    };
-    write_opt(deps, d)?;
-    write_opt(edges, e)?;
-    write_opt(ndeps, count)
-}
-
-/// `CUstreamCaptureMode`: CU_STREAM_CAPTURE_MODE_GLOBAL = 0, _THREAD_LOCAL = 1, _RELAXED = 2.
-const CAPTURE_MODE_GLOBAL: i32 = 0;
-const CAPTURE_MODE_RELAXED: i32 = 2;
-
-thread_local! {
-    /// The thread's stream capture interaction mode (cuThreadExchangeStreamCaptureMode); a
-    /// thread starts in global mode. The simulator records it but does not refuse the calls a
-    /// mode forbids during a capture.
-    static CAPTURE_MODE: Cell<i32> = const { Cell::new(CAPTURE_MODE_GLOBAL) };
-}
-
-/// `CUDA_GRAPH_INSTANTIATE_PARAMS` (cuda.h, CUDA 12.0).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct InstantiateParams {
-    flags: u64,
-    upload_stream: CUstream,
-    err_node_out: CUgraphNode,
-    /// `CUgraphInstantiateResult`: CUDA_GRAPH_INSTANTIATE_SUCCESS = 0, _ERROR = 1.
-    result_out: i32,
-}
-
-/// `CUgraphInstantiate_flags`: AUTO_FREE_ON_LAUNCH 1, UPLOAD 2, DEVICE_LAUNCH 4,
-/// USE_NODE_PRIORITY 8.
-const INSTANTIATE_FLAG_UPLOAD: u64 = 2;
-const INSTANTIATE_FLAGS: u64 = 1 | 2 | 4 | 8;
-
-/// cuGraphInstantiateWithParams (CUDA 12.0): instantiates, and reports through the struct.
-/// With CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD the graph is uploaded into `hUploadStream`, which
-/// takes no simulated time; the stream must still be one.
-fn instantiate_with_params(
-    exec: *mut CUgraphExec,
-    graph: CUgraph,
-    p: *mut InstantiateParams,
-    pt: bool,
-) -> Res {
-    drv()?;
-    let mut params = read(p as *const InstantiateParams)?;
-    if params.flags & !INSTANTIATE_FLAGS != 0 {
-        return Err(err::INVALID_VALUE);
-    }
-    if params.flags & INSTANTIATE_FLAG_UPLOAD != 0 {
-        stream(params.upload_stream, pt)?;
-    }
-    let r = instantiate_flags(exec, graph, params.flags).and_then(|x| {
-        if params.flags & INSTANTIATE_FLAG_UPLOAD == 0 {
-            return Ok(());
-        }
-        // The upload maps the graph's memory now; a device that cannot give it fails the call
-        // and the executable is not kept.
-        upload(&x).inspect_err(|_| {
-            if let Ok(h) = read(exec as *const CUgraphExec) {
-                let _ = execs().remove(h as usize);
-            }
-        })
-    });
-    params.err_node_out = std::ptr::null_mut();
-    params.result_out = i32::from(r.is_err());
-    write(p, params)?;
-    r
-}
-
-fn is_capturing(h: CUstream, status: *mut i32, pt: bool) -> Res {
-    let s = stream(h, pt)?;
-    write(
-        status,
-        if s.capturing() {
-            CU_STREAM_CAPTURE_STATUS_ACTIVE
-        } else {
-            CU_STREAM_CAPTURE_STATUS_NONE
-        },
-    )
-}
-
-/// Per device: the most the graph's allocations hold at once while it runs (`peak`), and what
-/// of that it frees again before it ends (`transient`).
-fn graph_memory(nodes: &[Op]) -> HashMap<usize, (u64, u64)> {
-    let mut m: HashMap<usize, (u64, u64, u64)> = HashMap::new(); // dev -> (now, peak, _)
-    let mut mine: HashMap<u64, (usize, u64)> = HashMap::new();
-    for op in nodes {
-        match op {
-            Op::Alloc(a) => {
-                let e = m.entry(a.0.dev).or_default();
-                e.0 += a.0.size;
-                e.1 = e.1.max(e.0);
-                mine.insert(a.0.addr, (a.0.dev, a.0.size));
-            }
-            Op::Free(addr) => {
-                if let Some((dev, size)) = mine.remove(addr) {
-                    let e = m.entry(dev).or_default();
-                    e.0 -= size;
-                }
-            }
-            Op::Kernel(_) => {}
-        }
-    }
-    m.into_iter()
-        .map(|(d, (now, peak, _))| (d, (peak, peak - now)))
-        .collect()
-}
-
-/// Maps the physical memory a graph's allocations need, as cuGraphUpload does (and a launch
-/// before it runs): the device's graph memory pool grows to cover them, or
-/// CUDA_ERROR_OUT_OF_MEMORY.
-fn upload(x: &GraphExec) -> Res {
-    for (dev, (peak, _)) in graph_memory(&x.nodes) {
-        mem::graph_reserve(dev, peak)?;
-    }
-    Ok(())
-}
-
-fn graph_upload(exec: CUgraphExec, h: CUstream, pt: bool) -> Res {
-    let x = execs().get(exec as usize)?;
-    stream(h, pt)?;
-    upload(&x)
-}
-
-/// A launch: "If any allocations created by hGraphExec remain unfreed (from a previous launch)
-/// and hGraphExec was not instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
-/// the launch will fail with CUDA_ERROR_INVALID_VALUE" (cuGraphLaunch, CUDA driver API
-/// reference); with the flag, the launch frees them first. Then the graph's memory is mapped
-/// (`upload`); a device that cannot give it fails the launch with CUDA_ERROR_OUT_OF_MEMORY,
-/// nothing run. Then the nodes run in order: allocations become live, frees free them, kernels
-/// take the device's timeline.
-fn graph_launch(exec: CUgraphExec, h: CUstream, pt: bool) -> Res {
-    let x = execs().get(exec as usize)?;
-    let s = stream(h, pt)?;
-    let allocs: Vec<&Arc<NodeAlloc>> = x
-        .nodes
-        .iter()
-        .filter_map(|op| match op {
-            Op::Alloc(a) => Some(a),
-            _ => None,
-        })
-        .collect();
-    if !allocs.is_empty() && s.capturing() {
-        return Err(err::STREAM_CAPTURE_UNSUPPORTED);
-    }
-    if allocs.iter().any(|a| a.0.live()) {
-        if x.flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH == 0 {
-            return Err(err::INVALID_VALUE);
-        }
-        for a in allocs.iter().filter(|a| a.0.live()) {
-            mem::graph_alloc_free(a.0.addr)?;
-        }
-    }
-    upload(&x)?;
-    let ch = match s.ctx.load(Relaxed) {
-        0 => ctx::current()?.0,
-        c => c,
-    };
-    for op in &x.nodes {
-        match op {
-            Op::Kernel(ns) => s.run(Node { ns: *ns })?,
-            Op::Alloc(a) => mem::graph_alloc_map(&a.0, ch)?,
-            Op::Free(addr) => mem::graph_alloc_free(*addr)?,
-        }
-    }
-    for (dev, (_, transient)) in graph_memory(&x.nodes) {
-        mem::graph_running(dev, s.done_at(), transient);
-    }
-    Ok(())
-}
-
-fn instantiate(exec: *mut CUgraphExec, graph: CUgraph) -> Res {
-    instantiate_flags(exec, graph, 0).map(|_| ())
-}
-
-fn instantiate_flags(
-    exec: *mut CUgraphExec,
-    graph: CUgraph,
-    flags: u64,
-) -> Result<Arc<GraphExec>, CUresult> {
-    let g = graphs().get(graph as usize)?;
-    let nodes = g.nodes.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    if exec.is_null() || flags & !INSTANTIATE_FLAGS != 0 {
-        return Err(err::INVALID_VALUE);
-    }
-    let (x, xa) = execs().insert(GraphExec { nodes, flags });
-    write(exec, x as CUgraphExec)?;
-    Ok(xa)
-}
-
-/// Adds a node after checking the common arguments.
-fn add_node(
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    deps: *const CUgraphNode,
-    ndeps: usize,
-    op: impl FnOnce() -> Result<Op, CUresult>,
-) -> Res {
-    drv()?;
-    let g = graphs().get(graph as usize)?;
-    if node.is_null() || (ndeps > 0 && deps.is_null()) {
-        return Err(err::INVALID_VALUE);
-    }
-    let h = g.push(op()?);
-    write(node, h as CUgraphNode)
-}
-
-/// A memory-free node of `g` for `addr`: CUDA_ERROR_INVALID_VALUE for "an allocation twice in
-/// the same graph", "an address that was not returned by an allocation node", "an invalid
-/// address" (cuGraphAddMemFreeNode, CUDA driver API reference).
-fn free_op(g: &Graph, addr: u64) -> Result<Op, CUresult> {
-    mem::graph_alloc_at(addr).ok_or(err::INVALID_VALUE)?;
-    let nodes = g.nodes.lock().unwrap_or_else(|e| e.into_inner());
-    if nodes
-        .iter()
-        .any(|op| matches!(op, Op::Free(a) if *a == addr))
-    {
-        return Err(err::INVALID_VALUE);
-    }
-    Ok(Op::Free(addr))
-}
-
-/// cuMemAllocAsync / cuMemAllocFromPoolAsync on stream `s` while it is captured: an allocation
-/// node on device `dev` (None when `s` is not capturing).
-pub(crate) fn capture_alloc(s: &Stream, dev: usize, size: u64) -> Option<Result<u64, CUresult>> {
-    let cap = s.capture.lock().unwrap_or_else(|e| e.into_inner());
-    let c = cap.as_ref()?;
-    Some(mem::graph_alloc_new(dev, size).map(|a| {
-        let addr = a.addr;
-        c.nodes.push(Op::Alloc(Arc::new(NodeAlloc(a))));
-        addr
-    }))
-}
-
-/// cuMemFreeAsync on stream `s` while it is captured: a free node (None when not capturing).
-pub(crate) fn capture_free(s: &Stream, addr: u64) -> Option<Res> {
-    let cap = s.capture.lock().unwrap_or_else(|e| e.into_inner());
-    let c = cap.as_ref()?;
-    Some(free_op(&c.nodes, addr).map(|op| {
-        c.nodes.push(op);
-    }))
-}
-
-fn add_kernel_node(
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    deps: *const CUgraphNode,
-    ndeps: usize,
-    p: *const CUDA_KERNEL_NODE_PARAMS,
-) -> Res {
-    drv()?;
-    let g = graphs().get(graph as usize)?;
-    if node.is_null() || (ndeps > 0 && deps.is_null()) {
-        return Err(err::INVALID_VALUE);
-    }
-    let p: CUDA_KERNEL_NODE_PARAMS = read(p)?;
-    let func = functions().get(p.func as usize)?;
-    let dims = Dims {
-        grid: [p.gridDimX, p.gridDimY, p.gridDimZ],
-        block: [p.blockDimX, p.blockDimY, p.blockDimZ],
-    };
-    check_dims(&dims, false, 0)?;
-    // Kernel parameters are copied when the node is made, so the run time is fixed now.
-    let ns = kernel_ns(&func, p.kernelParams, p.extra)?;
-    write(node, g.push(Op::Kernel(ns)) as CUgraphNode)
 }
 
 /// What the launches take: a `CUfunction`, or since CUDA 12.0 a `CUkernel` ("f - Function
@@ -1041,157 +569,4 @@ export! {
         launch_ex(cfg, f, params, extra, true)
     }
 
-    /// CUDA 10.0's form: no mode argument (global mode).
-    fn cuStreamBeginCapture(s: CUstream) { begin_capture(s, 0, false) }
-    fn cuStreamBeginCapture_ptsz(s: CUstream) { begin_capture(s, 0, true) }
-    fn cuStreamBeginCapture_v2(s: CUstream, mode: i32) { begin_capture(s, mode, false) }
-    fn cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: i32) { begin_capture(s, mode, true) }
-    fn cuStreamEndCapture(s: CUstream, g: *mut CUgraph) { end_capture(s, g, false) }
-    fn cuStreamEndCapture_ptsz(s: CUstream, g: *mut CUgraph) { end_capture(s, g, true) }
-    fn cuStreamIsCapturing(s: CUstream, status: *mut i32) { is_capturing(s, status, false) }
-    fn cuStreamIsCapturing_ptsz(s: CUstream, status: *mut i32) { is_capturing(s, status, true) }
-    fn cuStreamGetCaptureInfo(s: CUstream, status: *mut i32, id: *mut u64) {
-        capture_info(s, status, id, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), false)
-    }
-    fn cuStreamGetCaptureInfo_ptsz(s: CUstream, status: *mut i32, id: *mut u64) {
-        capture_info(s, status, id, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), true)
-    }
-    fn cuStreamGetCaptureInfo_v2(s: CUstream, status: *mut i32, id: *mut u64, g: *mut CUgraph, deps: *mut *const CUgraphNode, ndeps: *mut usize) {
-        capture_info(s, status, id, g, deps, std::ptr::null_mut(), ndeps, false)
-    }
-    fn cuStreamGetCaptureInfo_v2_ptsz(s: CUstream, status: *mut i32, id: *mut u64, g: *mut CUgraph, deps: *mut *const CUgraphNode, ndeps: *mut usize) {
-        capture_info(s, status, id, g, deps, std::ptr::null_mut(), ndeps, true)
-    }
-    fn cuStreamGetCaptureInfo_v3(s: CUstream, status: *mut i32, id: *mut u64, g: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const c_void, ndeps: *mut usize) {
-        capture_info(s, status, id, g, deps, edges, ndeps, false)
-    }
-    fn cuStreamGetCaptureInfo_v3_ptsz(s: CUstream, status: *mut i32, id: *mut u64, g: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const c_void, ndeps: *mut usize) {
-        capture_info(s, status, id, g, deps, edges, ndeps, true)
-    }
-    /// Sets the thread's capture mode to `*mode` and writes the previous one back.
-    fn cuThreadExchangeStreamCaptureMode(mode: *mut i32) {
-        drv()?;
-        let want = read(mode as *const i32)?;
-        if !(CAPTURE_MODE_GLOBAL..=CAPTURE_MODE_RELAXED).contains(&want) {
-            return Err(err::INVALID_VALUE);
-        }
-        write(mode, CAPTURE_MODE.with(|m| m.replace(want)))
-    }
-
-    fn cuGraphCreate(g: *mut CUgraph, flags: c_uint) {
-        drv()?;
-        if g.is_null() || flags != 0 {
-            return Err(err::INVALID_VALUE);
-        }
-        let (h, _) = new_graph();
-        write(g, h as CUgraph)
-    }
-    fn cuGraphAddKernelNode(node: *mut CUgraphNode, g: CUgraph, deps: *const CUgraphNode, ndeps: usize, p: *const CUDA_KERNEL_NODE_PARAMS) {
-        add_kernel_node(node, g, deps, ndeps, p)
-    }
-    /// The v2 parameter struct extends v1 at its end (kern, ctx), so the prefix reads the same.
-    fn cuGraphAddKernelNode_v2(node: *mut CUgraphNode, g: CUgraph, deps: *const CUgraphNode, ndeps: usize, p: *const CUDA_KERNEL_NODE_PARAMS) {
-        add_kernel_node(node, g, deps, ndeps, p)
-    }
-    fn cuGraphInstantiate(exec: *mut CUgraphExec, g: CUgraph, _err_node: *mut CUgraphNode, _log: *mut c_char, _log_size: usize) {
-        instantiate(exec, g)
-    }
-    fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, g: CUgraph, _err_node: *mut CUgraphNode, _log: *mut c_char, _log_size: usize) {
-        instantiate(exec, g)
-    }
-    fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, g: CUgraph, flags: u64) {
-        instantiate_flags(exec, g, flags).map(|_| ())
-    }
-    fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, g: CUgraph, p: *mut InstantiateParams) {
-        instantiate_with_params(exec, g, p, false)
-    }
-    fn cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, g: CUgraph, p: *mut InstantiateParams) {
-        instantiate_with_params(exec, g, p, true)
-    }
-    fn cuGraphLaunch(exec: CUgraphExec, s: CUstream) { graph_launch(exec, s, false) }
-    fn cuGraphLaunch_ptsz(exec: CUgraphExec, s: CUstream) { graph_launch(exec, s, true) }
-    fn cuGraphExecDestroy(exec: CUgraphExec) {
-        drv()?;
-        execs().remove(exec as usize).map(|_| ())
-    }
-    /// The graph goes; its allocation nodes' addresses go when its executable is gone too.
-    fn cuGraphDestroy(g: CUgraph) {
-        drv()?;
-        let gr = graphs().remove(g as usize)?;
-        graph_bases().lock().unwrap_or_else(|e| e.into_inner()).remove(&gr.base);
-        Ok(())
-    }
-    fn cuGraphUpload(exec: CUgraphExec, s: CUstream) { graph_upload(exec, s, false) }
-    fn cuGraphUpload_ptsz(exec: CUgraphExec, s: CUstream) { graph_upload(exec, s, true) }
-    /// A memory-allocation node: an address now ("it returns the address of the allocation in
-    /// nodeParams.dptr. The allocation's address remains fixed across instantiations and
-    /// launches", CUDA driver API reference), memory only when the graph runs.
-    fn cuGraphAddMemAllocNode(node: *mut CUgraphNode, g: CUgraph, deps: *const CUgraphNode, ndeps: usize, p: *mut CUDA_MEM_ALLOC_NODE_PARAMS) {
-        add_node(node, g, deps, ndeps, || {
-            let mut params: CUDA_MEM_ALLOC_NODE_PARAMS = read(p as *const CUDA_MEM_ALLOC_NODE_PARAMS)?;
-            if params.poolProps.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
-                return Err(err::INVALID_VALUE);
-            }
-            let (dev, _) = ctx::device(params.poolProps.location.id)?;
-            let a = mem::graph_alloc_new(dev, params.bytesize as u64)?;
-            params.dptr = a.addr as CUdeviceptr;
-            write(p, params)?;
-            Ok(Op::Alloc(Arc::new(NodeAlloc(a))))
-        })
-    }
-    fn cuGraphAddMemFreeNode(node: *mut CUgraphNode, g: CUgraph, deps: *const CUgraphNode, ndeps: usize, dptr: CUdeviceptr) {
-        let gr = graphs().get(g as usize)?;
-        add_node(node, g, deps, ndeps, || free_op(&gr, dptr as u64))
-    }
-    fn cuGraphMemAllocNodeGetParams(node: CUgraphNode, out: *mut CUDA_MEM_ALLOC_NODE_PARAMS) {
-        drv()?;
-        let Op::Alloc(a) = node_of(node)? else {
-            return Err(err::INVALID_VALUE);
-        };
-        let props = CUmemPoolProps {
-            allocType: CU_MEM_ALLOCATION_TYPE_PINNED,
-            handleTypes: 0,
-            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: a.0.dev as i32 },
-            win32SecurityAttributes: std::ptr::null_mut(),
-            maxSize: 0,
-            usage: 0,
-            reserved: [0; 54],
-        };
-        write(out, CUDA_MEM_ALLOC_NODE_PARAMS {
-            poolProps: props,
-            accessDescs: std::ptr::null(),
-            accessDescCount: 0,
-            bytesize: a.0.bytesize as usize,
-            dptr: a.0.addr as CUdeviceptr,
-        })
-    }
-    fn cuGraphMemFreeNodeGetParams(node: CUgraphNode, dptr: *mut CUdeviceptr) {
-        drv()?;
-        let Op::Free(addr) = node_of(node)? else {
-            return Err(err::INVALID_VALUE);
-        };
-        write(dptr, addr as CUdeviceptr)
-    }
-    /// `CUgraphNodeType` of a node the simulator makes: kernel, memory allocation, memory free.
-    fn cuGraphNodeGetType(node: CUgraphNode, ty: *mut i32) {
-        drv()?;
-        write(ty, match node_of(node)? {
-            Op::Kernel(_) => CU_GRAPH_NODE_TYPE_KERNEL,
-            Op::Alloc(_) => CU_GRAPH_NODE_TYPE_MEM_ALLOC,
-            Op::Free(_) => CU_GRAPH_NODE_TYPE_MEM_FREE,
-        })
-    }
-    fn cuGraphGetNodes(g: CUgraph, nodes: *mut CUgraphNode, count: *mut usize) {
-        drv()?;
-        let gr = graphs().get(g as usize)?;
-        let n = gr.len();
-        if nodes.is_null() {
-            return write(count, n);
-        }
-        let want = read(count as *const usize)?;
-        for i in 0..want.min(n) {
-            write(nodes.wrapping_add(i), node_handle(gr.base, i) as CUgraphNode)?;
-        }
-        write(count, want.min(n))
-    }
 }

@@ -9,18 +9,22 @@
 //! `device` device queries and attributes; `ctx` contexts; `mem` allocation and pools; `array`
 //! CUDA arrays, texture and surface objects; `copy` copies and memsets; `stream` streams, host
 //! functions, memory operations and the profiler switches; `event` events and IPC events; `exec`
-//! modules, launches and graphs; `occupancy` function attributes and the occupancy calculator;
+//! modules and launches; `graph` graphs and their nodes, `graph_exec` executable graphs,
+//! `capture` stream capture; `occupancy` function attributes and the occupancy calculator;
 //! `procaddr` cuGetProcAddress; `export_table` cuGetExportTable, the private tables NVIDIA's
 //! runtime asks for.
 #![allow(clippy::missing_safety_doc)]
 
 mod array;
+mod capture;
 mod copy;
 mod ctx;
 mod device;
 mod event;
 mod exec;
 mod export_table;
+mod graph;
+mod graph_exec;
 mod stream;
 
 mod mem;
@@ -252,11 +256,4 @@ not_supported! {
     cuMemRangeGetAttribute cuCtxGetExecAffinity cuDeviceGetNvSciSyncAttributes cuFlushGPUDirectRDMAWrites
     cuCoredumpGetAttribute cuCoredumpSetAttribute cuGreenCtxCreate cuDeviceGetDevResource
     cuMulticastCreate cuMulticastAddDevice cuMulticastBindMem
-    // cuBLASLt 12.8 resolves these (among ~80 entry points) with dlsym on libcuda.so.1 when a
-    // handle is created, and fails cublasLtCtxInit ("Driver API initialization failed", so
-    // cublasCreate answers CUBLAS_STATUS_INTERNAL_ERROR) when one is absent; creating a handle
-    // calls none of them. Seen on the simulator with a breakpoint on dlsym during cublasCreate_v2
-    // (PyTorch 2.8, nvidia-cublas-cu12 12.8.4.1).
-    cuGraphKernelNodeGetParams
-    cuGraphExecKernelNodeSetParams
 }

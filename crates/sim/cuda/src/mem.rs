@@ -33,8 +33,8 @@
 //! - v1 (32-bit) entry points: allocations live below 2 GiB (a 256 MiB arena), as a 32-bit
 //!   `CUdeviceptr_v1` requires.
 
+use crate::capture;
 use crate::ctx;
-use crate::exec;
 use crate::stream;
 use crate::{drv, export, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
@@ -518,7 +518,7 @@ fn alloc_from_pool(
     // pool's properties are used to set the node's creation parameters" (cuMemAllocAsync and
     // cuMemAllocFromPoolAsync, CUDA driver API reference): the pool grows by nothing, and the
     // graph's memory is taken from the device's graph memory pool when the graph runs.
-    if let Some(r) = exec::capture_alloc(&stream, pool.dev, size as u64) {
+    if let Some(r) = capture::capture_alloc(&stream, pool.dev, size as u64) {
         return write(dptr, r?);
     }
     let rounded = round_up(size as u64, ALIGN);
@@ -543,7 +543,7 @@ fn free_async(dptr: CUdeviceptr, s: CUstream, pt: bool) -> Res {
     let stream = stream::stream(s, pt)?;
     // "During stream capture, this function results in the creation of a free node"
     // (cuMemFreeAsync, CUDA driver API reference): nothing is freed now.
-    if let Some(r) = exec::capture_free(&stream, dptr) {
+    if let Some(r) = capture::capture_free(&stream, dptr) {
         return r;
     }
     free(dptr, |_| true)
@@ -1014,6 +1014,9 @@ export! {
     }
 
     fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) {
+        // cuMemAlloc is the "potentially unsafe API call" of stream capture's example
+        // (cuThreadExchangeStreamCaptureMode): refused during a capture the thread's mode sees.
+        capture::check_unsafe_call()?;
         if dptr.is_null() {
             return Err(err::INVALID_VALUE);
         }

@@ -1142,6 +1142,251 @@ pub static PROC_TABLE: &[ProcEntry] = &[
     ProcEntry { base: "cuOccupancyAvailableDynamicSMemPerBlock", versions: &[(10020, "cuOccupancyAvailableDynamicSMemPerBlock")], per_thread: &[] },
     ProcEntry { base: "cuOccupancyMaxPotentialClusterSize", versions: &[(11070, "cuOccupancyMaxPotentialClusterSize")], per_thread: &[] },
     ProcEntry { base: "cuOccupancyMaxActiveClusters", versions: &[(11070, "cuOccupancyMaxActiveClusters")], per_thread: &[] },
+    // ---- added by i17-graph ----
+    // Versions from CUDA 13.5 cudaTypedefs.h: each `PFN_<name>_v<version>` typedef; the n-th
+    // version of a name is its n-th ABI (`_v2` symbol), `_ptsz` typedefs the per-thread ones.
+    // Versions after 13.0 (the driver the simulator reports) are left out: see graph.rs.
+    ProcEntry {
+        base: "cuGraphAddChildGraphNode",
+        versions: &[(10000, "cuGraphAddChildGraphNode")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphAddDependencies",
+        versions: &[(10000, "cuGraphAddDependencies"), (12030, "cuGraphAddDependencies_v2")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphAddEmptyNode",
+        versions: &[(10000, "cuGraphAddEmptyNode")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphAddEventRecordNode",
+        versions: &[(11010, "cuGraphAddEventRecordNode")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphAddEventWaitNode",
+        versions: &[(11010, "cuGraphAddEventWaitNode")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphAddHostNode",
+        versions: &[(10000, "cuGraphAddHostNode")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphAddMemcpyNode",
+        versions: &[(10000, "cuGraphAddMemcpyNode")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphAddMemsetNode",
+        versions: &[(10000, "cuGraphAddMemsetNode")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphAddNode",
+        versions: &[(12020, "cuGraphAddNode"), (12030, "cuGraphAddNode_v2")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphChildGraphNodeGetGraph",
+        versions: &[(10000, "cuGraphChildGraphNodeGetGraph")],
+        per_thread: &[],
+    },
+    ProcEntry { base: "cuGraphClone", versions: &[(10000, "cuGraphClone")], per_thread: &[] },
+    ProcEntry {
+        base: "cuGraphDebugDotPrint",
+        versions: &[(11030, "cuGraphDebugDotPrint")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphDestroyNode",
+        versions: &[(10000, "cuGraphDestroyNode")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphEventRecordNodeGetEvent",
+        versions: &[(11010, "cuGraphEventRecordNodeGetEvent")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphEventRecordNodeSetEvent",
+        versions: &[(11010, "cuGraphEventRecordNodeSetEvent")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphEventWaitNodeGetEvent",
+        versions: &[(11010, "cuGraphEventWaitNodeGetEvent")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphEventWaitNodeSetEvent",
+        versions: &[(11010, "cuGraphEventWaitNodeSetEvent")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphExecChildGraphNodeSetParams",
+        versions: &[(11010, "cuGraphExecChildGraphNodeSetParams")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphExecEventRecordNodeSetEvent",
+        versions: &[(11010, "cuGraphExecEventRecordNodeSetEvent")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphExecEventWaitNodeSetEvent",
+        versions: &[(11010, "cuGraphExecEventWaitNodeSetEvent")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphExecGetFlags",
+        versions: &[(12000, "cuGraphExecGetFlags")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphExecHostNodeSetParams",
+        versions: &[(10020, "cuGraphExecHostNodeSetParams")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphExecMemcpyNodeSetParams",
+        versions: &[(10020, "cuGraphExecMemcpyNodeSetParams")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphExecMemsetNodeSetParams",
+        versions: &[(10020, "cuGraphExecMemsetNodeSetParams")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphExecNodeSetParams",
+        versions: &[(12020, "cuGraphExecNodeSetParams")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphExecUpdate",
+        versions: &[(10020, "cuGraphExecUpdate"), (12000, "cuGraphExecUpdate_v2")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphGetEdges",
+        versions: &[(10000, "cuGraphGetEdges"), (12030, "cuGraphGetEdges_v2")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphGetRootNodes",
+        versions: &[(10000, "cuGraphGetRootNodes")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphHostNodeGetParams",
+        versions: &[(10000, "cuGraphHostNodeGetParams")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphHostNodeSetParams",
+        versions: &[(10000, "cuGraphHostNodeSetParams")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphKernelNodeSetParams",
+        versions: &[(10000, "cuGraphKernelNodeSetParams"), (12000, "cuGraphKernelNodeSetParams_v2")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphMemcpyNodeGetParams",
+        versions: &[(10000, "cuGraphMemcpyNodeGetParams")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphMemcpyNodeSetParams",
+        versions: &[(10000, "cuGraphMemcpyNodeSetParams")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphMemsetNodeGetParams",
+        versions: &[(10000, "cuGraphMemsetNodeGetParams")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphMemsetNodeSetParams",
+        versions: &[(10000, "cuGraphMemsetNodeSetParams")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphNodeFindInClone",
+        versions: &[(10000, "cuGraphNodeFindInClone")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphNodeGetDependencies",
+        versions: &[(10000, "cuGraphNodeGetDependencies"), (12030, "cuGraphNodeGetDependencies_v2")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphNodeGetDependentNodes",
+        versions: &[(10000, "cuGraphNodeGetDependentNodes"), (12030, "cuGraphNodeGetDependentNodes_v2")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphNodeGetEnabled",
+        versions: &[(11060, "cuGraphNodeGetEnabled")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphNodeSetEnabled",
+        versions: &[(11060, "cuGraphNodeSetEnabled")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphNodeSetParams",
+        versions: &[(12020, "cuGraphNodeSetParams")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphReleaseUserObject",
+        versions: &[(11030, "cuGraphReleaseUserObject")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphRemoveDependencies",
+        versions: &[(10000, "cuGraphRemoveDependencies"), (12030, "cuGraphRemoveDependencies_v2")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuGraphRetainUserObject",
+        versions: &[(11030, "cuGraphRetainUserObject")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuStreamBeginCaptureToGraph",
+        versions: &[(12030, "cuStreamBeginCaptureToGraph")],
+        per_thread: &[(12030, "cuStreamBeginCaptureToGraph_ptsz")],
+    },
+    ProcEntry {
+        base: "cuStreamUpdateCaptureDependencies",
+        versions: &[(11030, "cuStreamUpdateCaptureDependencies"), (12030, "cuStreamUpdateCaptureDependencies_v2")],
+        per_thread: &[(11030, "cuStreamUpdateCaptureDependencies_ptsz"), (12030, "cuStreamUpdateCaptureDependencies_v2_ptsz")],
+    },
+    ProcEntry {
+        base: "cuUserObjectCreate",
+        versions: &[(11030, "cuUserObjectCreate")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuUserObjectRelease",
+        versions: &[(11030, "cuUserObjectRelease")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuUserObjectRetain",
+        versions: &[(11030, "cuUserObjectRetain")],
+        per_thread: &[],
+    },
 ];
 
 #[cfg(test)]

@@ -20,7 +20,7 @@
 //! serialized" (cuda.h), so each stream's queue runs on its own thread.
 
 use crate::ctx::{self, Context};
-use crate::{drv, export, mem, read, write, Registry, Res};
+use crate::{capture, drv, export, mem, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::state::{now_ns, sleep_until};
 use std::cell::RefCell;
@@ -53,8 +53,6 @@ pub(crate) struct Stream {
     /// When the last work queued on this stream ends (CLOCK_MONOTONIC ns).
     pub tail: AtomicU64,
     pub(crate) ctx_tail: Arc<AtomicU64>,
-    /// The capture sequence in progress on this stream, if any (see `exec`).
-    pub(crate) capture: Mutex<Option<crate::exec::Capture>>,
     queue: Mutex<Queue>,
     /// Items ever queued behind host work, and of those the ones run: an item that waits for
     /// this stream's work so far waits until `ran` reaches `queued` as it was then.
@@ -82,7 +80,6 @@ impl Stream {
             id: NEXT_ID.fetch_add(1, Relaxed),
             tail: AtomicU64::new(0),
             ctx_tail,
-            capture: Mutex::new(None),
             queue: Mutex::new(Queue::default()),
             queued: AtomicU64::new(0),
             ran: AtomicU64::new(0),
@@ -98,6 +95,10 @@ impl Stream {
     }
     pub fn set_ctx(&self, h: usize) {
         self.ctx.store(h, Relaxed);
+    }
+    /// The stream's context handle (0 for none recorded).
+    pub fn ctx_handle(&self) -> usize {
+        self.ctx.load(Relaxed)
     }
     pub(crate) fn done_at(&self) -> u64 {
         self.tail.load(Acquire)
@@ -348,9 +349,7 @@ pub(crate) fn sync_device_work(c: &Context) {
 
 fn stream_sync(h: CUstream, pt: bool) -> Res {
     let s = stream(h, pt)?;
-    if s.capturing() {
-        return Err(err::STREAM_CAPTURE_UNSUPPORTED);
-    }
+    capture::refuse_if_capturing(&s)?;
     wait_for(|| !s.busy());
     sleep_until(s.done_at());
     mem::trim_pools_at_sync(s.dev);
@@ -359,6 +358,7 @@ fn stream_sync(h: CUstream, pt: bool) -> Res {
 
 fn stream_query(h: CUstream, pt: bool) -> Res {
     let s = stream(h, pt)?;
+    capture::refuse_if_capturing(&s)?;
     if !s.busy() && now_ns() >= s.done_at() {
         Ok(())
     } else {
@@ -396,7 +396,7 @@ pub(crate) fn in_host_function() -> bool {
 }
 
 /// Runs a host function or callback as the driver thread does.
-fn call_host(f: impl FnOnce()) {
+pub(crate) fn call_host(f: impl FnOnce()) {
     IN_HOST_FN.with(|x| x.set(true));
     f();
     IN_HOST_FN.with(|x| x.set(false));
@@ -412,11 +412,10 @@ type Callback = Option<extern "C" fn(CUstream, CUresult, *mut c_void)>;
 fn host_func(h: CUstream, f: HostFn, data: *mut c_void, pt: bool) -> Res {
     let s = stream(h, pt)?;
     let f = f.ok_or(err::INVALID_VALUE)?;
-    if s.capturing() {
-        // Under capture a host function becomes a host node of the graph (cuda.h: unlike
-        // cuStreamAddCallback, cuLaunchHostFunc is supported in capture). Graph host nodes
-        // are the graph chapter's; until they exist the capture cannot take it.
-        return Err(err::STREAM_CAPTURE_UNSUPPORTED);
+    // Under capture a host function becomes a host node of the graph (cuda.h: unlike
+    // cuStreamAddCallback, cuLaunchHostFunc is supported in capture).
+    if let Some(r) = capture::capture_host(&s, Some(f), data) {
+        return r;
     }
     let data = data as usize;
     s.submit_host(move |s| {
@@ -437,9 +436,7 @@ fn add_callback(h: CUstream, cb: Callback, data: *mut c_void, flags: c_uint, pt:
     if flags != 0 {
         return Err(err::INVALID_VALUE);
     }
-    if s.capturing() {
-        return Err(err::STREAM_CAPTURE_UNSUPPORTED);
-    }
+    capture::refuse_if_capturing(&s)?;
     let (h, data) = (h as usize, data as usize);
     s.submit_host(move |s| {
         sleep_until(s.done_at());
@@ -677,10 +674,8 @@ fn enqueue(s: &Arc<Stream>, ops: Vec<MemOp>) {
 
 fn mem_op(h: CUstream, pt: bool, op: impl FnOnce() -> Result<MemOp, CUresult>) -> Res {
     let s = stream(h, pt)?;
-    if s.capturing() {
-        // Memory operations captured become a batch-memop node: the graph chapter's.
-        return Err(err::STREAM_CAPTURE_UNSUPPORTED);
-    }
+    // Memory operations captured would be a batch-memop node, which the graphs do not model.
+    capture::refuse_if_capturing(&s)?;
     let op = op()?;
     enqueue(&s, vec![op]);
     Ok(())
@@ -719,9 +714,7 @@ fn batch(h: CUstream, count: c_uint, p: *const BatchParams, flags: c_uint, pt: b
     if flags != 0 || count >= 256 || (count > 0 && p.is_null()) {
         return Err(err::INVALID_VALUE);
     }
-    if s.capturing() {
-        return Err(err::STREAM_CAPTURE_UNSUPPORTED);
-    }
+    capture::refuse_if_capturing(&s)?;
     let mut ops = Vec::with_capacity(count as usize);
     for i in 0..count as usize {
         let b: BatchParams = read(p.wrapping_add(i))?;
@@ -773,7 +766,9 @@ export! {
     /// completed all work in hStream", cuStreamDestroy, CUDA driver API reference).
     fn cuStreamDestroy_v2(s: CUstream) {
         drv()?;
-        streams().remove(s as usize).map(|_| ())
+        let st = streams().remove(s as usize)?;
+        capture::forget_stream(&st);
+        Ok(())
     }
     fn cuStreamSynchronize(s: CUstream) { stream_sync(s, false) }
     fn cuStreamSynchronize_ptsz(s: CUstream) { stream_sync(s, true) }
