@@ -1606,14 +1606,30 @@ fn entry_points_pytorch_resolves_are_found_and_not_supported() {
 
 /// Every entry point the simulated libcuda exports is also reachable the way libcudart and the
 /// frameworks find them, by cuGetProcAddress: its base name (the symbol less `_vN`, `_ptds`,
-/// `_ptsz`) resolves at CUDA 13.0, and each exported symbol is what some version of its base
+/// `_ptsz`) resolves at CUDA 13.5, and each exported symbol is what some version of its base
 /// name answers (flags 0 and per-thread). The real driver resolves everything it exports (see
 /// proc_table.rs, {ZT}); a name left out of the table answered CUDA_ERROR_NOT_FOUND here, so a
 /// runtime's cudaDeviceCanAccessPeer or cudaFuncSetCacheConfig failed on the simulator.
-/// The exported names come from the library's dynamic symbol table (`nm -D`, binutils).
+/// The exported names come from the library's dynamic symbol table (`nm -D`, binutils). The
+/// library exports CUDA 13.5's surface, so this runs on a machine whose driver reports 13.5
+/// (13050): a 13.0 driver answers CUDA_ERROR_INVALID_VALUE for the newer versions.
 #[test]
 fn every_exported_entry_point_is_resolvable() {
-    in_child!("every_exported_entry_point_is_resolvable");
+    if !common::is_child() {
+        let model =
+            std::env::temp_dir().join(format!("cuvisor-resolvable-{}.toml", std::process::id()));
+        std::fs::write(
+            &model,
+            "driver_version = 13050\n[[device]]\nmemory = \"16Gi\"\n",
+        )
+        .unwrap();
+        common::Child::new("every_exported_entry_point_is_resolvable")
+            .preset(model.to_str().unwrap())
+            .run()
+            .success();
+        let _ = std::fs::remove_file(&model);
+        return;
+    }
     setup();
     type Gpa = extern "C" fn(*const i8, *mut *mut c_void, i32, u64, *mut i32) -> R;
     let gpa: Gpa = raw("cuGetProcAddress_v2");
@@ -1627,7 +1643,8 @@ fn every_exported_entry_point_is_resolvable() {
     let exported: Vec<String> = String::from_utf8_lossy(&nm.stdout)
         .lines()
         .filter_map(|l| l.split_whitespace().nth(2))
-        .filter(|s| s.starts_with("cu"))
+        // cuvisorSimUnsupported: the stub table for tests, not a CUDA entry point.
+        .filter(|s| s.starts_with("cu") && !s.starts_with("cuvisor"))
         .map(String::from)
         .collect();
     assert!(exported.len() > 250, "{} exports", exported.len());
@@ -1643,8 +1660,8 @@ fn every_exported_entry_point_is_resolvable() {
     // Versions at which an ABI changed, from the table's sources; the answers at these reach every
     // versioned symbol.
     let versions = [
-        2000, 3000, 3020, 4000, 6050, 7000, 8000, 9020, 10000, 11000, 11020, 11030, 11040, 11070,
-        12000, 12020, 12050, 12080, 13000,
+        2000, 3000, 3020, 4000, 5050, 6050, 7000, 8000, 9020, 10000, 11000, 11020, 11030, 11040,
+        11070, 12000, 12020, 12050, 12080, 13000, 13010, 13020, 13030, 13040, 13050,
     ];
     let mut unresolved = Vec::new();
     let mut unreachable = Vec::new();
@@ -1652,7 +1669,7 @@ fn every_exported_entry_point_is_resolvable() {
         let base = CString::new(base_of(sym)).unwrap();
         let want: *mut c_void = raw(sym);
         let (mut p, mut status) = (null_mut(), -1);
-        if gpa(base.as_ptr(), &mut p, 13000, 0, &mut status) != CUDA_SUCCESS {
+        if gpa(base.as_ptr(), &mut p, 13050, 0, &mut status) != CUDA_SUCCESS {
             unresolved.push(sym.clone());
             continue;
         }
