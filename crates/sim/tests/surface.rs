@@ -227,7 +227,12 @@ fn return_list(comment: &str, code_prefix: &str) -> Vec<String> {
     let mut codes = Vec::new();
     for (n, line) in comment[i + 7..].lines().enumerate() {
         let l = line.trim().trim_start_matches('*').trim();
-        if n > 0 && (l.is_empty() || l.starts_with('\\') || l.starts_with('@')) {
+        // The list ends at a blank line or the next command (`\\notefnerr`, `\\sa`, `@note`);
+        // `\\ref`, `\\a`, `\\p` open items and continuation lines.
+        let inline = ["\\ref", "\\a ", "\\p ", "\\e "]
+            .iter()
+            .any(|c| l.starts_with(c));
+        if n > 0 && (l.is_empty() || (l.starts_with('\\') && !inline) || l.starts_with('@')) {
             break;
         }
         for tok in l.split(|c: char| !is_ident(c)) {
@@ -717,14 +722,16 @@ fn nvml_surface(inc: &Path) -> Nvml {
 }
 
 /// NVML_ERROR_NOT_SUPPORTED where the doc lists it (nearly all do); else, in order, the listed
-/// FUNCTION_NOT_FOUND, NO_PERMISSION, UNKNOWN, else the first listed error. A function without a
-/// doc answers NOT_SUPPORTED.
+/// FUNCTION_NOT_FOUND, NO_PERMISSION, UNKNOWN, INVALID_ARGUMENT (never UNINITIALIZED, which
+/// would send a caller back to nvmlInit, nor INSUFFICIENT_SIZE, which invites a retry with a
+/// larger buffer), else the first listed error. A function without a doc answers NOT_SUPPORTED.
 fn nvml_stub_code(doc: Option<&Doc>) -> String {
     const PREFERENCE: &[&str] = &[
         "NOT_SUPPORTED",
         "FUNCTION_NOT_FOUND",
         "NO_PERMISSION",
         "UNKNOWN",
+        "INVALID_ARGUMENT",
     ];
     let Some(d) = doc.filter(|d| !d.returns.is_empty()) else {
         return "NOT_SUPPORTED".into();
@@ -753,7 +760,8 @@ fn nvml_stubs_rs(n: &Nvml, modelled: &BTreeSet<String>) -> String {
          //!\n\
          //! Each answers NVML_ERROR_NOT_SUPPORTED (what a real driver says of a feature the GPU\n\
          //! lacks, which every NVML client handles) where its doc comment's `@return` list has it;\n\
-         //! else the listed FUNCTION_NOT_FOUND, NO_PERMISSION or UNKNOWN, else the first listed\n\
+         //! else the listed FUNCTION_NOT_FOUND, NO_PERMISSION, UNKNOWN or INVALID_ARGUMENT, else\n\
+         //! the first listed\n\
          //! error. The C calling convention\n\
          //! lets a no-argument function stand in for any signature: the caller cleans up its\n\
          //! arguments, and nothing here reads them.\n\

@@ -6,7 +6,8 @@
 //!
 //! Each answers NVML_ERROR_NOT_SUPPORTED (what a real driver says of a feature the GPU
 //! lacks, which every NVML client handles) where its doc comment's `@return` list has it;
-//! else the listed FUNCTION_NOT_FOUND, NO_PERMISSION or UNKNOWN, else the first listed
+//! else the listed FUNCTION_NOT_FOUND, NO_PERMISSION, UNKNOWN or INVALID_ARGUMENT, else
+//! the first listed
 //! error. The C calling convention
 //! lets a no-argument function stand in for any signature: the caller cleans up its
 //! arguments, and nothing here reads them.
@@ -42,11 +43,9 @@ pub extern "C" fn cuvisorSimNvmlUnsupported() -> *const c_char {
 /// The codes the stubs answer (`NVML_ERROR_<name>`, values from nvml.h's `nvmlReturn_t`).
 mod code {
     use cuvisor_cuda_abi::nvml::nvmlReturn_t;
-    pub const INSUFFICIENT_SIZE: nvmlReturn_t = 7;
     pub const INVALID_ARGUMENT: nvmlReturn_t = 2;
     pub const NOT_SUPPORTED: nvmlReturn_t = 3;
     pub const NO_PERMISSION: nvmlReturn_t = 4;
-    pub const UNINITIALIZED: nvmlReturn_t = 1;
     pub const UNKNOWN: nvmlReturn_t = 999;
 }
 
@@ -89,7 +88,7 @@ unsupported! {
     nvmlDeviceGetClkMonStatus => NOT_SUPPORTED,
     nvmlDeviceGetClock => NOT_SUPPORTED,
     nvmlDeviceGetClockInfo => NOT_SUPPORTED,
-    nvmlDeviceGetClockOffsets => UNINITIALIZED,
+    nvmlDeviceGetClockOffsets => NOT_SUPPORTED,
     nvmlDeviceGetComputeInstanceId => NOT_SUPPORTED,
     nvmlDeviceGetConfComputeGpuAttestationReport => NOT_SUPPORTED,
     nvmlDeviceGetConfComputeGpuCertificate => NOT_SUPPORTED,
@@ -203,11 +202,11 @@ unsupported! {
     nvmlDeviceGetRemappedRows => NOT_SUPPORTED,
     nvmlDeviceGetRemappedRows_v2 => NOT_SUPPORTED,
     nvmlDeviceGetRepairStatus => NOT_SUPPORTED,
-    nvmlDeviceGetRetiredPages => INSUFFICIENT_SIZE,
+    nvmlDeviceGetRetiredPages => NOT_SUPPORTED,
     nvmlDeviceGetRetiredPagesPendingStatus => NOT_SUPPORTED,
-    nvmlDeviceGetRetiredPages_v2 => INSUFFICIENT_SIZE,
+    nvmlDeviceGetRetiredPages_v2 => NOT_SUPPORTED,
     nvmlDeviceGetRowRemapperHistogram => UNKNOWN,
-    nvmlDeviceGetRunningProcessDetailList => UNINITIALIZED,
+    nvmlDeviceGetRunningProcessDetailList => NOT_SUPPORTED,
     nvmlDeviceGetSamples => NOT_SUPPORTED,
     nvmlDeviceGetSramEccErrorStatus => NOT_SUPPORTED,
     nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts => NOT_SUPPORTED,
@@ -259,7 +258,7 @@ unsupported! {
     nvmlDeviceSetAdaptiveTgpMode_v1 => NOT_SUPPORTED,
     nvmlDeviceSetApplicationsClocks => NOT_SUPPORTED,
     nvmlDeviceSetAutoBoostedClocksEnabled => NOT_SUPPORTED,
-    nvmlDeviceSetClockOffsets => NO_PERMISSION,
+    nvmlDeviceSetClockOffsets => NOT_SUPPORTED,
     nvmlDeviceSetComputeMode => NOT_SUPPORTED,
     nvmlDeviceSetConfComputeUnprotectedMemSize => NOT_SUPPORTED,
     nvmlDeviceSetCpuAffinity => NOT_SUPPORTED,
@@ -351,7 +350,7 @@ unsupported! {
     nvmlSystemGetConfComputeSettings => NOT_SUPPORTED,
     nvmlSystemGetConfComputeState => NOT_SUPPORTED,
     nvmlSystemGetDriverBranch => UNKNOWN,
-    nvmlSystemGetHicVersion => UNINITIALIZED,
+    nvmlSystemGetHicVersion => INVALID_ARGUMENT,
     nvmlSystemGetNvlinkBwMode => NOT_SUPPORTED,
     nvmlSystemRegisterEvents => UNKNOWN,
     nvmlSystemSetConfComputeGpusReadyState => NOT_SUPPORTED,
@@ -364,7 +363,7 @@ unsupported! {
     nvmlUnitGetLedState => NOT_SUPPORTED,
     nvmlUnitGetPsuInfo => NOT_SUPPORTED,
     nvmlUnitGetTemperature => NOT_SUPPORTED,
-    nvmlUnitGetUnitInfo => UNINITIALIZED,
+    nvmlUnitGetUnitInfo => INVALID_ARGUMENT,
     nvmlUnitSetLedState => NOT_SUPPORTED,
     nvmlVgpuInstanceClearAccountingPids => NOT_SUPPORTED,
     nvmlVgpuInstanceGetAccountingMode => NOT_SUPPORTED,
