@@ -225,6 +225,16 @@ export! {
         let text = err_entry(e)?.2;
         write(out, text.as_ptr())
     }
+
+    /// The module loading mode, "controlled by CUDA_MODULE_LOADING env variable" (cuda.h):
+    /// `EAGER` is CU_MODULE_EAGER_LOADING (1), `LAZY` CU_MODULE_LAZY_LOADING (2), and lazy is
+    /// the default on Linux since CUDA 12.2 (CUDA Programming Guide, "Lazy Loading", change
+    /// history). The simulator loads every module at once either way; what it answers is what
+    /// libcudart 12/13 asks at initialisation, and an error there fails cudaGetDeviceCount.
+    fn cuModuleGetLoadingMode(mode: *mut i32) {
+        let eager = std::env::var("CUDA_MODULE_LOADING").is_ok_and(|v| v == "EAGER");
+        write(mode, if eager { 1 } else { 2 })
+    }
 }
 
 /// Name and description of an error code as NUL-terminated strings (made once).
