@@ -167,18 +167,54 @@ fn docs(
     group_tag: &str,
     code_prefix: &str,
 ) -> BTreeMap<String, Doc> {
-    let mut groups: Vec<(usize, String, String)> = Vec::new();
-    let mut at = 0;
-    while let Some(i) = raw[at..].find(group_tag) {
-        let p = at + i;
-        let line = raw[p + group_tag.len()..]
-            .lines()
-            .next()
-            .unwrap_or("")
-            .trim();
-        let (id, title) = line.split_once(' ').unwrap_or((line, ""));
-        groups.push((p, id.to_string(), title.trim().to_string()));
-        at = p + group_tag.len();
+    // The chapter in force at each point: groups nest (nvml.h's CPU and Memory Affinity sits
+    // inside Device Queries); `@{` opens the group last defined, `@}` closes the innermost, and
+    // a `@defgroup` on a closing line (`@} // @defgroup ...`) is a comment, not a group.
+    let mut spans: Vec<(usize, Chapter)> = Vec::new();
+    let mut stack: Vec<Chapter> = Vec::new();
+    let mut defined: Option<Chapter> = None;
+    let mut titles: BTreeMap<String, Chapter> = BTreeMap::new();
+    let mut offset = 0;
+    for line in raw.split_inclusive('\n') {
+        let close = line.contains("@}");
+        if let Some(i) = line.find(group_tag).filter(|_| !close) {
+            let rest = line[i + group_tag.len()..].trim();
+            let (id, title) = rest.split_once(' ').unwrap_or((rest, ""));
+            let ch = Chapter {
+                pos: offset,
+                id: id.to_string(),
+                title: title.trim().to_string(),
+            };
+            titles.entry(ch.id.clone()).or_insert_with(|| ch.clone());
+            defined = Some(ch);
+        }
+        // `@addtogroup X` reopens a group defined before (nvml.h's accounting statistics).
+        let add = group_tag.replace("defgroup", "addtogroup");
+        if let Some(i) = line.find(&add).filter(|_| !close) {
+            let id = line[i + add.len()..]
+                .split_whitespace()
+                .next()
+                .unwrap_or("");
+            defined = titles.get(id).cloned();
+        }
+        if line.contains("@{") {
+            stack.push(
+                defined
+                    .take()
+                    .unwrap_or_else(|| stack.last().cloned().unwrap_or_default()),
+            );
+            spans.push((offset, stack.last().cloned().unwrap_or_default()));
+        }
+        if close {
+            stack.pop();
+            let outside = Chapter {
+                pos: usize::MAX - 2,
+                id: "OUTSIDE".into(),
+                title: "Declared outside any group".into(),
+            };
+            spans.push((offset, stack.last().cloned().unwrap_or(outside)));
+        }
+        offset += line.len();
     }
     let mut out = BTreeMap::new();
     let mut at = 0;
@@ -198,23 +234,18 @@ fn docs(
         let Some(name) = names.into_iter().next() else {
             continue;
         };
-        let chapter = groups
+        let chapter = spans
             .iter()
             .rev()
             .find(|g| g.0 < start)
-            .map(|g| Chapter {
-                pos: g.0,
-                id: g.1.clone(),
-                title: g.2.clone(),
-            })
+            .map(|g| g.1.clone())
             .unwrap_or_default();
-        out.insert(
-            name,
-            Doc {
-                chapter,
-                returns: return_list(comment, code_prefix),
-            },
-        );
+        // The first declaration is the documented one (cuda.h repeats some under
+        // __CUDA_API_VERSION_INTERNAL).
+        out.entry(name).or_insert(Doc {
+            chapter,
+            returns: return_list(comment, code_prefix),
+        });
     }
     out
 }
@@ -705,14 +736,21 @@ fn nvml_surface(inc: &Path) -> Nvml {
             .or_else(|| expands.get(e).and_then(|s| by_source.get(s)))
             .or_else(|| by_source.get(unversioned(e)))
             .or_else(|| {
+                // An old name (nvmlDeviceGetCount): the doc of the version it became.
                 expands
                     .iter()
                     .find(|(to, _)| unversioned(to) == unversioned(e))
-                    .and_then(|(_, from)| by_source.get(from))
+                    .and_then(|(to, from)| by_source.get(to).or_else(|| by_source.get(from)))
             });
-        if let Some(d) = doc {
-            docs.insert(e.clone(), d.clone());
-        }
+        let d = doc.cloned().unwrap_or_else(|| Doc {
+            chapter: Chapter {
+                pos: usize::MAX,
+                id: "UNDOCUMENTED".into(),
+                title: "Declared without a doc comment".into(),
+            },
+            returns: Vec::new(),
+        });
+        docs.insert(e.clone(), d);
     }
     Nvml {
         exports,
