@@ -22,6 +22,9 @@
 //! forms and the old ABIs the library keeps for old binaries (what vosen/ZLUDA's
 //! `zluda_bindgen` reads for the same purpose); `nvml.h` once as is and once with
 //! `NVML_NO_UNVERSIONED_FUNC_DEFS` (its old unversioned names).
+//!
+//! And a C program built against cuda.h with `-lcuda` (tests/c/surface_link.c) links and runs,
+//! calling entry points that used to be missing.
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -1247,4 +1250,48 @@ fn every_nvml_h_function_is_exported_and_modelled_or_documented() {
         ));
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// A C program compiled against CUDA 13.5's cuda.h and linked with `-lcuda` that calls entry
+/// points the simulator did not export before (cuOccupancyMaxPotentialBlockSize,
+/// cuMemGetAllocationPropertiesFromHandle, ...: such a program did not link): it links, runs,
+/// and each call answers its stub's code, or an error where it is modelled (tests/c/surface_link.c).
+#[test]
+fn a_program_linked_with_lcuda_against_cuda_h_links_and_runs() {
+    let test = "a_program_linked_with_lcuda_against_cuda_h_links_and_runs";
+    let Some(inc) = cuda_include(test) else {
+        return;
+    };
+    let dir = common::sim_dir();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/surface_link.c");
+    let exe = std::env::temp_dir().join(format!("cuvisor-surface-link-{}", std::process::id()));
+    let cc = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-I"])
+        .arg(&inc)
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg("-L")
+        .arg(&dir)
+        .arg("-lcuda")
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "cc {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let state = common::state_file("surface-link");
+    let mut cmd = Command::new(&exe);
+    common::sim_env(&mut cmd, "single", &state);
+    let out = cmd.output().unwrap();
+    let _ = std::fs::remove_file(&exe);
+    let _ = std::fs::remove_file(&state);
+    let so = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && so.contains("surface_link: ok"),
+        "{so}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
