@@ -914,7 +914,10 @@ fn surface_md(
         ));
     }
     for (ch, (md, st)) in &chapters {
-        s.push_str(&format!("\n### {} (`{}`)\n\n", ch.title, ch.id));
+        if !s.ends_with("\n\n") {
+            s.push('\n');
+        }
+        s.push_str(&format!("### {} (`{}`)\n\n", ch.title, ch.id));
         if !md.is_empty() {
             let names: Vec<String> = md.iter().map(|x| format!("`{x}`")).collect();
             s.push_str(&format!("Modelled: {}.\n\n", names.join(", ")));
