@@ -314,10 +314,13 @@ fn device_array(test: &str, bytes: u64) -> Option<PathBuf> {
 }
 
 /// device_array's steps ("STEP ERROR NAME") and free memory, run on the `single` GPU under
-/// `cuvisor run RUN` (plainly where `run` is empty).
+/// `cuvisor run RUN` (plainly where `run` is empty). With CUDA_MODULE_LOADING=EAGER: under lazy
+/// loading (the driver's default since CUDA 12.2, which cuModuleGetLoadingMode reports) the
+/// runtime loads a module at its first use, not at its first call.
 fn run_device_array(program: &Path, tag: &str, run: &[&str]) -> (String, String) {
     let state = common::state_file(tag);
     let out = python::on_sim(program, run, "single", &state)
+        .env("CUDA_MODULE_LOADING", "EAGER")
         .output()
         .expect("run device_array");
     python::remove_state(&state);

@@ -1197,20 +1197,17 @@ pub(crate) fn kernel_read(p: *const c_void, v2: bool) -> Result<KernelNode, CUre
 // ---- after CUDA 13.0 ------------------------------------------------------------------------------
 // cuGraphNodeGetContainingGraph (CUDA 13.1, `PFN_..._v13010`), cuGraphNodeGetParams (13.2,
 // `_v13020`), cuGraphAddNode_v3 and cuGraphNodeSetParams_v2 (13.4, `_v13040`: the same
-// signatures and struct as the 12.x forms) are modelled here but not exported while the
-// simulator reports a CUDA 13.0 driver (`driver_version` 13000, as R580 drivers do): such a
-// driver has none of them. Exporting them is one line each in the `export!` block below,
-// with their `cuGetProcAddress` entries, once the reported version covers them.
+// signatures and struct as the 12.x forms). Exported like every function of cuda.h 13.5;
+// cuGetProcAddress resolves them only for a machine whose `driver_version` covers them (the
+// default, 13000, as R580 drivers report, does not).
 
 /// cuGraphNodeGetParams: the node's parameters as a `CUgraphNodeParams`.
-#[allow(dead_code)]
 fn node_get_params(node: CUgraphNode, p: *mut NodeParams) -> Res {
     drv()?;
     write(p, params_of_kind(&node_rec(node)?.kind)?)
 }
 
 /// cuGraphNodeGetContainingGraph: the graph a node belongs to.
-#[allow(dead_code)]
 fn containing_graph(node: CUgraphNode, out: *mut CUgraph) -> Res {
     drv()?;
     let (g, _) = locate(node)?;
@@ -1439,6 +1436,13 @@ export! {
         add_node(node, g, deps, ndeps, |gr| kind_of_params(gr, p))
     }
     fn cuGraphNodeSetParams(node: CUgraphNode, p: *mut NodeParams) { node_set_params(node, p) }
+    fn cuGraphNodeSetParams_v2(node: CUgraphNode, p: *mut NodeParams) { node_set_params(node, p) }
+    fn cuGraphAddNode_v3(node: *mut CUgraphNode, g: CUgraph, deps: *const CUgraphNode, edges: *const u64, ndeps: usize, p: *mut NodeParams) {
+        check_default_edges(edges, ndeps)?;
+        add_node(node, g, deps, ndeps, |gr| kind_of_params(gr, p))
+    }
+    fn cuGraphNodeGetParams(node: CUgraphNode, p: *mut NodeParams) { node_get_params(node, p) }
+    fn cuGraphNodeGetContainingGraph(node: CUgraphNode, out: *mut CUgraph) { containing_graph(node, out) }
 
     fn cuUserObjectCreate(out: *mut *mut c_void, ptr: *mut c_void, destroy: HostFn, refs: c_uint, flags: c_uint) {
         drv()?;

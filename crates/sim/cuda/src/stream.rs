@@ -425,6 +425,14 @@ fn host_func(h: CUstream, f: HostFn, data: *mut c_void, pt: bool) -> Res {
     Ok(())
 }
 
+fn host_sync_mode(mode: c_uint) -> Res {
+    if mode <= 1 {
+        Ok(())
+    } else {
+        Err(err::INVALID_VALUE)
+    }
+}
+
 /// cuStreamAddCallback: as a host function, called with (stream, CUDA_SUCCESS, userData): the
 /// simulated device has no errors to report. "flags - Reserved for future use, must be 0"
 /// (cuda.h), else CUDA_ERROR_INVALID_VALUE; a NULL callback is CUDA_ERROR_INVALID_VALUE. "This
@@ -797,6 +805,11 @@ export! {
 
     fn cuLaunchHostFunc(s: CUstream, f: HostFn, data: *mut c_void) { host_func(s, f, data, false) }
     fn cuLaunchHostFunc_ptsz(s: CUstream, f: HostFn, data: *mut c_void) { host_func(s, f, data, true) }
+    /// CUDA 13.1's form: `syncMode`, CU_HOST_TASK_BLOCKING (0) or CU_HOST_TASK_SPINWAIT (1), says
+    /// how the driver's thread waits for host tasks, which changes nothing the program sees;
+    /// another value is CUDA_ERROR_INVALID_VALUE (cuda.h 13.5, `CUhostTaskSyncMode`).
+    fn cuLaunchHostFunc_v2(s: CUstream, f: HostFn, data: *mut c_void, mode: c_uint) { host_sync_mode(mode)?; host_func(s, f, data, false) }
+    fn cuLaunchHostFunc_v2_ptsz(s: CUstream, f: HostFn, data: *mut c_void, mode: c_uint) { host_sync_mode(mode)?; host_func(s, f, data, true) }
     fn cuStreamAddCallback(s: CUstream, cb: Callback, data: *mut c_void, flags: c_uint) { add_callback(s, cb, data, flags, false) }
     fn cuStreamAddCallback_ptsz(s: CUstream, cb: Callback, data: *mut c_void, flags: c_uint) { add_callback(s, cb, data, flags, true) }
 
