@@ -2,7 +2,7 @@
 //! stack of current contexts.
 
 use crate::exec::Stream;
-use crate::{cstr, drv, export, mem, write, write_cstr, Registry, Res};
+use crate::{cstr, drv, export, mem, pool, write, write_cstr, Registry, Res};
 use cuvisor_cuda_abi::cuda::{attr, err, CUcontext, CUdevice, CUresult, CUuuid, CU_CTX_FLAGS_MASK};
 use cuvisor_sim::model::{Device, PcieLevel};
 use std::cell::RefCell;
@@ -528,7 +528,7 @@ export! {
 /// Waits for all work queued in the context; a synchronization point for its pools.
 fn synchronize(c: &Context) {
     crate::exec::sync_device_work(c);
-    mem::trim_pools_at_sync(c.dev);
+    pool::trim_pools_at_sync(c.dev);
 }
 
 /// The primary context of device `i`, made (not retained, so unable to work) on first need. Its

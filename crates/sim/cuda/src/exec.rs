@@ -7,7 +7,7 @@
 //! Copies and memsets take no simulated time.
 
 use crate::ctx::{self, Context};
-use crate::{cstr, drv, export, mem, read, write, Registry, Res};
+use crate::{cstr, drv, export, mem, pool, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_image::{self as image, Image};
 use cuvisor_sim::state::{now_ns, sleep_until};
@@ -404,7 +404,7 @@ fn stream_sync(h: CUstream, pt: bool) -> Res {
         return Err(err::STREAM_CAPTURE_UNSUPPORTED);
     }
     sleep_until(s.done_at());
-    mem::trim_pools_at_sync(s.dev);
+    pool::trim_pools_at_sync(s.dev);
     Ok(())
 }
 
@@ -1299,7 +1299,7 @@ export! {
         sleep_until(ev.time.load(Acquire));
         // "the allocator will try to release memory back to the OS on the next call to stream,
         // event or context synchronize" (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD).
-        mem::trim_all_pools_at_sync();
+        pool::trim_all_pools_at_sync();
         Ok(())
     }
     fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) { elapsed(ms, start, end) }

@@ -15,9 +15,13 @@ mod ctx;
 mod exec;
 mod export_table;
 
+mod ipc;
+mod managed;
 mod mem;
+mod pool;
 mod proc_table;
 mod procaddr;
+mod vmm;
 
 use cuvisor_cuda_abi::cuda::{err, CUresult};
 use cuvisor_sim::Sim;

@@ -1,0 +1,132 @@
+//! IPC memory handles (cuIpcGetMemHandle / cuIpcOpenMemHandle / cuIpcCloseMemHandle).
+
+use crate::mem::{alloc_on, free, open_share, ref_share, table, unref_share, Kind};
+use crate::{ctx, drv, export, write, Res};
+use cuvisor_cuda_abi::cuda::*;
+use cuvisor_sim::state::now_ns;
+use std::collections::HashMap;
+use std::ffi::{c_uint, c_void};
+use std::sync::{Mutex, OnceLock};
+
+const IPC_MAGIC: u64 = 0x4356_4950_4331_0001;
+
+/// Names this process in IPC handles, machine-wide: pids repeat across pid namespaces (two
+/// containers' processes are often both pid 1), so a handle carries this instead.
+fn process_token() -> u64 {
+    static T: OnceLock<u64> = OnceLock::new();
+    *T.get_or_init(|| {
+        let mut v = 0u64;
+        // SAFETY: getrandom writes at most 8 bytes into `v`, which we own.
+        let n = unsafe { libc::getrandom(&mut v as *mut u64 as *mut c_void, 8, 0) };
+        if n == 8 && v != 0 {
+            v
+        } else {
+            (std::process::id() as u64) << 32 | now_ns() & 0xffff_ffff
+        }
+    })
+}
+
+/// Opened IPC handles of this process: (entry, generation, context) -> (pointer, references).
+type Opened = HashMap<(usize, u64, usize), (u64, u32)>;
+
+fn ipc_opened() -> &'static Mutex<Opened> {
+    static O: OnceLock<Mutex<Opened>> = OnceLock::new();
+    O.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// cuIpcOpenMemHandle: "If the memory handle has already been opened by the current context,
+/// the reference count on the handle is incremented by 1 and the existing device pointer is
+/// returned." The opened memory is the exporter's allocation and charges nothing new; it lives
+/// while it is open here, even after the exporter freed it (documented as undefined behaviour:
+/// "Calling cuMemFree on an exported memory region before calling cuIpcCloseMemHandle in the
+/// importing context will result in undefined behavior") or exited (undocumented; on NVIDIA
+/// the memory is reported released at the importer's cuIpcCloseMemHandle, ROCm/hip#3580).
+fn ipc_open(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle) -> Res {
+    let (ch, _) = ctx::current()?;
+    let word = |i: usize| {
+        u64::from_le_bytes(
+            handle.reserved[i * 8..i * 8 + 8]
+                .try_into()
+                .unwrap_or_default(),
+        )
+    };
+    if word(0) != IPC_MAGIC || pdptr.is_null() {
+        return Err(err::INVALID_VALUE);
+    }
+    if word(1) == process_token() {
+        return Err(err::INVALID_CONTEXT); // a process cannot open its own IPC handle
+    }
+    let dev = word(2) as usize;
+    if dev >= drv()?.sim.model.devices.len() {
+        return Err(err::INVALID_VALUE);
+    }
+    let (i, generation) = (word(5) as usize, word(6));
+    let mut opened = ipc_opened().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((a, n)) = opened.get_mut(&(i, generation, ch)) {
+        *n += 1;
+        return write(pdptr, *a);
+    }
+    ref_share(i, generation)?; // the allocation is gone (freed, and nobody else holds it)
+    let a = match alloc_on(dev, ch, word(3), Kind::Ipc, Some(0)) {
+        Ok(a) => a,
+        Err(e) => {
+            unref_share(i);
+            return Err(e);
+        }
+    };
+    if let Some(r) = table()
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_mut(&a)
+    {
+        r.share = Some((i, generation));
+    }
+    opened.insert((i, generation, ch), (a, 1));
+    write(pdptr, a)
+}
+
+/// cuIpcCloseMemHandle: "Decrements the reference count of the memory returned by
+/// cuIpcOpenMemHandle by 1. When the reference count reaches 0, this API unmaps the memory."
+fn ipc_close(dptr: CUdeviceptr) -> Res {
+    drv()?;
+    let mut opened = ipc_opened().lock().unwrap_or_else(|e| e.into_inner());
+    let Some((k, (_, n))) = opened.iter_mut().find(|(_, (a, _))| *a == dptr) else {
+        return Err(err::INVALID_VALUE);
+    };
+    *n -= 1;
+    if *n > 0 {
+        return Ok(());
+    }
+    let k = *k;
+    opened.remove(&k);
+    drop(opened);
+    free(dptr, |k| k == Kind::Ipc)
+}
+
+export! {
+    /// The first export makes the allocation shared: its charge leaves this process for an
+    /// entry that the allocation and every opened handle to it hold (see `ipc_open`).
+    fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: CUdeviceptr) {
+        drv()?;
+        let mut t = table().write().unwrap_or_else(|e| e.into_inner());
+        let r = t.get_mut(&dptr).filter(|r| matches!(r.kind, Kind::Device | Kind::V1)).ok_or(err::INVALID_VALUE)?;
+        let (i, generation) = match r.share {
+            Some(s) => s,
+            None => {
+                let s = open_share(r.dev, r.charged)?;
+                r.charged = 0;
+                r.share = Some(s);
+                s
+            }
+        };
+        let mut h = CUipcMemHandle { reserved: [0; 64] };
+        let words = [IPC_MAGIC, process_token(), r.dev as u64, r.size, dptr, i as u64, generation];
+        for (k, v) in words.iter().enumerate() {
+            h.reserved[k * 8..k * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        write(handle, h)
+    }
+    fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, _flags: c_uint) { ipc_open(pdptr, handle) }
+    fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, _flags: c_uint) { ipc_open(pdptr, handle) }
+    fn cuIpcCloseMemHandle(dptr: CUdeviceptr) { ipc_close(dptr) }
+}
