@@ -14,6 +14,9 @@ pub struct Arena {
     base: u64,
     size: u64,
     free: Mutex<FreeList>,
+    /// The file the arena maps (`over_file`), shared with other processes that map it; -1 for
+    /// anonymous memory.
+    fd: i32,
 }
 
 #[derive(Default)]
@@ -66,7 +69,49 @@ impl Arena {
             base,
             size,
             free: Mutex::new(free),
+            fd: -1,
         })
+    }
+
+    /// An arena over the first `size` bytes of file `fd`, mapped `MAP_SHARED`: what another
+    /// process that maps the same file sees at the same offsets (memory shared between
+    /// processes). The arena unmaps the file when dropped; the caller keeps `fd` open for as long
+    /// as the arena lives, and closes it.
+    pub fn over_file(fd: i32, size: u64) -> Option<Arena> {
+        let size = round_up(size.max(ALIGN), 4096);
+        // SAFETY: a new shared mapping of the caller's file at an address of the kernel's choosing;
+        // nothing else refers to that range.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        let mut free = FreeList::default();
+        free.insert(p as u64, size);
+        Some(Arena {
+            base: p as u64,
+            size,
+            free: Mutex::new(free),
+            fd,
+        })
+    }
+
+    /// The first address of the arena.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// The arena's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
     }
 
     pub fn contains(&self, addr: u64) -> bool {
@@ -89,7 +134,18 @@ impl Arena {
     /// Returns a block. `dirty` says whether its bytes were written, in which case the host pages
     /// are dropped so that freed device memory stops costing RAM.
     pub fn free(&self, addr: u64, size: u64, dirty: bool) {
-        if dirty {
+        if dirty && self.fd >= 0 {
+            // SAFETY: punching a hole into the arena's own file at the block's offset: its pages
+            // stop costing RAM (MADV_DONTNEED does not free a shared file's pages).
+            unsafe {
+                libc::fallocate(
+                    self.fd,
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    (addr - self.base) as libc::off_t,
+                    size as libc::off_t,
+                )
+            };
+        } else if dirty {
             // SAFETY: [addr, addr+size) lies inside our private mapping and is no longer handed out.
             unsafe {
                 libc::madvise(
@@ -113,6 +169,16 @@ impl Arena {
             s += ns;
         }
         f.insert(a, s);
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        if self.fd >= 0 {
+            // SAFETY: unmapping the file mapping this arena made; nothing is handed out of it
+            // any more (its owner drops it last).
+            unsafe { libc::munmap(self.base as *mut libc::c_void, self.size as usize) };
+        }
     }
 }
 

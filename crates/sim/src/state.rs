@@ -472,6 +472,43 @@ impl Shared {
         ok
     }
 
+    /// Charges `bytes` more to shared entry `i`, which this process holds, if its device has
+    /// room (a pool shared between processes growing): the entry, not a process, carries it.
+    pub fn share_charge(&self, i: usize, bytes: u64, capacity: u64) -> bool {
+        let Some(e) = self.layout.shared.get(i).filter(|_| self.holds(i)) else {
+            return false;
+        };
+        let d = (e.dev.load(Acquire) as usize).min(MAX_DEVICES - 1);
+        let dev = &self.layout.devices[d];
+        if dev.fail_allocs.load(Relaxed) > 0
+            && dev
+                .fail_allocs
+                .fetch_update(AcqRel, Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            return false;
+        }
+        let ok = dev
+            .mem_used
+            .fetch_update(AcqRel, Acquire, |used| {
+                used.checked_add(bytes).filter(|&u| u <= capacity)
+            })
+            .is_ok();
+        if ok {
+            e.bytes.fetch_add(bytes, AcqRel);
+        }
+        ok
+    }
+
+    /// Gives `bytes` of shared entry `i` (held by this process) back to its device.
+    pub fn share_uncharge(&self, i: usize, bytes: u64) {
+        if let Some(e) = self.layout.shared.get(i).filter(|_| self.holds(i)) {
+            let d = (e.dev.load(Acquire) as usize).min(MAX_DEVICES - 1);
+            saturating_sub(&e.bytes, bytes);
+            saturating_sub(&self.layout.devices[d].mem_used, bytes);
+        }
+    }
+
     pub fn uncharge(&self, slot: usize, d: usize, bytes: u64) {
         saturating_sub(&self.layout.procs[slot].mem[d], bytes);
         saturating_sub(&self.layout.devices[d].mem_used, bytes);

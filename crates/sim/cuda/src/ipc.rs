@@ -1,4 +1,11 @@
 //! IPC memory handles (cuIpcGetMemHandle / cuIpcOpenMemHandle / cuIpcCloseMemHandle).
+//!
+//! A handle names the allocation's shared-state entry (its first export moves the charge there,
+//! see `mem::open_share`), so an opened handle charges nothing new and keeps the memory counted
+//! while it is open anywhere. Not modelled: the bytes. An opened handle is memory of the
+//! importer's own address space, not the exporter's bytes (cuMemAlloc's 512-byte-aligned
+//! allocations cannot be remapped onto a shared file page by page); pool and VMM sharing do
+//! share bytes (pool.rs, vmm.rs).
 
 use crate::mem::{alloc_on, free, open_share, ref_share, table, unref_share, Kind};
 use crate::{ctx, drv, export, write, Res};
@@ -9,6 +16,8 @@ use std::ffi::{c_uint, c_void};
 use std::sync::{Mutex, OnceLock};
 
 const IPC_MAGIC: u64 = 0x4356_4950_4331_0001;
+/// cuda.h 13.5: CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1 (CUipcMem_flags).
+const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
 
 /// Names this process in IPC handles, machine-wide: pids repeat across pid namespaces (two
 /// containers' processes are often both pid 1), so a handle carries this instead.
@@ -41,8 +50,11 @@ fn ipc_opened() -> &'static Mutex<Opened> {
 /// "Calling cuMemFree on an exported memory region before calling cuIpcCloseMemHandle in the
 /// importing context will result in undefined behavior") or exited (undocumented; on NVIDIA
 /// the memory is reported released at the importer's cuIpcCloseMemHandle, ROCm/hip#3580).
-fn ipc_open(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle) -> Res {
+fn ipc_open(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) -> Res {
     let (ch, _) = ctx::current()?;
+    if flags & !CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS != 0 {
+        return Err(err::INVALID_VALUE);
+    }
     let word = |i: usize| {
         u64::from_le_bytes(
             handle.reserved[i * 8..i * 8 + 8]
@@ -54,7 +66,10 @@ fn ipc_open(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle) -> Res {
         return Err(err::INVALID_VALUE);
     }
     if word(1) == process_token() {
-        return Err(err::INVALID_CONTEXT); // a process cannot open its own IPC handle
+        // A process cannot open its own IPC handle: the real driver answers "invalid device
+        // context" (CUDA_ERROR_INVALID_CONTEXT), as UCX's same-process test saw
+        // (openucx/ucx#11603: "cuIpcOpenMemHandle() failed: invalid device context").
+        return Err(err::INVALID_CONTEXT);
     }
     let dev = word(2) as usize;
     if dev >= drv()?.sim.model.devices.len() {
@@ -126,7 +141,11 @@ export! {
         }
         write(handle, h)
     }
-    fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, _flags: c_uint) { ipc_open(pdptr, handle) }
-    fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, _flags: c_uint) { ipc_open(pdptr, handle) }
+    /// Flags: "Must be specified as ::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS" (cuda.h 13.5; 0 is
+    /// accepted too, as libcudart's cudaIpcOpenMemHandle passes its caller's flags on and
+    /// programs pass 0 on one GPU); any other bit: INVALID_VALUE. Peer access needs nothing
+    /// here (every simulated device reaches every other's memory).
+    fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) { ipc_open(pdptr, handle, flags) }
+    fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) { ipc_open(pdptr, handle, flags) }
     fn cuIpcCloseMemHandle(dptr: CUdeviceptr) { ipc_close(dptr) }
 }

@@ -271,8 +271,8 @@ not_supported! {
     cuImportExternalMemory cuExternalMemoryGetMappedBuffer cuDestroyExternalMemory
     cuImportExternalSemaphore cuSignalExternalSemaphoresAsync cuWaitExternalSemaphoresAsync
     cuDestroyExternalSemaphore cuGraphicsUnregisterResource cuGraphicsMapResources
-    cuGraphicsUnmapResources cuProfilerStart cuProfilerStop cuMemPrefetchAsync cuMemAdvise
-    cuMemRangeGetAttribute cuCtxGetExecAffinity cuDeviceGetNvSciSyncAttributes cuFlushGPUDirectRDMAWrites
+    cuGraphicsUnmapResources cuProfilerStart cuProfilerStop
+    cuCtxGetExecAffinity cuDeviceGetNvSciSyncAttributes cuFlushGPUDirectRDMAWrites
     cuCoredumpGetAttribute cuCoredumpSetAttribute cuGreenCtxCreate cuDeviceGetDevResource
     cuStreamWriteValue32 cuStreamWriteValue32_v2 cuStreamWriteValue32_ptsz cuStreamWriteValue32_v2_ptsz
     cuMulticastCreate cuMulticastAddDevice cuMulticastBindMem

@@ -29,8 +29,8 @@
 
 use crate::ctx;
 use crate::exec;
-use crate::pool;
 use crate::{drv, export, read, write, Registry, Res};
+use crate::{managed, pool};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::arena::{round_up, Arena, ALIGN};
 use cuvisor_sim::state::now_ns;
@@ -52,6 +52,9 @@ pub(crate) enum Kind {
     /// 32-bit v1 allocation.
     V1,
     Pool(usize),
+    /// A pointer imported from another process's pool into imported pool `usize`
+    /// (cuMemPoolImportPointer): the exporter's memory, in that pool's mapping.
+    PoolImport(usize),
     /// A VMM mapping of physical handle `usize`.
     Mapped(usize),
     /// An opened IPC handle (someone else's memory).
@@ -104,6 +107,26 @@ fn low_arena() -> Result<&'static Arena, CUresult> {
         .ok_or(err::OUT_OF_MEMORY)
 }
 
+/// Address space for managed memory, which may exceed the device's (see managed.rs): eight
+/// times all device memory together.
+fn managed_arena() -> Result<&'static Arena, CUresult> {
+    static A: OnceLock<Option<Arena>> = OnceLock::new();
+    let d = drv()?;
+    let total: u64 = d.sim.model.devices.iter().map(|x| x.memory).sum();
+    A.get_or_init(|| Arena::new(8 * total, false))
+        .as_ref()
+        .ok_or(err::OUT_OF_MEMORY)
+}
+
+/// The (rounded) size of the allocation that starts at `addr`.
+pub(crate) fn allocation_size(addr: u64) -> Option<u64> {
+    table()
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&addr)
+        .map(|r| r.size)
+}
+
 /// Address space for cuMemAddressReserve: four times all device memory together.
 pub(crate) fn va_arena() -> Result<&'static Arena, CUresult> {
     static A: OnceLock<Option<Arena>> = OnceLock::new();
@@ -114,11 +137,25 @@ pub(crate) fn va_arena() -> Result<&'static Arena, CUresult> {
         .ok_or(err::OUT_OF_MEMORY)
 }
 
-fn arena_for(kind: Kind, dev: usize) -> Result<&'static Arena, CUresult> {
+/// Runs `f` on the arena addresses of `kind` come from: an IPC-capable pool's allocations from
+/// the pool's shared file, imported pool pointers from none (they are the exporter's).
+fn with_arena<R>(kind: Kind, dev: usize, f: impl FnOnce(&Arena) -> R) -> Result<R, CUresult> {
     match kind {
-        Kind::V1 => low_arena(),
-        Kind::Mapped(_) => va_arena(),
-        _ => arena(dev),
+        Kind::V1 => low_arena().map(f),
+        Kind::Mapped(_) => va_arena().map(f),
+        Kind::PoolImport(_) => Err(err::INVALID_VALUE),
+        Kind::Managed => managed_arena().map(f),
+        Kind::Pool(p) => {
+            let mut f = Some(f);
+            match pool::with_region(p, |a| f.take().map(|f| f(a))) {
+                Some(Some(r)) => Ok(r),
+                _ => match f.take() {
+                    Some(f) => arena(dev).map(f),
+                    None => Err(err::INVALID_VALUE),
+                },
+            }
+        }
+        _ => arena(dev).map(f),
     }
 }
 
@@ -166,7 +203,7 @@ pub(crate) fn alloc_on(
     if charged > 0 {
         charge(dev, charged)?;
     }
-    let addr = match arena_for(kind, dev).ok().and_then(|a| a.alloc(rounded)) {
+    let addr = match with_arena(kind, dev, |a| a.alloc(rounded)).ok().flatten() {
         Some(a) => a,
         None => {
             uncharge(dev, charged);
@@ -209,11 +246,12 @@ fn release(addr: u64, rec: Alloc) {
         graph_alloc_released(addr, rec.dirty.load(Relaxed));
         return;
     }
-    if let Ok(a) = arena_for(rec.kind, rec.dev) {
-        a.free(addr, rec.size, rec.dirty.load(Relaxed));
-    }
+    let _ = with_arena(rec.kind, rec.dev, |a| {
+        a.free(addr, rec.size, rec.dirty.load(Relaxed))
+    });
     match rec.kind {
-        Kind::Pool(p) => pool::released(p, rec.size),
+        Kind::Pool(p) | Kind::PoolImport(p) => pool::released(p, rec.size),
+        Kind::Managed => managed::released(addr),
         Kind::Mapped(_) => {}
         _ if rec.share.is_some() => {}
         _ => uncharge(rec.dev, rec.charged),
@@ -329,6 +367,7 @@ fn in_any_arena(addr: u64) -> bool {
     (0..d.sim.model.devices.len()).any(|i| arena(i).map(|a| a.contains(addr)).unwrap_or(false))
         || low_arena().map(|a| a.contains(addr)).unwrap_or(false)
         || va_arena().map(|a| a.contains(addr)).unwrap_or(false)
+        || managed_arena().map(|a| a.contains(addr)).unwrap_or(false)
 }
 
 /// A synchronous copy waits for the work queued before it in the context (legacy stream rules).
@@ -909,7 +948,7 @@ export! {
             CU_POINTER_ATTRIBUTE_RANGE_START_ADDR => write(data as *mut CUdeviceptr, *b),
             CU_POINTER_ATTRIBUTE_RANGE_SIZE => write(data as *mut usize, r.size as usize),
             CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE => match r.kind {
-                Kind::Pool(p) => write(data as *mut CUmemoryPool, p as CUmemoryPool),
+                Kind::Pool(p) | Kind::PoolImport(p) => write(data as *mut CUmemoryPool, p as CUmemoryPool),
                 _ => write(data as *mut CUmemoryPool, std::ptr::null_mut()),
             },
             _ => Err(err::INVALID_VALUE),

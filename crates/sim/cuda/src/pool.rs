@@ -7,15 +7,32 @@
 //! the real driver does. A pool destroyed with allocations still outstanding keeps its memory
 //! until the last of them is freed (see cuMemPoolDestroy).
 
-use crate::mem::{alloc_on, charge, free, location_device, uncharge, Kind, GRANULARITY};
+use crate::mem::{
+    self, alloc_on, charge, free, location_device, uncharge, Alloc, Kind, GRANULARITY,
+};
 use crate::{ctx, drv, exec, export, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
-use cuvisor_sim::arena::{round_up, ALIGN};
+use cuvisor_sim::arena::{round_up, Arena, ALIGN};
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock};
 
 // ---- stream-ordered pools -----------------------------------------------------------------------
+
+/// CUmemPool_attribute values CUDA 12 added after the eight cuda-abi names (cuda.h 13.5, enum
+/// CUmemPool_attribute, in order after CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8).
+const ATTR_ALLOCATION_TYPE: c_int = 9;
+const ATTR_EXPORT_HANDLE_TYPES: c_int = 10;
+const ATTR_LOCATION_ID: c_int = 11;
+const ATTR_LOCATION_TYPE: c_int = 12;
+const ATTR_MAX_POOL_SIZE: c_int = 13;
+const ATTR_HW_DECOMPRESS_ENABLED: c_int = 14;
+const ATTR_LOCALITY_DOMAIN_ID: c_int = 15;
+/// cuda.h 13.5: `#define CU_MEM_POOL_CREATE_USAGE_HW_DECOMPRESS 0x2` (CUmemPoolProps::usage).
+const USAGE_HW_DECOMPRESS: u16 = 0x2;
+/// CUmemAccess_flags (cuda.h 13.5): PROT_NONE 0, PROT_READ 1, PROT_READWRITE 3.
+const PROT_READ: c_int = 1;
 
 pub(crate) struct Pool {
     dev: usize,
@@ -24,6 +41,35 @@ pub(crate) struct Pool {
     /// to the program, but the pool (and what it reserves) lives until the last one is freed.
     destroyed: AtomicBool,
     st: Mutex<PoolState>,
+    /// CUmemPoolProps::handleTypes (CU_MEMPOOL_ATTR_EXPORT_HANDLE_TYPES; NONE when imported).
+    handle_types: c_int,
+    /// CUmemPoolProps::maxSize, 0 = no limit but the device.
+    max_size: u64,
+    usage: u16,
+    /// Where an IPC-capable pool's memory lives: a file both the exporting process and every
+    /// importing process map, so that an imported pointer reads the exporter's bytes.
+    region: Option<Region>,
+    /// Imported from another process: it makes no allocations, it maps the exporter's.
+    imported: bool,
+    /// Access of devices other than the pool's own (cuMemPoolSetAccess), by device ordinal.
+    access: Mutex<HashMap<usize, c_int>>,
+}
+
+/// The shared memory of an IPC-capable or imported pool.
+struct Region {
+    /// A memfd sized to the pool's reach, with the export record after it (`RECORD_LEN`).
+    fd: c_int,
+    arena: Arena,
+    /// Once exported (or, in an importer, from the start): the shared-state entry that carries
+    /// the pool's reservation instead of this process (see `mem::open_share`).
+    share: Mutex<Option<(usize, u64)>>,
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: closing the pool's own descriptor (exports hand out duplicates).
+        unsafe { libc::close(self.fd) };
+    }
 }
 
 #[derive(Default)]
@@ -37,12 +83,47 @@ struct PoolState {
 }
 
 impl Pool {
+    fn new(dev: usize, is_default: bool) -> Pool {
+        Pool {
+            dev,
+            is_default,
+            destroyed: AtomicBool::new(false),
+            st: Mutex::new(PoolState {
+                // The three reuse policies are "default enabled" (cuda.h 13.5, CUmemPool_attribute).
+                reuse: [1; 3],
+                ..PoolState::default()
+            }),
+            handle_types: 0,
+            max_size: 0,
+            usage: 0,
+            region: None,
+            imported: false,
+            access: Mutex::new(HashMap::new()),
+        }
+    }
+    fn shared_entry(&self) -> Option<(usize, u64)> {
+        let r = self.region.as_ref()?;
+        *r.share.lock().unwrap_or_else(|e| e.into_inner())
+    }
     fn take(&self, bytes: u64) -> Res {
         let mut s = self.st.lock().unwrap_or_else(|e| e.into_inner());
         let spare = s.reserved - s.used;
         if spare < bytes {
             let grow = round_up(bytes - spare, GRANULARITY);
-            charge(self.dev, grow)?;
+            if self.max_size > 0 && s.reserved + grow > self.max_size {
+                return Err(err::OUT_OF_MEMORY);
+            }
+            match self.shared_entry() {
+                // Shared: the entry carries the reservation, whichever process grows it.
+                Some((i, _)) => {
+                    let d = drv()?;
+                    let cap = d.sim.model.devices[self.dev].memory;
+                    if !d.sim.shared.share_charge(i, grow, cap) {
+                        return Err(err::OUT_OF_MEMORY);
+                    }
+                }
+                None => charge(self.dev, grow)?,
+            }
             s.reserved += grow;
             s.reserved_high = s.reserved_high.max(s.reserved);
         }
@@ -63,7 +144,14 @@ impl Pool {
         let excess = s.reserved - floor;
         if excess > 0 {
             s.reserved -= excess;
-            uncharge(self.dev, excess);
+            match self.shared_entry() {
+                Some((i, _)) => {
+                    if let Ok(d) = drv() {
+                        d.sim.shared.share_uncharge(i, excess);
+                    }
+                }
+                None => uncharge(self.dev, excess),
+            }
         }
     }
 }
@@ -71,6 +159,14 @@ impl Pool {
 fn pools() -> &'static Registry<Pool> {
     static R: OnceLock<Registry<Pool>> = OnceLock::new();
     R.get_or_init(Registry::new)
+}
+
+/// Runs `f` on the arena that allocations of pool `h` come from, if the pool has its own (an
+/// IPC-capable pool's shared file); None: the device's arena.
+pub(crate) fn with_region<R>(h: usize, f: impl FnOnce(&Arena) -> R) -> Option<R> {
+    let p = pools().get(h).ok()?;
+    let r = p.region.as_ref()?;
+    Some(f(&r.arena))
 }
 
 /// A pool the program may still use (not destroyed).
@@ -83,9 +179,16 @@ fn live_pool(h: usize) -> Result<Arc<Pool>, CUresult> {
 }
 
 /// A destroyed pool whose last outstanding allocation was just freed: its memory goes now.
+///
+/// A pool that was shared (exported, or imported) lets go of its shared-state entry instead:
+/// its reservation stays counted until the last process holding the pool lets go, since the
+/// memory is reachable from every process that imported the pool (erring toward counting).
 fn finish_destroyed(h: usize, p: &Pool) {
     if p.destroyed.load(Acquire) && p.st.lock().unwrap_or_else(|e| e.into_inner()).used == 0 {
-        p.trim(0);
+        match p.shared_entry() {
+            Some((i, _)) => mem::unref_share(i),
+            None => p.trim(0),
+        }
         let _ = pools().remove(h);
     }
 }
@@ -122,12 +225,7 @@ fn default_pool(dev: usize) -> usize {
         .lock()
         .unwrap_or_else(|e| e.into_inner());
     if p.0 == 0 {
-        let (h, _) = pools().insert(Pool {
-            dev,
-            is_default: true,
-            destroyed: AtomicBool::new(false),
-            st: Mutex::new(PoolState::default()),
-        });
+        let (h, _) = pools().insert(Pool::new(dev, true));
         *p = (h, h);
     }
     p.0
@@ -171,6 +269,12 @@ fn alloc_from_pool(
     }
     let stream = exec::stream(s, pt)?;
     let pool = live_pool(pool_h)?;
+    // "Imported memory pools do not support creating new allocations. As such imported memory
+    // pools may not be used in cuDeviceSetMemPool or cuMemAllocFromPoolAsync calls."
+    // (cuda.h 13.5, cuMemPoolImportFromShareableHandle.)
+    if pool.imported {
+        return Err(err::INVALID_VALUE);
+    }
     // "During stream capture, this function results in the creation of an allocation node. In
     // this case, the allocation is owned by the graph instead of the memory pool. The memory
     // pool's properties are used to set the node's creation parameters" (cuMemAllocAsync and
@@ -207,6 +311,105 @@ fn free_async(dptr: CUdeviceptr, s: CUstream, pt: bool) -> Res {
     free(dptr, |_| true)
 }
 
+/// `CUmemPoolPtrExportData` (cuda.h 13.5): 64 opaque bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUmemPoolPtrExportData {
+    pub reserved: [u8; 64],
+}
+/// CUmemAllocationType (cuda.h 13.5): INVALID 0, PINNED 1, MANAGED 2.
+const CU_MEM_ALLOCATION_TYPE_MANAGED: c_int = 2;
+
+/// First word of the data cuMemPoolExportPointer makes.
+const POOL_PTR_MAGIC: u64 = 0x4356_5053_5054_0001;
+/// Length of the export record that follows an IPC-capable pool's memory in its file.
+const RECORD_LEN: usize = 96;
+
+/// A memfd for an IPC-capable pool that can reach `reach` bytes (sparse: it costs what is
+/// written), mapped as the pool's arena; its export record goes after `reach`.
+fn new_region(reach: u64) -> Result<Region, CUresult> {
+    // SAFETY: memfd_create with a static NUL-terminated name; we own the returned fd.
+    let fd = unsafe { libc::memfd_create(c"cuvisor-sim-pool".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(err::OUT_OF_MEMORY);
+    }
+    // SAFETY: sizing our own new memfd.
+    let sized = unsafe { libc::ftruncate(fd, (reach + RECORD_LEN as u64) as libc::off_t) } == 0;
+    match Arena::over_file(fd, reach).filter(|_| sized) {
+        Some(arena) => Ok(Region {
+            fd,
+            arena,
+            share: Mutex::new(None),
+        }),
+        None => {
+            // SAFETY: closing our own fd.
+            unsafe { libc::close(fd) };
+            Err(err::OUT_OF_MEMORY)
+        }
+    }
+}
+
+/// Writes the record an importer reads: device, reach, shared entry and its generation.
+fn write_record(r: &Region, dev: usize, i: usize, generation: u64) -> Res {
+    let mut rec = format!(
+        "cuvisor-sim-pool {dev} {} {i} {generation}\n",
+        r.arena.size()
+    )
+    .into_bytes();
+    rec.resize(RECORD_LEN, 0);
+    // SAFETY: writing our own buffer to the pool's own fd, after its memory.
+    let n = unsafe {
+        libc::pwrite(
+            r.fd,
+            rec.as_ptr() as *const c_void,
+            RECORD_LEN,
+            r.arena.size() as libc::off_t,
+        )
+    };
+    if n != RECORD_LEN as isize {
+        return Err(err::OUT_OF_MEMORY);
+    }
+    Ok(())
+}
+
+/// (device, reach, entry, generation) from an exported pool's descriptor.
+fn read_record(fd: c_int) -> Result<(usize, u64, usize, u64), CUresult> {
+    // SAFETY: fstat into our own zeroed struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat of the caller's descriptor into our own buffer.
+    if fd < 0 || unsafe { libc::fstat(fd, &mut st) } != 0 || (st.st_size as u64) < RECORD_LEN as u64
+    {
+        return Err(err::INVALID_VALUE);
+    }
+    let at = st.st_size as u64 - RECORD_LEN as u64;
+    let mut buf = [0u8; RECORD_LEN];
+    // SAFETY: reading at most RECORD_LEN bytes into our own buffer.
+    let n = unsafe {
+        libc::pread(
+            fd,
+            buf.as_mut_ptr() as *mut c_void,
+            RECORD_LEN,
+            at as libc::off_t,
+        )
+    };
+    let text = std::str::from_utf8(&buf[..n.max(0) as usize]).map_err(|_| err::INVALID_VALUE)?;
+    let mut parts = text.split('\n').next().unwrap_or("").split(' ');
+    if parts.next() != Some("cuvisor-sim-pool") {
+        return Err(err::INVALID_VALUE);
+    }
+    let mut num = || {
+        parts
+            .next()
+            .and_then(|x| x.parse::<u64>().ok())
+            .ok_or(err::INVALID_VALUE)
+    };
+    let (dev, reach, i, generation) = (num()?, num()?, num()?, num()?);
+    if reach != at {
+        return Err(err::INVALID_VALUE);
+    }
+    Ok((dev as usize, reach, i as usize, generation))
+}
+
 export! {
     fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) {
         let (i, _) = ctx::device(dev)?;
@@ -219,6 +422,9 @@ export! {
     fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) {
         let (i, _) = ctx::device(dev)?;
         let p = live_pool(pool as usize)?;
+        if p.imported {
+            return Err(err::INVALID_VALUE); // see alloc_from_pool
+        }
         if p.dev != i {
             return Err(err::INVALID_DEVICE);
         }
@@ -226,14 +432,44 @@ export! {
         device_pools()[i].lock().unwrap_or_else(|e| e.into_inner()).1 = pool as usize;
         Ok(())
     }
+    /// Device pools of pinned memory. handleTypes: NONE, or POSIX_FILE_DESCRIPTOR (an
+    /// IPC-capable pool, whose memory is a file that importers map); Win32 handles and fabric
+    /// handles (which need an IMEX channel) are not available on this machine. Host-located
+    /// pools "are not IPC capable and ::CUmemPoolProps::handleTypes must be 0, any other values
+    /// will result in ::CUDA_ERROR_INVALID_VALUE"; managed pools need `handleTypes` NONE and
+    /// `maxSize` 0 (cuda.h 13.5, cuMemPoolCreate). Host and managed pools are not modelled.
     fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) {
         drv()?;
         let p: CUmemPoolProps = read(props)?;
-        if p.allocType != CU_MEM_ALLOCATION_TYPE_PINNED || pool.is_null() {
+        if pool.is_null() {
             return Err(err::INVALID_VALUE);
         }
+        let host = matches!(p.location.type_, 2..=4);
+        if host && p.handleTypes != 0 {
+            return Err(err::INVALID_VALUE);
+        }
+        if p.allocType == CU_MEM_ALLOCATION_TYPE_MANAGED && (p.handleTypes != 0 || p.maxSize != 0) {
+            return Err(err::INVALID_VALUE);
+        }
+        if p.allocType != CU_MEM_ALLOCATION_TYPE_PINNED && p.allocType != CU_MEM_ALLOCATION_TYPE_MANAGED {
+            return Err(err::INVALID_VALUE);
+        }
+        if p.handleTypes & !CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR != 0 {
+            return Err(err::NOT_SUPPORTED);
+        }
         let dev = location_device(p.location)?.ok_or(err::NOT_SUPPORTED)?;
-        let (h, _) = pools().insert(Pool { dev, is_default: false, destroyed: AtomicBool::new(false), st: Mutex::new(PoolState::default()) });
+        if p.allocType != CU_MEM_ALLOCATION_TYPE_PINNED {
+            return Err(err::NOT_SUPPORTED);
+        }
+        let mut pl = Pool::new(dev, false);
+        pl.handle_types = p.handleTypes;
+        pl.max_size = if p.maxSize == 0 { 0 } else { round_up(p.maxSize as u64, GRANULARITY) };
+        pl.usage = p.usage;
+        if p.handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR != 0 {
+            let reach = if pl.max_size > 0 { pl.max_size } else { drv()?.sim.model.devices[dev].memory };
+            pl.region = Some(new_region(reach)?);
+        }
+        let (h, _) = pools().insert(pl);
         write(pool, h as CUmemoryPool)
     }
     /// The default pool cannot be destroyed. A pool with outstanding allocations is destroyed
@@ -279,10 +515,23 @@ export! {
             CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH => v64(s.reserved_high),
             CU_MEMPOOL_ATTR_USED_MEM_CURRENT => v64(s.used),
             CU_MEMPOOL_ATTR_USED_MEM_HIGH => v64(s.used_high),
+            ATTR_ALLOCATION_TYPE => write(value as *mut c_int, CU_MEM_ALLOCATION_TYPE_PINNED),
+            // "For imported pools this value is always CU_MEM_HANDLE_TYPE_NONE as an imported
+            // pool cannot be re-exported" (cuda.h 13.5).
+            ATTR_EXPORT_HANDLE_TYPES => write(value as *mut c_int, p.handle_types),
+            ATTR_LOCATION_ID => write(value as *mut c_int, p.dev as c_int),
+            ATTR_LOCATION_TYPE => write(value as *mut c_int, CU_MEM_LOCATION_TYPE_DEVICE),
+            // "A value of 0 indicates no maximum size. [...] IPC imported pools this value will
+            // be system dependent": the importer reports the exporter's reach.
+            ATTR_MAX_POOL_SIZE => v64(if p.imported { p.region.as_ref().map_or(0, |r| r.arena.size()) } else { p.max_size }),
+            ATTR_HW_DECOMPRESS_ENABLED => write(value as *mut c_int, (p.usage & USAGE_HW_DECOMPRESS != 0) as c_int),
+            // "-1 indicates that the mempool is not localized" (every modelled GPU has one domain).
+            ATTR_LOCALITY_DOMAIN_ID => write(value as *mut c_int, -1),
             _ => Err(err::INVALID_VALUE),
         }
     }
-    /// The high watermarks can only be reset (to the current value) by setting them to 0.
+    /// The high watermarks can only be reset (to the current value) by setting them to 0; the
+    /// attributes CUDA 12 added describe the pool and are read-only (INVALID_VALUE).
     fn cuMemPoolSetAttribute(pool: CUmemoryPool, attribute: c_int, value: *mut c_void) {
         drv()?;
         let p = live_pool(pool as usize)?;
@@ -305,6 +554,167 @@ export! {
             _ => return Err(err::INVALID_VALUE),
         }
         Ok(())
+    }
+    /// "By default, the pool's memory will be accessible from the device it is allocated on"
+    /// (cuMemPoolCreate); the owner's access cannot be taken away. Other devices: PROT_NONE,
+    /// PROT_READ or PROT_READWRITE, each a device location; anything else INVALID_VALUE.
+    /// The descriptors are checked before any takes effect.
+    fn cuMemPoolSetAccess(pool: CUmemoryPool, map: *const CUmemAccessDesc, count: usize) {
+        drv()?;
+        let p = live_pool(pool as usize)?;
+        if count > 0 && map.is_null() {
+            return Err(err::INVALID_VALUE);
+        }
+        let mut set = Vec::with_capacity(count);
+        for i in 0..count {
+            let d: CUmemAccessDesc = read(map.wrapping_add(i))?;
+            let dev = location_device(d.location)?.ok_or(err::INVALID_VALUE)?;
+            if !matches!(d.flags, CU_MEM_ACCESS_FLAGS_PROT_NONE | PROT_READ | CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+                return Err(err::INVALID_VALUE);
+            }
+            if dev == p.dev && d.flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE {
+                return Err(err::INVALID_VALUE);
+            }
+            set.push((dev, d.flags));
+        }
+        let mut a = p.access.lock().unwrap_or_else(|e| e.into_inner());
+        for (dev, flags) in set {
+            if dev != p.dev {
+                a.insert(dev, flags);
+            }
+        }
+        Ok(())
+    }
+    fn cuMemPoolGetAccess(flags: *mut c_int, pool: CUmemoryPool, location: *mut CUmemLocation) {
+        drv()?;
+        let p = live_pool(pool as usize)?;
+        let loc: CUmemLocation = read(location as *const CUmemLocation)?;
+        let dev = location_device(loc)?.ok_or(err::INVALID_VALUE)?;
+        let f = if dev == p.dev {
+            CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        } else {
+            p.access.lock().unwrap_or_else(|e| e.into_inner()).get(&dev).copied().unwrap_or(CU_MEM_ACCESS_FLAGS_PROT_NONE)
+        };
+        write(flags, f)
+    }
+    /// "Given an IPC capable mempool, create an OS handle to share the pool with another
+    /// process" (cuda.h 13.5): a duplicate of the pool's memfd, which SCM_RIGHTS or
+    /// pidfd_getfd carry to another process. A pool made without that handle type (or
+    /// imported: "an imported pool cannot be re-exported"), another handle type or non-zero
+    /// flags ("must be 0"): INVALID_VALUE. The first export makes the pool's reservation shared:
+    /// it leaves this process for a shared-state entry that every importer holds too.
+    fn cuMemPoolExportToShareableHandle(out: *mut c_void, pool: CUmemoryPool, kind: c_int, flags: u64) {
+        drv()?;
+        let p = live_pool(pool as usize)?;
+        if out.is_null() || flags != 0 || kind != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || p.handle_types & kind == 0 {
+            return Err(err::INVALID_VALUE);
+        }
+        let r = p.region.as_ref().ok_or(err::INVALID_VALUE)?;
+        {
+            let st = p.st.lock().unwrap_or_else(|e| e.into_inner());
+            let mut share = r.share.lock().unwrap_or_else(|e| e.into_inner());
+            if share.is_none() {
+                let (i, generation) = mem::open_share(p.dev, st.reserved)?;
+                *share = Some((i, generation));
+                write_record(r, p.dev, i, generation)?;
+            }
+        }
+        // SAFETY: duplicating the pool's own open memfd; the caller owns the new descriptor.
+        let fd = unsafe { libc::fcntl(r.fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(err::OUT_OF_MEMORY);
+        }
+        write(out as *mut c_int, fd)
+    }
+    /// The pool another process exported, from its descriptor (`handle` holds the int, as the
+    /// runtime passes it: `(void *)(uintptr_t)fd`). The descriptor stays the caller's. Another
+    /// handle type, flags, or a descriptor that is not an exported pool: INVALID_VALUE; a pool
+    /// whose every holder has let go: INVALID_VALUE.
+    fn cuMemPoolImportFromShareableHandle(pool_out: *mut CUmemoryPool, handle: *mut c_void, kind: c_int, flags: u64) {
+        drv()?;
+        if pool_out.is_null() || flags != 0 || kind != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
+            return Err(err::INVALID_VALUE);
+        }
+        let fd = handle as usize as c_int;
+        let (dev, reach, i, generation) = read_record(fd)?;
+        if dev >= drv()?.sim.model.devices.len() {
+            return Err(err::INVALID_VALUE);
+        }
+        mem::ref_share(i, generation)?;
+        // SAFETY: duplicating the caller's descriptor; the pool owns the copy.
+        let own = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        let arena = (own >= 0).then(|| Arena::over_file(own, reach)).flatten();
+        let Some(arena) = arena else {
+            if own >= 0 {
+                // SAFETY: closing our own duplicate.
+                unsafe { libc::close(own) };
+            }
+            mem::unref_share(i);
+            return Err(err::OUT_OF_MEMORY);
+        };
+        let mut pl = Pool::new(dev, false);
+        pl.imported = true;
+        pl.region = Some(Region { fd: own, arena, share: Mutex::new(Some((i, generation))) });
+        let (h, _) = pools().insert(pl);
+        write(pool_out, h as CUmemoryPool)
+    }
+    /// "Constructs shareData_out for sharing a specific allocation from an already shared memory
+    /// pool": the allocation's offset and size in the pool's file, and the pool's shared entry.
+    /// A pointer that is not the start of a live allocation of an exported pool: INVALID_VALUE.
+    fn cuMemPoolExportPointer(out: *mut CUmemPoolPtrExportData, ptr: CUdeviceptr) {
+        drv()?;
+        if out.is_null() {
+            return Err(err::INVALID_VALUE);
+        }
+        let (h, size) = {
+            let t = mem::table().read().unwrap_or_else(|e| e.into_inner());
+            match t.get(&ptr) {
+                Some(r) => match r.kind {
+                    Kind::Pool(h) => (h, r.size),
+                    _ => return Err(err::INVALID_VALUE),
+                },
+                None => return Err(err::INVALID_VALUE),
+            }
+        };
+        let p = pools().get(h)?;
+        let r = p.region.as_ref().ok_or(err::INVALID_VALUE)?;
+        let (i, generation) = p.shared_entry().ok_or(err::INVALID_VALUE)?;
+        let words = [POOL_PTR_MAGIC, i as u64, generation, ptr - r.arena.base(), size];
+        let mut d = CUmemPoolPtrExportData { reserved: [0; 64] };
+        for (k, v) in words.iter().enumerate() {
+            d.reserved[k * 8..k * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        write(out, d)
+    }
+    /// The exporter's allocation at the same offset of the imported pool's mapping: the same
+    /// bytes, charged nothing new. Freed with cuMemFree or cuMemFreeAsync ("The pointer may be
+    /// freed with cuMemFree or cuMemFreeAsync", cuda.h 13.5). Data of another pool, or of an
+    /// allocation already imported here: INVALID_VALUE.
+    fn cuMemPoolImportPointer(ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, data: *mut CUmemPoolPtrExportData) {
+        drv()?;
+        let d: CUmemPoolPtrExportData = read(data as *const CUmemPoolPtrExportData)?;
+        if ptr_out.is_null() {
+            return Err(err::INVALID_VALUE);
+        }
+        let word = |k: usize| u64::from_le_bytes(d.reserved[k * 8..k * 8 + 8].try_into().unwrap_or_default());
+        let p = live_pool(pool as usize)?;
+        let r = p.region.as_ref().filter(|_| p.imported).ok_or(err::INVALID_VALUE)?;
+        if word(0) != POOL_PTR_MAGIC || p.shared_entry() != Some((word(1) as usize, word(2))) {
+            return Err(err::INVALID_VALUE);
+        }
+        let (offset, size) = (word(3), word(4));
+        if size == 0 || offset.checked_add(size).is_none_or(|end| end > r.arena.size()) {
+            return Err(err::INVALID_VALUE);
+        }
+        let addr = r.arena.base() + offset;
+        let ch = ctx::current().map(|c| c.0).unwrap_or(0);
+        let mut t = mem::table().write().unwrap_or_else(|e| e.into_inner());
+        if t.contains_key(&addr) {
+            return Err(err::INVALID_VALUE);
+        }
+        t.insert(addr, Alloc { size, charged: 0, share: None, dev: p.dev, ctx: ch, kind: Kind::PoolImport(pool as usize), dirty: AtomicBool::new(false) });
+        p.st.lock().unwrap_or_else(|e| e.into_inner()).used += size;
+        write(ptr_out, addr)
     }
     fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, s: CUstream) { alloc_async(dptr, size, s, false) }
     fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, s: CUstream) { alloc_async(dptr, size, s, true) }

@@ -1018,6 +1018,54 @@ pub static PROC_TABLE: &[ProcEntry] = &[
         versions: &[(10000, "cuWaitExternalSemaphoresAsync")],
         per_thread: &[(10000, "cuWaitExternalSemaphoresAsync_ptsz")],
     },
+    // ---- added by i17-share ----
+    // Versions: the PFN_<name>_v<version> typedefs of CUDA 13.5's cudaTypedefs.h.
+    ProcEntry { base: "cuMemPoolSetAccess", versions: &[(11020, "cuMemPoolSetAccess")], per_thread: &[] },
+    ProcEntry { base: "cuMemPoolGetAccess", versions: &[(11020, "cuMemPoolGetAccess")], per_thread: &[] },
+    ProcEntry {
+        base: "cuMemPoolExportToShareableHandle",
+        versions: &[(11020, "cuMemPoolExportToShareableHandle")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuMemPoolImportFromShareableHandle",
+        versions: &[(11020, "cuMemPoolImportFromShareableHandle")],
+        per_thread: &[],
+    },
+    ProcEntry { base: "cuMemPoolExportPointer", versions: &[(11020, "cuMemPoolExportPointer")], per_thread: &[] },
+    ProcEntry { base: "cuMemPoolImportPointer", versions: &[(11020, "cuMemPoolImportPointer")], per_thread: &[] },
+    ProcEntry { base: "cuMemGetAccess", versions: &[(10020, "cuMemGetAccess")], per_thread: &[] },
+    ProcEntry {
+        base: "cuMemGetAllocationPropertiesFromHandle",
+        versions: &[(10020, "cuMemGetAllocationPropertiesFromHandle")],
+        per_thread: &[],
+    },
+    ProcEntry {
+        base: "cuMemMapArrayAsync",
+        versions: &[(11010, "cuMemMapArrayAsync")],
+        per_thread: &[(11010, "cuMemMapArrayAsync_ptsz")],
+    },
+    ProcEntry {
+        base: "cuMemGetHandleForAddressRange",
+        versions: &[(11070, "cuMemGetHandleForAddressRange")],
+        per_thread: &[],
+    },
+    ProcEntry { base: "cuMemRangeGetAttributes", versions: &[(8000, "cuMemRangeGetAttributes")], per_thread: &[] },
+    ProcEntry {
+        base: "cuMemPrefetchBatchAsync",
+        versions: &[(13000, "cuMemPrefetchBatchAsync")],
+        per_thread: &[(13000, "cuMemPrefetchBatchAsync_ptsz")],
+    },
+    ProcEntry {
+        base: "cuMemDiscardBatchAsync",
+        versions: &[(13000, "cuMemDiscardBatchAsync")],
+        per_thread: &[(13000, "cuMemDiscardBatchAsync_ptsz")],
+    },
+    ProcEntry {
+        base: "cuMemDiscardAndPrefetchBatchAsync",
+        versions: &[(13000, "cuMemDiscardAndPrefetchBatchAsync")],
+        per_thread: &[(13000, "cuMemDiscardAndPrefetchBatchAsync_ptsz")],
+    },
 ];
 
 #[cfg(test)]
