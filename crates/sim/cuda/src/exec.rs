@@ -84,7 +84,6 @@ impl Stream {
             .run_kernel(d.slot, self.dev, not_before, node.ns);
         self.tail.fetch_max(end, AcqRel);
         self.ctx_tail.fetch_max(end, AcqRel);
-        crate::managed::kernel_touch(self.dev);
         Ok(())
     }
     fn done_at(&self) -> u64 {

@@ -10,10 +10,10 @@
 //!   Coherency"), and takes only address space (up to 8 times all device memory together, then
 //!   CUDA_ERROR_OUT_OF_MEMORY).
 //! - Residency, the simulator's rule: a page is resident on a device once it was prefetched
-//!   there (cuMemPrefetchAsync and its forms, cuMemPrefetchBatchAsync), or when a kernel is
-//!   queued on that device while the allocation is attached globally (CU_MEM_ATTACH_GLOBAL): a
-//!   kernel is taken to touch every such allocation of its process, whole, except pages whose
-//!   preferred location is the host (the driver maps those rather than migrating them).
+//!   there (cuMemPrefetchAsync and its forms, cuMemPrefetchBatchAsync). A kernel moves nothing:
+//!   the simulator runs no code, so it cannot know which pages a kernel touches, and taking it
+//!   to touch every attached allocation would put on the device memory that a real kernel
+//!   never reads (an oversubscribed allocation would fill the device at the first launch).
 //!   Resident pages are charged to the device and to this process (NVML lists them) up to the
 //!   device's capacity; what does not fit stays in host memory (the real driver would evict
 //!   other processes' managed pages; the simulator does not). Prefetching to the host, or a
@@ -32,7 +32,7 @@ use crate::{ctx, drv, exec, export, read, write, Res};
 use cuvisor_cuda_abi::cuda::*;
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicUsize, Ordering::*};
+use std::sync::atomic::Ordering::*;
 use std::sync::{Mutex, OnceLock};
 
 /// Pages are CPU pages: "The start address and end address of the memory range will be rounded
@@ -64,8 +64,6 @@ const LOC_DEVICE: c_int = 1;
 const LOC_HOST: c_int = 2;
 const LOC_HOST_NUMA: c_int = 3;
 const LOC_HOST_NUMA_CURRENT: c_int = 4;
-/// cuMemAllocManaged's flags (cuda.h 13.5, CUmemAttach_flags): GLOBAL 1, HOST 2, SINGLE 4.
-const ATTACH_GLOBAL: c_uint = 1;
 
 /// Where a page is, or is advised to be: a device, or host memory (NUMA node `id`; `id` -1
 /// for plain CU_MEM_LOCATION_TYPE_HOST).
@@ -130,15 +128,14 @@ const HOST_BIT: u32 = 63;
 /// One managed allocation: its page runs, [offset, end) -> what they share, covering it whole.
 struct Managed {
     size: u64,
-    attach: c_uint,
     runs: BTreeMap<u64, (u64, Pages)>,
 }
 
 impl Managed {
-    fn new(size: u64, attach: c_uint) -> Managed {
+    fn new(size: u64) -> Managed {
         let mut runs = BTreeMap::new();
         runs.insert(0, (size, Pages::default()));
-        Managed { size, attach, runs }
+        Managed { size, runs }
     }
     /// Splits the run holding `at` so that a run starts there.
     fn split(&mut self, at: u64) {
@@ -190,9 +187,6 @@ fn managed() -> &'static Mutex<BTreeMap<u64, Managed>> {
     M.get_or_init(|| Mutex::new(BTreeMap::new()))
 }
 
-/// Globally attached managed allocations of this process (a kernel launch's fast path).
-static ATTACHED: AtomicUsize = AtomicUsize::new(0);
-
 /// The managed allocation holding [ptr, ptr + count), as (base, page-aligned offsets lo..hi).
 fn range_of(
     m: &BTreeMap<u64, Managed>,
@@ -230,7 +224,7 @@ fn charge_what_fits(dev: usize, bytes: u64) -> u64 {
 
 /// Moves the pages of [lo, hi) of allocation `a` to `to` (charging what lands on a device, up
 /// to its capacity; what does not fit stays where it was, or in host memory).
-fn migrate(a: &mut Managed, lo: u64, hi: u64, to: Loc, skip_host_preferred: bool) {
+fn migrate(a: &mut Managed, lo: u64, hi: u64, to: Loc) {
     // Split the range into runs first: a run that only partly fits is split where it stops.
     let plan: Vec<(u64, u64, Pages)> = {
         a.split(lo);
@@ -241,9 +235,6 @@ fn migrate(a: &mut Managed, lo: u64, hi: u64, to: Loc, skip_host_preferred: bool
             .collect()
     };
     for (s, e, p) in plan {
-        if skip_host_preferred && matches!(p.preferred, Some(Loc::Host(_))) {
-            continue;
-        }
         match to {
             Loc::Host(_) => {
                 if let Some(d) = p.resident {
@@ -268,29 +259,11 @@ fn migrate(a: &mut Managed, lo: u64, hi: u64, to: Loc, skip_host_preferred: bool
     }
 }
 
-/// A kernel was queued on device `dev`: every globally attached managed allocation of this
-/// process is taken to be touched there (see the module's residency rule).
-pub(crate) fn kernel_touch(dev: usize) {
-    if ATTACHED.load(Relaxed) == 0 {
-        return;
-    }
-    let mut m = managed().lock().unwrap_or_else(|e| e.into_inner());
-    for a in m.values_mut() {
-        if a.attach == ATTACH_GLOBAL {
-            let size = a.size;
-            migrate(a, 0, size, Loc::Device(dev), true);
-        }
-    }
-}
-
 /// The allocation at `addr` was freed (the memory module's release): its resident pages go
 /// back to their devices.
 pub(crate) fn released(addr: u64) {
     let mut m = managed().lock().unwrap_or_else(|e| e.into_inner());
     if let Some(a) = m.remove(&addr) {
-        if a.attach == ATTACH_GLOBAL {
-            ATTACHED.fetch_sub(1, Relaxed);
-        }
         for (s, (e, p)) in &a.runs {
             if let Some(d) = p.resident {
                 uncharge(d, e - s);
@@ -305,7 +278,7 @@ fn prefetch(ptr: CUdeviceptr, count: usize, to: Loc, s: CUstream, pt: bool) -> R
     let (base, lo, hi) = range_of(&m, ptr, count)?;
     let a = m.get_mut(&base).ok_or(err::INVALID_VALUE)?;
     a.update(lo, hi, |_, p| p.last_prefetch = Some(to));
-    migrate(a, lo, hi, to, false);
+    migrate(a, lo, hi, to);
     Ok(())
 }
 
@@ -502,7 +475,7 @@ fn discard_batch(
     }
     for (base, lo, hi) in ranges {
         if let Some(a) = m.get_mut(&base) {
-            migrate(a, lo, hi, Loc::Host(-1), false);
+            migrate(a, lo, hi, Loc::Host(-1));
             // SAFETY: [base + lo, base + hi) lies inside this live managed allocation of ours
             // (page-aligned within it); dropping its pages makes them read as zeros.
             unsafe {
@@ -518,7 +491,8 @@ fn discard_batch(
 }
 
 export! {
-    /// CU_MEM_ATTACH_GLOBAL or CU_MEM_ATTACH_HOST; no device memory until pages are resident
+    /// CU_MEM_ATTACH_GLOBAL or CU_MEM_ATTACH_HOST (else INVALID_VALUE; CU_MEM_ATTACH_SINGLE is
+    /// for cuStreamAttachMemAsync only); no device memory until pages are resident
     /// (see the module's comment), so it may exceed the device's memory.
     fn cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) {
         if dptr.is_null() || !matches!(flags, CU_MEM_ATTACH_GLOBAL | CU_MEM_ATTACH_HOST) {
@@ -526,10 +500,7 @@ export! {
         }
         let a = alloc(size as u64, Kind::Managed, Some(0))?;
         let rounded = mem::allocation_size(a).unwrap_or(size as u64);
-        managed().lock().unwrap_or_else(|e| e.into_inner()).insert(a, Managed::new(rounded, flags));
-        if flags == ATTACH_GLOBAL {
-            ATTACHED.fetch_add(1, Relaxed);
-        }
+        managed().lock().unwrap_or_else(|e| e.into_inner()).insert(a, Managed::new(rounded));
         write(dptr, a)
     }
 

@@ -5,8 +5,8 @@
 //! from per-device arenas of host address space, so copies are plain memory moves.
 //!
 //! What the simulator models and how:
-//! - cuMemAlloc/Pitch/Managed: charged at once, rounded up to 512 bytes. Managed memory is
-//!   charged to the current device at allocation (the real driver charges pages as they migrate).
+//! - cuMemAlloc/Pitch: charged at once, rounded up to 512 bytes. Managed memory is charged where
+//!   its pages are resident, not at allocation (see `managed.rs`).
 //! - stream-ordered pools: `pool.rs`; VMM: `vmm.rs`; IPC handles: `ipc.rs`; managed memory:
 //!   `managed.rs`. This module keeps the allocation table, the arenas, the charge helpers they
 //!   all use, classic allocation, copies, memsets, arrays, host memory and graph memory.
