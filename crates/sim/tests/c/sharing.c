@@ -242,6 +242,32 @@ static void pool_attributes_and_access(CUmemoryPool pool) {
     ASSERT(f == CU_MEM_ACCESS_FLAGS_PROT_NONE);
 }
 
+/* What NVML reports this process holds on device 0 (the simulated libnvidia-ml.so.1, opened
+ * as monitoring tools open it; nvml.h's v3 process record). */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvml_process;
+static unsigned long long nvml_used_by_me(void) {
+    static void *nvml;
+    if (!nvml) nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    ASSERT(nvml);
+    int (*init)(void) = (int (*)(void))dlsym(nvml, "nvmlInit_v2");
+    int (*handle)(unsigned int, void **) = (int (*)(unsigned int, void **))dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2");
+    int (*procs)(void *, unsigned int *, nvml_process *) =
+        (int (*)(void *, unsigned int *, nvml_process *))dlsym(nvml, "nvmlDeviceGetComputeRunningProcesses_v3");
+    ASSERT(init && handle && procs);
+    void *dev;
+    ASSERT(init() == 0 && handle(0, &dev) == 0);
+    nvml_process list[64];
+    unsigned int n = 64;
+    ASSERT(procs(dev, &n, list) == 0);
+    for (unsigned int i = 0; i < n; i++)
+        if (list[i].pid == (unsigned int)getpid()) return list[i].usedGpuMemory;
+    return 0;
+}
+
 /* ---- the exporting process: managed memory ---- */
 static void managed(size_t total, CUstream st) {
     CUdeviceptr m, plain;
@@ -251,8 +277,10 @@ static void managed(size_t total, CUstream st) {
     ASSERT(free_mem() == before);
     CUmemLocation d0 = device_loc(0), host = device_loc(0), d99 = device_loc(99);
     host.type = CU_MEM_LOCATION_TYPE_HOST;
+    ASSERT(nvml_used_by_me() == 0);
     CHECK(cuMemPrefetchAsync(m, 64 * MiB, d0, 0, st));
     ASSERT(before - free_mem() == 64 * MiB);
+    ASSERT(nvml_used_by_me() == 64 * MiB); /* NVML shows what is resident */
     int v;
     CHECK(cuMemRangeGetAttribute(&v, 4, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, m, 64 * MiB));
     ASSERT(v == 0);
@@ -266,6 +294,7 @@ static void managed(size_t total, CUstream st) {
     ASSERT(free_mem() == 0);
     CHECK(cuMemPrefetchAsync(m, 2 * total, host, 0, st));
     ASSERT(free_mem() == before);
+    ASSERT(nvml_used_by_me() == 0);
     CHECK(cuMemRangeGetAttribute(&v, 4, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, m, 2 * total));
     ASSERT(v == CU_DEVICE_CPU);
     EXPECT(cuMemPrefetchAsync(m, MiB, d0, 1, st), CUDA_ERROR_INVALID_VALUE);      /* flags "must be zero" */
