@@ -356,7 +356,7 @@ fn range_attribute(
             int(prefetched.map_or(DEVICE_INVALID, |l| l.type_id().1))
         }
         RANGE_ACCESSED_BY => {
-            if size == 0 || size % 4 != 0 {
+            if size == 0 || !size.is_multiple_of(4) {
                 return Err(err::INVALID_VALUE);
             }
             let all = runs
