@@ -65,6 +65,9 @@ const LOC_HOST: c_int = 2;
 const LOC_HOST_NUMA: c_int = 3;
 const LOC_HOST_NUMA_CURRENT: c_int = 4;
 
+/// CUmemAttach_flags (cuda.h 13.5): GLOBAL 1, HOST 2, SINGLE 4.
+const ATTACH_SINGLE: c_uint = 4;
+
 /// Where a page is, or is advised to be: a device, or host memory (NUMA node `id`; `id` -1
 /// for plain CU_MEM_LOCATION_TYPE_HOST).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -128,14 +131,25 @@ const HOST_BIT: u32 = 63;
 /// One managed allocation: its page runs, [offset, end) -> what they share, covering it whole.
 struct Managed {
     size: u64,
+    /// Its stream association (cuMemAllocManaged's flags, then cuStreamAttachMemAsync's):
+    /// kept and checked, no effect on where pages are (every modelled GPU has concurrent
+    /// managed access, where the association only orders CPU access).
+    attach: c_uint,
+    /// The size the program asked for (`size` is it rounded up to 512 bytes).
+    requested: u64,
     runs: BTreeMap<u64, (u64, Pages)>,
 }
 
 impl Managed {
-    fn new(size: u64) -> Managed {
+    fn new(size: u64, requested: u64, attach: c_uint) -> Managed {
         let mut runs = BTreeMap::new();
         runs.insert(0, (size, Pages::default()));
-        Managed { size, runs }
+        Managed {
+            size,
+            attach,
+            requested,
+            runs,
+        }
     }
     /// Splits the run holding `at` so that a run starts there.
     fn split(&mut self, at: u64) {
@@ -490,7 +504,37 @@ fn discard_batch(
     Ok(())
 }
 
+/// cuStreamAttachMemAsync: the start of a managed allocation, `length` 0 or its whole size ("it
+/// is not possible to change stream association for a portion of a managed allocation"),
+/// one of CUmemAttach_flags; SINGLE on the NULL stream is refused ("It is illegal to attach
+/// singly to the NULL stream [...] An error will be returned"), as everything else here, with
+/// INVALID_VALUE. Pageable memory is not accepted (CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS
+/// is 0 on the simulated GPUs).
+fn attach(s: CUstream, ptr: CUdeviceptr, length: usize, flags: c_uint, pt: bool) -> Res {
+    drv()?;
+    exec::stream(s, pt)?;
+    if !matches!(
+        flags,
+        CU_MEM_ATTACH_GLOBAL | CU_MEM_ATTACH_HOST | ATTACH_SINGLE
+    ) {
+        return Err(err::INVALID_VALUE);
+    }
+    if flags == ATTACH_SINGLE && (s.is_null() || s as usize == 1 || s as usize == 2) {
+        return Err(err::INVALID_VALUE);
+    }
+    let mut m = managed().lock().unwrap_or_else(|e| e.into_inner());
+    let a = m.get_mut(&ptr).ok_or(err::INVALID_VALUE)?;
+    if length != 0 && length as u64 != a.requested && length as u64 != a.size {
+        return Err(err::INVALID_VALUE);
+    }
+    a.attach = flags;
+    Ok(())
+}
+
 export! {
+    fn cuStreamAttachMemAsync(s: CUstream, ptr: CUdeviceptr, length: usize, flags: c_uint) { attach(s, ptr, length, flags, false) }
+    fn cuStreamAttachMemAsync_ptsz(s: CUstream, ptr: CUdeviceptr, length: usize, flags: c_uint) { attach(s, ptr, length, flags, true) }
+
     /// CU_MEM_ATTACH_GLOBAL or CU_MEM_ATTACH_HOST (else INVALID_VALUE; CU_MEM_ATTACH_SINGLE is
     /// for cuStreamAttachMemAsync only); no device memory until pages are resident
     /// (see the module's comment), so it may exceed the device's memory.
@@ -500,7 +544,7 @@ export! {
         }
         let a = alloc(size as u64, Kind::Managed, Some(0))?;
         let rounded = mem::allocation_size(a).unwrap_or(size as u64);
-        managed().lock().unwrap_or_else(|e| e.into_inner()).insert(a, Managed::new(rounded));
+        managed().lock().unwrap_or_else(|e| e.into_inner()).insert(a, Managed::new(rounded, size as u64, flags));
         write(dptr, a)
     }
 

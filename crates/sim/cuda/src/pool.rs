@@ -320,6 +320,24 @@ pub struct CUmemPoolPtrExportData {
 /// CUmemAllocationType (cuda.h 13.5): INVALID 0, PINNED 1, MANAGED 2.
 const CU_MEM_ALLOCATION_TYPE_MANAGED: c_int = 2;
 
+/// The device a location-form pool call names (device location, pinned memory).
+fn pinned_device(location: *mut CUmemLocation, kind: c_int) -> Result<usize, CUresult> {
+    drv()?;
+    let loc: CUmemLocation = read(location as *const CUmemLocation)?;
+    // DEVICE, HOST, HOST_NUMA, HOST_NUMA_CURRENT; NONE only for a managed pool.
+    let known = matches!(loc.type_, CU_MEM_LOCATION_TYPE_DEVICE | 2..=4);
+    if !(known || (loc.type_ == 0 && kind == CU_MEM_ALLOCATION_TYPE_MANAGED)) {
+        return Err(err::INVALID_VALUE);
+    }
+    if kind != CU_MEM_ALLOCATION_TYPE_PINNED && kind != CU_MEM_ALLOCATION_TYPE_MANAGED {
+        return Err(err::INVALID_VALUE);
+    }
+    match (location_device(loc)?, kind) {
+        (Some(dev), CU_MEM_ALLOCATION_TYPE_PINNED) => Ok(dev),
+        _ => Err(err::NOT_SUPPORTED),
+    }
+}
+
 /// First word of the data cuMemPoolExportPointer makes.
 const POOL_PTR_MAGIC: u64 = 0x4356_5053_5054_0001;
 /// Length of the export record that follows an IPC-capable pool's memory in its file.
@@ -430,6 +448,31 @@ export! {
         }
         default_pool(i);
         device_pools()[i].lock().unwrap_or_else(|e| e.into_inner()).1 = pool as usize;
+        Ok(())
+    }
+    /// CUDA 13.0's location forms: a device location with CU_MEM_ALLOCATION_TYPE_PINNED is the
+    /// device's default (current) pool, as cuDeviceGetDefaultMemPool (cuDeviceGetMemPool)
+    /// answers; host locations and managed pools are not modelled (NOT_SUPPORTED, one of the
+    /// documented answers); any other location type: INVALID_VALUE ("In all other cases, the
+    /// call returns ::CUDA_ERROR_INVALID_VALUE", cuda.h 13.5).
+    fn cuMemGetDefaultMemPool(pool: *mut CUmemoryPool, location: *mut CUmemLocation, kind: c_int) {
+        let dev = pinned_device(location, kind)?;
+        write(pool, default_pool(dev) as CUmemoryPool)
+    }
+    fn cuMemGetMemPool(pool: *mut CUmemoryPool, location: *mut CUmemLocation, kind: c_int) {
+        let dev = pinned_device(location, kind)?;
+        write(pool, current_pool(dev) as CUmemoryPool)
+    }
+    /// "The location and allocation type specified must match those of the pool otherwise
+    /// ::CUDA_ERROR_INVALID_VALUE is returned" (cuda.h 13.5); otherwise as cuDeviceSetMemPool.
+    fn cuMemSetMemPool(location: *mut CUmemLocation, kind: c_int, pool: CUmemoryPool) {
+        let dev = pinned_device(location, kind)?;
+        let p = live_pool(pool as usize)?;
+        if p.imported || p.dev != dev {
+            return Err(err::INVALID_VALUE);
+        }
+        default_pool(dev);
+        device_pools()[dev].lock().unwrap_or_else(|e| e.into_inner()).1 = pool as usize;
         Ok(())
     }
     /// Device pools of pinned memory. handleTypes: NONE, or POSIX_FILE_DESCRIPTOR (an

@@ -1035,6 +1035,14 @@ pub static PROC_TABLE: &[ProcEntry] = &[
     ProcEntry { base: "cuMemPoolExportPointer", versions: &[(11020, "cuMemPoolExportPointer")], per_thread: &[] },
     ProcEntry { base: "cuMemPoolImportPointer", versions: &[(11020, "cuMemPoolImportPointer")], per_thread: &[] },
     ProcEntry { base: "cuMemGetAccess", versions: &[(10020, "cuMemGetAccess")], per_thread: &[] },
+    ProcEntry { base: "cuMemGetDefaultMemPool", versions: &[(13000, "cuMemGetDefaultMemPool")], per_thread: &[] },
+    ProcEntry { base: "cuMemGetMemPool", versions: &[(13000, "cuMemGetMemPool")], per_thread: &[] },
+    ProcEntry { base: "cuMemSetMemPool", versions: &[(13000, "cuMemSetMemPool")], per_thread: &[] },
+    ProcEntry {
+        base: "cuStreamAttachMemAsync",
+        versions: &[(6000, "cuStreamAttachMemAsync")],
+        per_thread: &[(7000, "cuStreamAttachMemAsync_ptsz")],
+    },
     ProcEntry {
         base: "cuMemGetAllocationPropertiesFromHandle",
         versions: &[(10020, "cuMemGetAllocationPropertiesFromHandle")],

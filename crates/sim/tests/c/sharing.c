@@ -351,6 +351,16 @@ static void managed(size_t total, CUstream st) {
     CHECK(cuMemRangeGetAttributes(data, sizes, attrs, 2, m, 4 * MiB));
     ASSERT(rm == 1 && pl == CU_DEVICE_CPU);
 
+    /* Stream association: the whole allocation (0 or its size), one of the flags. */
+    CUdeviceptr odd;
+    CHECK(cuMemAllocManaged(&odd, 1000, CU_MEM_ATTACH_GLOBAL));
+    CHECK(cuStreamAttachMemAsync(st, odd, 0, CU_MEM_ATTACH_SINGLE));
+    CHECK(cuStreamAttachMemAsync(st, odd, 1000, CU_MEM_ATTACH_HOST));
+    EXPECT(cuStreamAttachMemAsync(st, odd, 500, CU_MEM_ATTACH_GLOBAL), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuStreamAttachMemAsync(st, odd, 0, 3), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuStreamAttachMemAsync(0, odd, 0, CU_MEM_ATTACH_SINGLE), CUDA_ERROR_INVALID_VALUE);
+    CHECK(cuMemFree(odd));
+
     /* Not managed memory: INVALID_VALUE. */
     CHECK(cuMemAlloc(&plain, MiB));
     EXPECT(cuMemPrefetchAsync(plain, MiB, d0, 0, st), CUDA_ERROR_INVALID_VALUE);
@@ -413,10 +423,29 @@ int main(void) {
     props.handleTypes = CU_MEM_HANDLE_TYPE_FABRIC; /* needs an IMEX channel: none here */
     EXPECT(cuMemPoolCreate(&pool, &props), CUDA_ERROR_NOT_SUPPORTED);
 
+    /* CUDA 13.0's location forms name the same pools as the device forms. */
+    CUmemoryPool dflt, by_loc, cur;
+    CUmemLocation loc0 = device_loc(0), loc_host = device_loc(0), loc_bad = device_loc(0);
+    loc_host.type = CU_MEM_LOCATION_TYPE_HOST;
+    loc_bad.type = CU_MEM_LOCATION_TYPE_INVISIBLE;
+    CHECK(cuDeviceGetDefaultMemPool(&dflt, 0));
+    CHECK(cuMemGetDefaultMemPool(&by_loc, &loc0, CU_MEM_ALLOCATION_TYPE_PINNED));
+    ASSERT(by_loc == dflt);
+    CHECK(cuMemGetMemPool(&cur, &loc0, CU_MEM_ALLOCATION_TYPE_PINNED));
+    ASSERT(cur == dflt);
+    EXPECT(cuMemGetDefaultMemPool(&by_loc, &loc_host, CU_MEM_ALLOCATION_TYPE_PINNED), CUDA_ERROR_NOT_SUPPORTED);
+    EXPECT(cuMemGetDefaultMemPool(&by_loc, &loc_bad, CU_MEM_ALLOCATION_TYPE_PINNED), CUDA_ERROR_INVALID_VALUE);
+    CUmemLocation loc1 = device_loc(1);
+    EXPECT(cuMemSetMemPool(&loc1, CU_MEM_ALLOCATION_TYPE_PINNED, dflt), CUDA_ERROR_INVALID_VALUE); /* not its pool */
+
     /* The IPC-capable pool. */
     props.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     CHECK(cuMemPoolCreate(&pool, &props));
     pool_attributes_and_access(pool);
+    CHECK(cuMemSetMemPool(&loc0, CU_MEM_ALLOCATION_TYPE_PINNED, pool));
+    CHECK(cuDeviceGetMemPool(&cur, 0));
+    ASSERT(cur == pool);
+    CHECK(cuMemSetMemPool(&loc0, CU_MEM_ALLOCATION_TYPE_PINNED, dflt));
     CUdeviceptr p;
     CHECK(cuMemAllocFromPoolAsync(&p, POOL_BYTES, pool, st));
     CHECK(cuStreamSynchronize(st));
