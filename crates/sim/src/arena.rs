@@ -131,6 +131,26 @@ impl Arena {
         Some(addr)
     }
 
+    /// A block of `size` bytes starting on a multiple of `align` (a power of two), or None.
+    pub fn alloc_aligned(&self, size: u64, align: u64) -> Option<u64> {
+        debug_assert!(size > 0 && size.is_multiple_of(ALIGN) && align.is_power_of_two());
+        let mut f = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let &(bsize, addr) = f.by_size.range((size, 0)..).find(|&&(bsize, addr)| {
+            let pad = round_up(addr, align) - addr;
+            bsize >= size + pad
+        })?;
+        let start = round_up(addr, align);
+        f.remove(addr, bsize);
+        if start > addr {
+            f.insert(addr, start - addr);
+        }
+        let end = start + size;
+        if addr + bsize > end {
+            f.insert(end, addr + bsize - end);
+        }
+        Some(start)
+    }
+
     /// Returns a block. `dirty` says whether its bytes were written, in which case the host pages
     /// are dropped so that freed device memory stops costing RAM.
     pub fn free(&self, addr: u64, size: u64, dirty: bool) {
@@ -203,6 +223,23 @@ mod tests {
         // Fully coalesced again: one block of the whole size.
         assert_eq!(a.alloc(total), Some(a.base));
         assert_eq!(a.alloc(ALIGN), None);
+    }
+
+    #[test]
+    fn aligned_blocks_start_on_their_alignment_and_the_padding_stays_free() {
+        let a = Arena::new(64 << 20, false).unwrap();
+        let total = a.size;
+        let x = a.alloc(ALIGN).unwrap();
+        let y = a.alloc_aligned(2 << 20, 2 << 20).unwrap();
+        assert_eq!(y % (2 << 20), 0);
+        assert!(y > x);
+        // The padding between x and y is still free: a small block lands there.
+        let z = a.alloc(ALIGN).unwrap();
+        assert!(z < y, "{z:#x} {y:#x}");
+        a.free(x, ALIGN, false);
+        a.free(y, 2 << 20, false);
+        a.free(z, ALIGN, false);
+        assert_eq!(a.alloc(total), Some(a.base));
     }
 
     #[test]

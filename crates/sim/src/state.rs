@@ -368,6 +368,15 @@ impl Shared {
         }
     }
 
+    /// Where the bytes of shared entry `i` of generation `generation` live when its memory is
+    /// shared by file (an IPC-exported allocation): beside the state file, removed when the
+    /// entry is freed.
+    pub fn share_file(&self, i: usize, generation: u64) -> PathBuf {
+        let mut p = self.path.clone().into_os_string();
+        p.push(format!(".mem-{i}-{generation}"));
+        PathBuf::from(p)
+    }
+
     /// Frees the shared memory that no live process holds. Returns how much went.
     pub fn reclaim_shared(&self) -> usize {
         let f = self.map.file();
@@ -393,6 +402,7 @@ impl Shared {
             {
                 let d = (e.dev.load(Acquire) as usize).min(MAX_DEVICES - 1);
                 saturating_sub(&self.layout.devices[d].mem_used, e.bytes.swap(0, AcqRel));
+                let _ = std::fs::remove_file(self.share_file(i, e.generation.load(Acquire)));
                 e.state.store(SHARED_FREE, Release);
                 n += 1;
             }

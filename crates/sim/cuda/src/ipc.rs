@@ -2,17 +2,22 @@
 //!
 //! A handle names the allocation's shared-state entry (its first export moves the charge there,
 //! see `mem::open_share`), so an opened handle charges nothing new and keeps the memory counted
-//! while it is open anywhere. Not modelled: the bytes. An opened handle is memory of the
-//! importer's own address space, not the exporter's bytes (cuMemAlloc's 512-byte-aligned
-//! allocations cannot be remapped onto a shared file page by page); pool and VMM sharing do
-//! share bytes (pool.rs, vmm.rs).
+//! while it is open anywhere.
+//!
+//! The bytes are shared too when the allocation is a whole number of host pages (every
+//! cuMemAlloc of 4 KiB multiples, which the allocator places on a page; 2 MiB and larger on
+//! 2 MiB): at the first export the allocation moves onto a file beside the state file
+//! (`Shared::share_file`, removed when the entry is freed), and every opened handle maps that
+//! file, so importer and exporter read and write the same memory. Smaller or odd-sized
+//! allocations are opened as memory of the importer's own (not modelled: their bytes).
 
-use crate::mem::{alloc_on, free, open_share, ref_share, table, unref_share, Kind};
+use crate::mem::{alloc_on, free, open_share, ref_share, table, unref_share, Kind, PAGE};
 use crate::{ctx, drv, export, write, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::state::now_ns;
-use std::collections::HashMap;
-use std::ffi::{c_uint, c_void};
+use std::collections::{HashMap, HashSet};
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Mutex, OnceLock};
 
 const IPC_MAGIC: u64 = 0x4356_4950_4331_0001;
@@ -33,6 +38,90 @@ fn process_token() -> u64 {
             (std::process::id() as u64) << 32 | now_ns() & 0xffff_ffff
         }
     })
+}
+
+/// Addresses of this process whose allocation is mapped onto an entry's file (exported or
+/// opened), and that must get their anonymous memory back when freed.
+fn file_mapped() -> &'static Mutex<HashSet<u64>> {
+    static F: OnceLock<Mutex<HashSet<u64>>> = OnceLock::new();
+    F.get_or_init(|| Mutex::new(HashSet::new()))
+}
+
+/// Maps `size` bytes of `fd` at `addr` (page-aligned, inside one of our arenas), shared.
+fn map_shared(addr: u64, size: u64, fd: c_int) -> bool {
+    // SAFETY: [addr, addr + size) is an allocation of ours inside an arena's reservation,
+    // replaced in place by the entry's file.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut c_void,
+            size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            fd,
+            0,
+        )
+    };
+    p != libc::MAP_FAILED
+}
+
+/// Puts an exported allocation's bytes into the file of entry (i, generation) and maps it
+/// there instead. False (nothing changed) where that cannot be done.
+fn share_bytes(addr: u64, size: u64, dirty: bool, i: usize, generation: u64) -> bool {
+    let Ok(d) = drv() else { return false };
+    if !addr.is_multiple_of(PAGE) || !size.is_multiple_of(PAGE) {
+        return false;
+    }
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(d.sim.shared.share_file(i, generation))
+    else {
+        return false;
+    };
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::io::AsRawFd;
+    // Every uid shares the simulated GPU (as the state file does).
+    let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
+    let fd = file.as_raw_fd();
+    // SAFETY: sizing our own new file; copying a live allocation of ours into it.
+    let ok = unsafe {
+        libc::ftruncate(fd, size as libc::off_t) == 0
+            && (!dirty
+                || libc::pwrite(fd, addr as *const c_void, size as usize, 0) == size as isize)
+    };
+    if !(ok && map_shared(addr, size, fd)) {
+        let _ = std::fs::remove_file(d.sim.shared.share_file(i, generation));
+        return false;
+    }
+    file_mapped()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(addr);
+    true
+}
+
+/// An allocation holding a shared entry is being freed: if it maps the entry's file, the
+/// range gets the arena's anonymous memory back (the memory module's release).
+pub(crate) fn unmap_bytes(addr: u64, size: u64) {
+    if !file_mapped()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&addr)
+    {
+        return;
+    }
+    // SAFETY: the range was our file mapping inside an arena and is being given back to it.
+    unsafe {
+        libc::mmap(
+            addr as *mut c_void,
+            size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
 }
 
 /// Opened IPC handles of this process: (entry, generation, context) -> (pointer, references).
@@ -89,6 +178,24 @@ fn ipc_open(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) -> R
             return Err(e);
         }
     };
+    if word(7) == 1 {
+        // The exporter's bytes: its allocation lives in the entry's file.
+        let path = drv()?.sim.shared.share_file(i, generation);
+        let mapped = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .is_ok_and(|f| {
+                use std::os::unix::io::AsRawFd;
+                map_shared(a, word(3), f.as_raw_fd())
+            });
+        if mapped {
+            file_mapped()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(a);
+        }
+    }
     if let Some(r) = table()
         .write()
         .unwrap_or_else(|e| e.into_inner())
@@ -131,11 +238,13 @@ export! {
                 let s = open_share(r.dev, r.charged)?;
                 r.charged = 0;
                 r.share = Some(s);
+                share_bytes(dptr, r.size, r.dirty.load(Relaxed), s.0, s.1);
                 s
             }
         };
+        let by_file = file_mapped().lock().unwrap_or_else(|e| e.into_inner()).contains(&dptr) as u64;
         let mut h = CUipcMemHandle { reserved: [0; 64] };
-        let words = [IPC_MAGIC, process_token(), r.dev as u64, r.size, dptr, i as u64, generation];
+        let words = [IPC_MAGIC, process_token(), r.dev as u64, r.size, dptr, i as u64, generation, by_file];
         for (k, v) in words.iter().enumerate() {
             h.reserved[k * 8..k * 8 + 8].copy_from_slice(&v.to_le_bytes());
         }

@@ -30,7 +30,7 @@
 use crate::ctx;
 use crate::exec;
 use crate::{drv, export, read, write, Registry, Res};
-use crate::{managed, pool};
+use crate::{ipc, managed, pool};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::arena::{round_up, Arena, ALIGN};
 use cuvisor_sim::state::now_ns;
@@ -41,6 +41,8 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 /// Granularity of cuMemCreate / cuMemAddressReserve and of pool growth.
 pub const GRANULARITY: u64 = 2 << 20;
+/// The host page: what a shared file can be mapped in.
+pub const PAGE: u64 = 4096;
 /// MAP_32BIT's window is the second GiB of the address space (0x4000_0000..0x8000_0000),
 /// shared with anything else that asks for it: a quarter of it is ample for v1 callers.
 const LOW_ARENA: u64 = 256 << 20;
@@ -203,7 +205,24 @@ pub(crate) fn alloc_on(
     if charged > 0 {
         charge(dev, charged)?;
     }
-    let addr = match with_arena(kind, dev, |a| a.alloc(rounded)).ok().flatten() {
+    // Page-sized device allocations start on a page (2 MiB ones on 2 MiB, as the driver's large
+    // allocations do), so that one exported with cuIpcGetMemHandle can be mapped onto a shared
+    // file in place (see ipc.rs); the charge is the same.
+    let align = match kind {
+        Kind::Device | Kind::Ipc if rounded >= GRANULARITY => GRANULARITY,
+        Kind::Device | Kind::Ipc if rounded.is_multiple_of(PAGE) => PAGE,
+        _ => ALIGN,
+    };
+    let addr = match with_arena(kind, dev, |a| {
+        if align > ALIGN {
+            a.alloc_aligned(rounded, align)
+        } else {
+            a.alloc(rounded)
+        }
+    })
+    .ok()
+    .flatten()
+    {
         Some(a) => a,
         None => {
             uncharge(dev, charged);
@@ -242,6 +261,9 @@ pub(crate) fn free(addr: u64, want: impl Fn(Kind) -> bool) -> Res {
 }
 
 fn release(addr: u64, rec: Alloc) {
+    if rec.share.is_some() {
+        ipc::unmap_bytes(addr, rec.size);
+    }
     if rec.kind == Kind::Graph {
         graph_alloc_released(addr, rec.dirty.load(Relaxed));
         return;

@@ -6,7 +6,7 @@
  *    of one allocation (cuMemPoolExportPointer); the child reads the parent's bytes through
  *    the imported pointer and writes its own, which the parent then reads;
  *  - a VMM allocation exported as a file descriptor, mapped in both processes: same bytes;
- *  - an IPC memory handle (the opened memory is counted once);
+ *  - an IPC memory handle: the same bytes, counted once;
  *  - managed memory: an allocation twice the device's memory, prefetch, advice, the range
  *    attributes, and what is resident (prefetched) charged to the device.
  * Every call's result is checked, error codes included. Prints "OK" and exits 0 when all hold. */
@@ -175,6 +175,8 @@ static int child(int s) {
     CHECK(cuIpcOpenMemHandle(&ip, msg.ipc, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
     CHECK(cuIpcOpenMemHandle(&ip2, msg.ipc, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
     ASSERT(ip == ip2); /* opened twice in one context: one mapping, counted twice */
+    ASSERT(holds(ip, IPC_BYTES, 0x55)); /* the exporter's bytes */
+    fill(ip, IPC_BYTES, 0x66);
     size_t seen = free_mem();
     send_msg(s, &seen, sizeof seen, -1);
 
@@ -500,7 +502,9 @@ int main(void) {
     /* IPC: a process cannot open its own handle. */
     CUdeviceptr ipc_mem, self;
     CHECK(cuMemAlloc(&ipc_mem, IPC_BYTES));
+    fill(ipc_mem, IPC_BYTES, 0x55); /* written before the export: the importer reads it */
     CHECK(cuIpcGetMemHandle(&msg.ipc, ipc_mem));
+    ASSERT(holds(ipc_mem, IPC_BYTES, 0x55));
     EXPECT(cuIpcOpenMemHandle(&self, msg.ipc, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CUDA_ERROR_INVALID_CONTEXT);
     CUipcMemHandle interior;
     EXPECT(cuIpcGetMemHandle(&interior, ipc_mem + 512), CUDA_ERROR_INVALID_VALUE); /* not its base */
@@ -520,6 +524,7 @@ int main(void) {
     ASSERT(done == 'd');
     ASSERT(holds(p, POOL_BYTES, 0x33)); /* the child's bytes, through the pool */
     ASSERT(holds(va, VMM_BYTES, 0x44)); /* and through the VMM mapping */
+    ASSERT(holds(ipc_mem, IPC_BYTES, 0x66)); /* and through the IPC handle */
     int status = 0;
     ASSERT(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
 
