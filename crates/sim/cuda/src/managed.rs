@@ -3,11 +3,14 @@
 //! 1): pages live where they were last migrated, and an allocation may be larger than the
 //! device's memory.
 //!
-//! - Oversubscription: "on systems with compute capability 6.x and higher, managed memory can
-//!   be oversubscribed [...] allocations larger than the GPU memory" (CUDA C++ Programming
-//!   Guide, Unified Memory, "GPU Memory Oversubscription"). cuMemAllocManaged charges no device
-//!   memory: "physical memory is allocated on first touch" (the same guide, "Data Migration and
-//!   Coherency"), and takes only address space (up to 8 times all device memory together, then
+//! - Oversubscription: a managed allocation may be larger than the device's memory on GPUs with
+//!   concurrent managed access (CUDA C++ Programming Guide, "Unified Memory Programming"; CuPy's
+//!   `cupy.cuda.malloc_managed` documents it as "device memory oversubscription is possible for
+//!   GPUs that have a non-zero value for the device attribute cudaDevAttrConcurrentManagedAccess").
+//!   cuMemAllocManaged populates nothing: cuMemPrefetchAsync's documentation (cuda.h 13.5) says
+//!   "If no physical memory has been allocated for this region, then this memory region will be
+//!   populated and mapped on the destination device". So it charges no device memory and takes
+//!   only address space (up to 8 times all device memory together, then
 //!   CUDA_ERROR_OUT_OF_MEMORY).
 //! - Residency, the simulator's rule: a page is resident on a device once it was prefetched
 //!   there (cuMemPrefetchAsync and its forms, cuMemPrefetchBatchAsync). A kernel moves nothing:

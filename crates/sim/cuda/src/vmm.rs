@@ -235,10 +235,10 @@ fn reservations() -> &'static Mutex<BTreeMap<u64, u64>> {
 }
 
 export! {
-    /// Both options answer 2 MiB: the minimum and the recommended granularity of device
-    /// memory on the GPUs modelled (as the real driver reports on A100 and H100; NVIDIA's
-    /// vectorAddMMAP sample rounds every size up to the MINIMUM answer). Any other option:
-    /// INVALID_VALUE.
+    /// Both options answer 2 MiB, the simulator's VMM granularity (`GRANULARITY`, which
+    /// cuMemCreate, cuMemAddressReserve and cuMemMap require; 2 MiB is the large-page size of
+    /// device memory, not measured on hardware here). Any other option, or a type other than
+    /// pinned: INVALID_VALUE.
     fn cuMemGetAllocationGranularity(g: *mut usize, prop: *const CUmemAllocationProp, option: c_int) {
         drv()?;
         let p: CUmemAllocationProp = read(prop)?;

@@ -127,9 +127,9 @@ pub fn allocators_counted(
         assert_eq!(u(&at(v, name)[0]), 0, "{name}: {:?}", at(v, name));
         let taken = total - free("_taken");
         if *name == "cudaMallocManaged" && !refuses_managed {
-            // On the driver, untouched managed memory is on no device: "physical memory is
-            // allocated on first touch" (see crates/sim/cuda/src/managed.rs). libcuvisor's
-            // quota counts all of it at once (the other branch).
+            // Untouched managed memory is on no device (cuMemAllocManaged populates nothing;
+            // see crates/sim/cuda/src/managed.rs). libcuvisor's quota counts all of it at once
+            // (the other branch).
             assert_eq!(
                 taken, 0,
                 "{name} of 64 MiB took {taken} bytes before any touch"
