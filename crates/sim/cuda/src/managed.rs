@@ -174,14 +174,18 @@ impl Managed {
             f(*end - start, p);
         }
         let keys: Vec<u64> = self.runs.keys().copied().collect();
-        for k in keys.windows(2) {
-            let (a, b) = (k[0], k[1]);
-            if let (Some(&(ae, ap)), Some(&(be, bp))) = (self.runs.get(&a), self.runs.get(&b)) {
-                if ae == b && ap == bp {
-                    self.runs.remove(&b);
-                    self.runs.insert(a, (be, ap));
+        let mut prev: Option<u64> = None;
+        for k in keys {
+            if let Some(p) = prev {
+                if let (Some(&(pe, pp)), Some(&(ke, kp))) = (self.runs.get(&p), self.runs.get(&k)) {
+                    if pe == k && pp == kp {
+                        self.runs.remove(&k);
+                        self.runs.insert(p, (ke, pp));
+                        continue;
+                    }
                 }
             }
+            prev = Some(k);
         }
     }
     /// The runs of [lo, hi) (each clipped to it): (length, pages).
@@ -623,5 +627,49 @@ export! {
             range_attribute(d, sz, a, ptr, count)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_runs_split_on_change_and_join_when_they_agree_again() {
+        let mut a = Managed::new(16 * PAGE, 16 * PAGE - 100, CU_MEM_ATTACH_GLOBAL);
+        a.update(4 * PAGE, 8 * PAGE, |_, p| p.read_mostly = true);
+        assert_eq!(a.runs.len(), 3);
+        let runs = a.runs_in(2 * PAGE, 6 * PAGE);
+        assert_eq!(runs.len(), 2);
+        assert_eq!((runs[0].0, runs[0].1.read_mostly), (2 * PAGE, false));
+        assert_eq!((runs[1].0, runs[1].1.read_mostly), (2 * PAGE, true));
+        assert_eq!(common(&runs, |p| p.read_mostly), None);
+        assert_eq!(
+            common(&a.runs_in(5 * PAGE, 7 * PAGE), |p| p.read_mostly),
+            Some(true)
+        );
+        a.update(4 * PAGE, 8 * PAGE, |_, p| p.read_mostly = false);
+        assert_eq!(a.runs.len(), 1, "equal neighbours join again");
+        assert_eq!(a.runs.get(&0).map(|r| r.0), Some(16 * PAGE));
+    }
+
+    #[test]
+    fn a_range_is_rounded_out_to_pages_inside_one_allocation() {
+        let mut m = BTreeMap::new();
+        m.insert(
+            0x10_0000u64,
+            Managed::new(16 * PAGE, 16 * PAGE, CU_MEM_ATTACH_GLOBAL),
+        );
+        assert_eq!(range_of(&m, 0x10_0000 + 100, 10), Ok((0x10_0000, 0, PAGE)));
+        assert_eq!(
+            range_of(&m, 0x10_0000 + PAGE - 1, 2),
+            Ok((0x10_0000, 0, 2 * PAGE))
+        );
+        assert_eq!(range_of(&m, 0x10_0000, 0), Err(err::INVALID_VALUE));
+        assert_eq!(
+            range_of(&m, 0x10_0000, 17 * PAGE as usize),
+            Err(err::INVALID_VALUE)
+        );
+        assert_eq!(range_of(&m, 0x0f_0000, 1), Err(err::INVALID_VALUE));
     }
 }
