@@ -5,8 +5,9 @@
 //! models in time: every kernel occupies the device's timeline, shared by all processes, for a
 //! duration the caller picks (`sim_busy*` kernels: their first u64 parameter, in ns).
 //!
-//! Layout: `abi` helpers and the export macro here; `ctx` devices and contexts; `mem` every
-//! allocation path, copies and pools; `exec` modules, launches, streams, events and graphs;
+//! Layout: `abi` helpers and the export macro here; `ctx` devices and contexts; `mem` the
+//! allocation table, classic allocation, copies, arrays and host memory; `pool` stream-ordered
+//! pools; `vmm` virtual memory management; `ipc` IPC memory handles; `managed` unified memory; `exec` modules, launches, streams, events and graphs;
 //! `procaddr` cuGetProcAddress; `export_table` cuGetExportTable, the private tables NVIDIA's
 //! runtime asks for.
 #![allow(clippy::missing_safety_doc)]
