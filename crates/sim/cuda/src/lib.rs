@@ -8,8 +8,8 @@
 //! Layout: `abi` helpers and the export macro here; `ctx` devices and contexts; `mem` the
 //! allocation table, classic allocation, copies, arrays and host memory; `pool` stream-ordered
 //! pools; `vmm` virtual memory management; `ipc` IPC memory handles; `managed` unified memory;
-//! `exec` modules, launches, streams, events and graphs; `procaddr` cuGetProcAddress; `export_table` cuGetExportTable, the private tables NVIDIA's
-//! runtime asks for.
+//! `exec` modules, launches, streams, events and graphs; `procaddr` cuGetProcAddress;
+//! `export_table` cuGetExportTable, the private tables NVIDIA's runtime asks for.
 #![allow(clippy::missing_safety_doc)]
 
 mod ctx;
