@@ -14,8 +14,8 @@ pub struct Arena {
     base: u64,
     size: u64,
     free: Mutex<FreeList>,
-    /// The file the arena maps (`over_file`), shared with other processes that map it; -1 for
-    /// anonymous memory.
+    /// The file the arena maps (`over_file`), shared with other processes that map it, owned
+    /// by the arena; -1 for anonymous memory.
     fd: i32,
 }
 
@@ -75,8 +75,7 @@ impl Arena {
 
     /// An arena over the first `size` bytes of file `fd`, mapped `MAP_SHARED`: what another
     /// process that maps the same file sees at the same offsets (memory shared between
-    /// processes). The arena unmaps the file when dropped; the caller keeps `fd` open for as long
-    /// as the arena lives, and closes it.
+    /// processes). The arena owns `fd` (also when it fails): dropped, it unmaps and closes it.
     pub fn over_file(fd: i32, size: u64) -> Option<Arena> {
         let size = round_up(size.max(ALIGN), 4096);
         // SAFETY: a new shared mapping of the caller's file at an address of the kernel's choosing;
@@ -92,6 +91,8 @@ impl Arena {
             )
         };
         if p == libc::MAP_FAILED {
+            // SAFETY: closing the descriptor handed to us.
+            unsafe { libc::close(fd) };
             return None;
         }
         let mut free = FreeList::default();
@@ -107,6 +108,11 @@ impl Arena {
     /// The first address of the arena.
     pub fn base(&self) -> u64 {
         self.base
+    }
+
+    /// The file an `over_file` arena maps (-1: anonymous memory). Valid while the arena lives.
+    pub fn fd(&self) -> i32 {
+        self.fd
     }
 
     /// The arena's size in bytes.
@@ -195,9 +201,12 @@ impl Arena {
 impl Drop for Arena {
     fn drop(&mut self) {
         if self.fd >= 0 {
-            // SAFETY: unmapping the file mapping this arena made; nothing is handed out of it
-            // any more (its owner drops it last).
-            unsafe { libc::munmap(self.base as *mut libc::c_void, self.size as usize) };
+            // SAFETY: unmapping the file mapping this arena made and closing its own descriptor;
+            // nothing is handed out of it any more (its owners drop it last).
+            unsafe {
+                libc::munmap(self.base as *mut libc::c_void, self.size as usize);
+                libc::close(self.fd);
+            }
         }
     }
 }

@@ -147,7 +147,7 @@ fn activate(h: usize) -> Res {
 fn deactivate(h: usize) -> Res {
     let c = contexts().get(h)?;
     c.alive.store(false, Release);
-    mem::free_context(h, c.dev);
+    teardown(h, c.dev);
     let overhead = c.overhead.swap(0, AcqRel);
     if overhead > 0 {
         let d = drv()?;
@@ -525,6 +525,14 @@ export! {
     }
 }
 
+/// Frees what context `h` on device `dev` owned; its teardown waits for its work, as a context
+/// synchronization does, so the pools it allocated from release what exceeds their threshold.
+fn teardown(h: usize, dev: usize) {
+    for d in mem::free_context(h, dev) {
+        pool::trim_pools_at_sync(d);
+    }
+}
+
 /// Waits for all work queued in the context; a synchronization point for its pools.
 fn synchronize(c: &Context) {
     crate::exec::sync_device_work(c);
@@ -598,7 +606,7 @@ fn primary_reset(dev: CUdevice) -> Res {
     };
     if let Some(h) = h {
         crate::export_table::context_gone(h);
-        mem::free_context(h, i);
+        teardown(h, i);
     }
     Ok(())
 }

@@ -11,7 +11,9 @@
 //! file, so importer and exporter read and write the same memory. Smaller or odd-sized
 //! allocations are opened as memory of the importer's own (not modelled: their bytes).
 
-use crate::mem::{alloc_on, free, open_share, ref_share, table, unref_share, Kind, PAGE};
+use crate::mem::{
+    alloc_on, free, open_share, ref_share, set_on_release, table, unref_share, Kind, PAGE,
+};
 use crate::{ctx, drv, export, write, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::state::now_ns;
@@ -98,12 +100,13 @@ fn share_bytes(addr: u64, size: u64, dirty: bool, i: usize, generation: u64) -> 
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert(addr);
+    set_on_release(addr, Box::new(move |a| unmap_bytes(a, size)));
     true
 }
 
-/// An allocation holding a shared entry is being freed: if it maps the entry's file, the
-/// range gets the arena's anonymous memory back (the memory module's release).
-pub(crate) fn unmap_bytes(addr: u64, size: u64) {
+/// An allocation mapping an entry's file is being freed (its `on_release`): the range gets the
+/// arena's anonymous memory back before the address is handed out again.
+fn unmap_bytes(addr: u64, size: u64) {
     if !file_mapped()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -194,6 +197,8 @@ fn ipc_open(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) -> R
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(a);
+            let size = word(3);
+            set_on_release(a, Box::new(move |x| unmap_bytes(x, size)));
         }
     }
     if let Some(r) = table()

@@ -30,7 +30,7 @@
 //! join adjacent ones); anything else is CUDA_ERROR_INVALID_VALUE, as for memory that is not
 //! managed.
 
-use crate::mem::{self, alloc, charge, location_device, uncharge, Kind};
+use crate::mem::{self, charge, location_device, uncharge, Kind};
 use crate::{ctx, drv, exec, export, read, write, Res};
 use cuvisor_cuda_abi::cuda::*;
 use std::collections::BTreeMap;
@@ -280,9 +280,9 @@ fn migrate(a: &mut Managed, lo: u64, hi: u64, to: Loc) {
     }
 }
 
-/// The allocation at `addr` was freed (the memory module's release): its resident pages go
-/// back to their devices.
-pub(crate) fn released(addr: u64) {
+/// The allocation at `addr` was freed (its `on_release`): its resident pages go back to their
+/// devices.
+fn released(addr: u64) {
     let mut m = managed().lock().unwrap_or_else(|e| e.into_inner());
     if let Some(a) = m.remove(&addr) {
         for (s, (e, p)) in &a.runs {
@@ -549,7 +549,8 @@ export! {
         if dptr.is_null() || !matches!(flags, CU_MEM_ATTACH_GLOBAL | CU_MEM_ATTACH_HOST) {
             return Err(err::INVALID_VALUE);
         }
-        let a = alloc(size as u64, Kind::Managed, Some(0))?;
+        let (ch, c) = ctx::current()?;
+        let a = mem::alloc_in(c.dev, ch, size as u64, Kind::Managed, Some(0), None, Some(Box::new(released)))?;
         let rounded = mem::allocation_size(a).unwrap_or(size as u64);
         managed().lock().unwrap_or_else(|e| e.into_inner()).insert(a, Managed::new(rounded, size as u64, flags));
         write(dptr, a)

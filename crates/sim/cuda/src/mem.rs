@@ -10,6 +10,9 @@
 //! - stream-ordered pools: `pool.rs`; VMM: `vmm.rs`; IPC handles: `ipc.rs`; managed memory:
 //!   `managed.rs`. This module keeps the allocation table, the arenas, the charge helpers they
 //!   all use, classic allocation, copies, memsets, arrays, host memory and graph memory.
+//!   It depends on none of those four: an allocation of theirs brings its own arena and what
+//!   its release does (`alloc_in`, `set_on_release`), and a context's teardown tells its
+//!   caller which devices' pools to trim.
 //! - arrays and mipmapped arrays: charged by their element size, not addressable for copies.
 //! - memory shared between processes (VMM allocations exported as POSIX file descriptors,
 //!   allocations exported with cuIpcGetMemHandle): at its first export its charge moves out of
@@ -30,7 +33,6 @@
 use crate::ctx;
 use crate::exec;
 use crate::{drv, export, read, write, Registry, Res};
-use crate::{ipc, managed, pool};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::arena::{round_up, Arena, ALIGN};
 use cuvisor_sim::state::now_ns;
@@ -139,26 +141,51 @@ pub(crate) fn va_arena() -> Result<&'static Arena, CUresult> {
         .ok_or(err::OUT_OF_MEMORY)
 }
 
-/// Runs `f` on the arena addresses of `kind` come from: an IPC-capable pool's allocations from
-/// the pool's shared file, imported pool pointers from none (they are the exporter's).
-fn with_arena<R>(kind: Kind, dev: usize, f: impl FnOnce(&Arena) -> R) -> Result<R, CUresult> {
+/// Runs `f` on the arena addresses of `kind` come from: `own` where the allocation has its own
+/// (an IPC-capable pool's shared file), none for imported pool pointers (the exporter's).
+fn with_arena<R>(
+    kind: Kind,
+    dev: usize,
+    own: Option<&Arena>,
+    f: impl FnOnce(&Arena) -> R,
+) -> Result<R, CUresult> {
+    if let Some(a) = own {
+        return Ok(f(a));
+    }
     match kind {
         Kind::V1 => low_arena().map(f),
         Kind::Mapped(_) => va_arena().map(f),
         Kind::PoolImport(_) => Err(err::INVALID_VALUE),
         Kind::Managed => managed_arena().map(f),
-        Kind::Pool(p) => {
-            let mut f = Some(f);
-            match pool::with_region(p, |a| f.take().map(|f| f(a))) {
-                Some(Some(r)) => Ok(r),
-                _ => match f.take() {
-                    Some(f) => arena(dev).map(f),
-                    None => Err(err::INVALID_VALUE),
-                },
-            }
-        }
         _ => arena(dev).map(f),
     }
+}
+
+/// What the chapter an allocation belongs to does when it is freed, before its address goes
+/// back (given the address): a pool takes its bytes back, managed memory its resident pages,
+/// an IPC file mapping gives the arena its anonymous memory back.
+pub(crate) type OnRelease = Box<dyn FnOnce(u64) + Send>;
+
+/// Per allocation, where it needs them: its own arena and what its release does.
+#[derive(Default)]
+struct Extra {
+    arena: Option<Arc<Arena>>,
+    on_release: Option<OnRelease>,
+}
+
+fn extras() -> &'static Mutex<HashMap<u64, Extra>> {
+    static E: OnceLock<Mutex<HashMap<u64, Extra>>> = OnceLock::new();
+    E.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Makes `f` run when the allocation at `addr` is freed (replacing what was set).
+pub(crate) fn set_on_release(addr: u64, f: OnRelease) {
+    extras()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(addr)
+        .or_default()
+        .on_release = Some(f);
 }
 
 /// Charges `bytes` of device `dev`; if the device looks full, first gives back the memory of
@@ -197,6 +224,20 @@ pub(crate) fn alloc_on(
     kind: Kind,
     charge_bytes: Option<u64>,
 ) -> Result<u64, CUresult> {
+    alloc_in(dev, ch, size, kind, charge_bytes, None, None)
+}
+
+/// `alloc_on`, from arena `own` when given (held until the allocation is freed), running
+/// `on_release` when it is.
+pub(crate) fn alloc_in(
+    dev: usize,
+    ch: usize,
+    size: u64,
+    kind: Kind,
+    charge_bytes: Option<u64>,
+    own: Option<Arc<Arena>>,
+    on_release: Option<OnRelease>,
+) -> Result<u64, CUresult> {
     if size == 0 {
         return Err(err::INVALID_VALUE);
     }
@@ -213,7 +254,7 @@ pub(crate) fn alloc_on(
         Kind::Device | Kind::Ipc if rounded.is_multiple_of(PAGE) => PAGE,
         _ => ALIGN,
     };
-    let addr = match with_arena(kind, dev, |a| {
+    let addr = match with_arena(kind, dev, own.as_deref(), |a| {
         if align > ALIGN {
             a.alloc_aligned(rounded, align)
         } else {
@@ -238,6 +279,15 @@ pub(crate) fn alloc_on(
         kind,
         dirty: AtomicBool::new(false),
     };
+    if own.is_some() || on_release.is_some() {
+        extras().lock().unwrap_or_else(|e| e.into_inner()).insert(
+            addr,
+            Extra {
+                arena: own,
+                on_release,
+            },
+        );
+    }
     table()
         .write()
         .unwrap_or_else(|e| e.into_inner())
@@ -261,20 +311,24 @@ pub(crate) fn free(addr: u64, want: impl Fn(Kind) -> bool) -> Res {
 }
 
 fn release(addr: u64, rec: Alloc) {
-    if rec.share.is_some() {
-        ipc::unmap_bytes(addr, rec.size);
+    let extra = extras()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&addr)
+        .unwrap_or_default();
+    if let Some(f) = extra.on_release {
+        f(addr);
     }
     if rec.kind == Kind::Graph {
         graph_alloc_released(addr, rec.dirty.load(Relaxed));
         return;
     }
-    let _ = with_arena(rec.kind, rec.dev, |a| {
+    let _ = with_arena(rec.kind, rec.dev, extra.arena.as_deref(), |a| {
         a.free(addr, rec.size, rec.dirty.load(Relaxed))
     });
     match rec.kind {
-        Kind::Pool(p) | Kind::PoolImport(p) => pool::released(p, rec.size),
-        Kind::Managed => managed::released(addr),
-        Kind::Mapped(_) => {}
+        // Pools and managed memory charge on their own (their `on_release` gives it back).
+        Kind::Pool(_) | Kind::PoolImport(_) | Kind::Managed | Kind::Mapped(_) => {}
         _ if rec.share.is_some() => {}
         _ => uncharge(rec.dev, rec.charged),
     }
@@ -304,8 +358,9 @@ pub(crate) fn module_global_live(addr: u64, ch: usize) -> bool {
 }
 
 /// Frees everything a context owned (cuCtxDestroy, last primary release, primary reset) on
-/// device `dev`.
-pub(crate) fn free_context(ch: usize, dev: usize) {
+/// device `dev`. Returns the devices its freed allocations were on (their pools then trim, as
+/// at a synchronization point: see ctx.rs).
+pub(crate) fn free_context(ch: usize, dev: usize) -> Vec<usize> {
     let mine: Vec<(u64, Alloc)> = {
         let mut t = table().write().unwrap_or_else(|e| e.into_inner());
         let keys: Vec<u64> = t
@@ -321,13 +376,8 @@ pub(crate) fn free_context(ch: usize, dev: usize) {
     for (addr, rec) in mine {
         release(addr, rec);
     }
-    // Tearing a context down waits for its work, as a context synchronization does, and pools
-    // release what exceeds their threshold at a synchronization point.
     devs.sort_unstable();
     devs.dedup();
-    for d in devs {
-        pool::trim_pools_at_sync(d);
-    }
     // The context's graph memory goes with it: its live graph allocations were freed above, and
     // what the device's graph memory pool still reserves is released (nothing runs any more).
     graph_trim(dev);
@@ -339,6 +389,7 @@ pub(crate) fn free_context(ch: usize, dev: usize) {
             true
         }
     });
+    devs
 }
 
 /// Checks that [addr, addr + n) lies inside one live device allocation; returns its device.

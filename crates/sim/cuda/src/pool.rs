@@ -7,9 +7,7 @@
 //! the real driver does. A pool destroyed with allocations still outstanding keeps its memory
 //! until the last of them is freed (see cuMemPoolDestroy).
 
-use crate::mem::{
-    self, alloc_on, charge, free, location_device, uncharge, Alloc, Kind, GRANULARITY,
-};
+use crate::mem::{self, charge, free, location_device, uncharge, Alloc, Kind, GRANULARITY};
 use crate::{ctx, drv, exec, export, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::arena::{round_up, Arena, ALIGN};
@@ -57,19 +55,13 @@ pub(crate) struct Pool {
 
 /// The shared memory of an IPC-capable or imported pool.
 struct Region {
-    /// A memfd sized to the pool's reach, with the export record after it (`RECORD_LEN`).
-    fd: c_int,
-    arena: Arena,
+    /// Over a memfd sized to the pool's reach, with the export record after it (`RECORD_LEN`);
+    /// each allocation holds it too (see `mem::alloc_in`), so it outlives the pool until the
+    /// last of them is freed.
+    arena: Arc<Arena>,
     /// Once exported (or, in an importer, from the start): the shared-state entry that carries
     /// the pool's reservation instead of this process (see `mem::open_share`).
     share: Mutex<Option<(usize, u64)>>,
-}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        // SAFETY: closing the pool's own descriptor (exports hand out duplicates).
-        unsafe { libc::close(self.fd) };
-    }
 }
 
 #[derive(Default)]
@@ -161,14 +153,6 @@ fn pools() -> &'static Registry<Pool> {
     R.get_or_init(Registry::new)
 }
 
-/// Runs `f` on the arena that allocations of pool `h` come from, if the pool has its own (an
-/// IPC-capable pool's shared file); None: the device's arena.
-pub(crate) fn with_region<R>(h: usize, f: impl FnOnce(&Arena) -> R) -> Option<R> {
-    let p = pools().get(h).ok()?;
-    let r = p.region.as_ref()?;
-    Some(f(&r.arena))
-}
-
 /// A pool the program may still use (not destroyed).
 fn live_pool(h: usize) -> Result<Arc<Pool>, CUresult> {
     pools()
@@ -193,8 +177,8 @@ fn finish_destroyed(h: usize, p: &Pool) {
     }
 }
 
-/// An allocation of pool `h` of `bytes` was freed (the memory module's release).
-pub(crate) fn released(h: usize, bytes: u64) {
+/// An allocation of pool `h` of `bytes` was freed (its `on_release`).
+fn released(h: usize, bytes: u64) {
     if let Ok(pool) = pools().get(h) {
         pool.give_back(bytes);
         finish_destroyed(h, &pool);
@@ -286,7 +270,17 @@ fn alloc_from_pool(
     let rounded = round_up(size as u64, ALIGN);
     pool.take(rounded)?;
     let ch = ctx::current()?.0;
-    match alloc_on(pool.dev, ch, rounded, Kind::Pool(pool_h), Some(0)) {
+    let own = pool.region.as_ref().map(|r| r.arena.clone());
+    let on_release: mem::OnRelease = Box::new(move |_| released(pool_h, rounded));
+    match mem::alloc_in(
+        pool.dev,
+        ch,
+        rounded,
+        Kind::Pool(pool_h),
+        Some(0),
+        own,
+        Some(on_release),
+    ) {
         Ok(a) => write(dptr, a),
         Err(e) => {
             pool.give_back(rounded);
@@ -352,19 +346,17 @@ fn new_region(reach: u64) -> Result<Region, CUresult> {
         return Err(err::OUT_OF_MEMORY);
     }
     // SAFETY: sizing our own new memfd.
-    let sized = unsafe { libc::ftruncate(fd, (reach + RECORD_LEN as u64) as libc::off_t) } == 0;
-    match Arena::over_file(fd, reach).filter(|_| sized) {
-        Some(arena) => Ok(Region {
-            fd,
-            arena,
-            share: Mutex::new(None),
-        }),
-        None => {
-            // SAFETY: closing our own fd.
-            unsafe { libc::close(fd) };
-            Err(err::OUT_OF_MEMORY)
-        }
+    if unsafe { libc::ftruncate(fd, (reach + RECORD_LEN as u64) as libc::off_t) } != 0 {
+        // SAFETY: closing our own fd.
+        unsafe { libc::close(fd) };
+        return Err(err::OUT_OF_MEMORY);
     }
+    // The arena owns the descriptor from here on, failing or not.
+    let arena = Arena::over_file(fd, reach).ok_or(err::OUT_OF_MEMORY)?;
+    Ok(Region {
+        arena: Arc::new(arena),
+        share: Mutex::new(None),
+    })
 }
 
 /// Writes the record an importer reads: device, reach, shared entry and its generation.
@@ -378,7 +370,7 @@ fn write_record(r: &Region, dev: usize, i: usize, generation: u64) -> Res {
     // SAFETY: writing our own buffer to the pool's own fd, after its memory.
     let n = unsafe {
         libc::pwrite(
-            r.fd,
+            r.arena.fd(),
             rec.as_ptr() as *const c_void,
             RECORD_LEN,
             r.arena.size() as libc::off_t,
@@ -663,7 +655,7 @@ export! {
             }
         }
         // SAFETY: duplicating the pool's own open memfd; the caller owns the new descriptor.
-        let fd = unsafe { libc::fcntl(r.fd, libc::F_DUPFD_CLOEXEC, 0) };
+        let fd = unsafe { libc::fcntl(r.arena.fd(), libc::F_DUPFD_CLOEXEC, 0) };
         if fd < 0 {
             return Err(err::OUT_OF_MEMORY);
         }
@@ -686,18 +678,15 @@ export! {
         mem::ref_share(i, generation)?;
         // SAFETY: duplicating the caller's descriptor; the pool owns the copy.
         let own = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        // The arena owns the duplicate, failing or not.
         let arena = (own >= 0).then(|| Arena::over_file(own, reach)).flatten();
         let Some(arena) = arena else {
-            if own >= 0 {
-                // SAFETY: closing our own duplicate.
-                unsafe { libc::close(own) };
-            }
             mem::unref_share(i);
             return Err(err::OUT_OF_MEMORY);
         };
         let mut pl = Pool::new(dev, false);
         pl.imported = true;
-        pl.region = Some(Region { fd: own, arena, share: Mutex::new(Some((i, generation))) });
+        pl.region = Some(Region { arena: Arc::new(arena), share: Mutex::new(Some((i, generation))) });
         let (h, _) = pools().insert(pl);
         write(pool_out, h as CUmemoryPool)
     }
@@ -756,6 +745,8 @@ export! {
             return Err(err::INVALID_VALUE);
         }
         t.insert(addr, Alloc { size, charged: 0, share: None, dev: p.dev, ctx: ch, kind: Kind::PoolImport(pool as usize), dirty: AtomicBool::new(false) });
+        let h = pool as usize;
+        mem::set_on_release(addr, Box::new(move |_| released(h, size)));
         p.st.lock().unwrap_or_else(|e| e.into_inner()).used += size;
         write(ptr_out, addr)
     }
