@@ -14,6 +14,9 @@ pub struct Arena {
     base: u64,
     size: u64,
     free: Mutex<FreeList>,
+    /// The file the arena maps (`over_file`), shared with other processes that map it, owned
+    /// by the arena; -1 for anonymous memory.
+    fd: i32,
 }
 
 #[derive(Default)]
@@ -66,7 +69,55 @@ impl Arena {
             base,
             size,
             free: Mutex::new(free),
+            fd: -1,
         })
+    }
+
+    /// An arena over the first `size` bytes of file `fd`, mapped `MAP_SHARED`: what another
+    /// process that maps the same file sees at the same offsets (memory shared between
+    /// processes). The arena owns `fd` (also when it fails): dropped, it unmaps and closes it.
+    pub fn over_file(fd: i32, size: u64) -> Option<Arena> {
+        let size = round_up(size.max(ALIGN), 4096);
+        // SAFETY: a new shared mapping of the caller's file at an address of the kernel's choosing;
+        // nothing else refers to that range.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            // SAFETY: closing the descriptor handed to us.
+            unsafe { libc::close(fd) };
+            return None;
+        }
+        let mut free = FreeList::default();
+        free.insert(p as u64, size);
+        Some(Arena {
+            base: p as u64,
+            size,
+            free: Mutex::new(free),
+            fd,
+        })
+    }
+
+    /// The first address of the arena.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// The file an `over_file` arena maps (-1: anonymous memory). Valid while the arena lives.
+    pub fn fd(&self) -> i32 {
+        self.fd
+    }
+
+    /// The arena's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
     }
 
     pub fn contains(&self, addr: u64) -> bool {
@@ -86,10 +137,41 @@ impl Arena {
         Some(addr)
     }
 
+    /// A block of `size` bytes starting on a multiple of `align` (a power of two), or None.
+    pub fn alloc_aligned(&self, size: u64, align: u64) -> Option<u64> {
+        debug_assert!(size > 0 && size.is_multiple_of(ALIGN) && align.is_power_of_two());
+        let mut f = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let &(bsize, addr) = f.by_size.range((size, 0)..).find(|&&(bsize, addr)| {
+            let pad = round_up(addr, align) - addr;
+            bsize >= size + pad
+        })?;
+        let start = round_up(addr, align);
+        f.remove(addr, bsize);
+        if start > addr {
+            f.insert(addr, start - addr);
+        }
+        let end = start + size;
+        if addr + bsize > end {
+            f.insert(end, addr + bsize - end);
+        }
+        Some(start)
+    }
+
     /// Returns a block. `dirty` says whether its bytes were written, in which case the host pages
     /// are dropped so that freed device memory stops costing RAM.
     pub fn free(&self, addr: u64, size: u64, dirty: bool) {
-        if dirty {
+        if dirty && self.fd >= 0 {
+            // SAFETY: punching a hole into the arena's own file at the block's offset: its pages
+            // stop costing RAM (MADV_DONTNEED does not free a shared file's pages).
+            unsafe {
+                libc::fallocate(
+                    self.fd,
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    (addr - self.base) as libc::off_t,
+                    size as libc::off_t,
+                )
+            };
+        } else if dirty {
             // SAFETY: [addr, addr+size) lies inside our private mapping and is no longer handed out.
             unsafe {
                 libc::madvise(
@@ -116,6 +198,19 @@ impl Arena {
     }
 }
 
+impl Drop for Arena {
+    fn drop(&mut self) {
+        if self.fd >= 0 {
+            // SAFETY: unmapping the file mapping this arena made and closing its own descriptor;
+            // nothing is handed out of it any more (its owners drop it last).
+            unsafe {
+                libc::munmap(self.base as *mut libc::c_void, self.size as usize);
+                libc::close(self.fd);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,6 +232,23 @@ mod tests {
         // Fully coalesced again: one block of the whole size.
         assert_eq!(a.alloc(total), Some(a.base));
         assert_eq!(a.alloc(ALIGN), None);
+    }
+
+    #[test]
+    fn aligned_blocks_start_on_their_alignment_and_the_padding_stays_free() {
+        let a = Arena::new(64 << 20, false).unwrap();
+        let total = a.size;
+        let x = a.alloc(ALIGN).unwrap();
+        let y = a.alloc_aligned(2 << 20, 2 << 20).unwrap();
+        assert_eq!(y % (2 << 20), 0);
+        assert!(y > x);
+        // The padding between x and y is still free: a small block lands there.
+        let z = a.alloc(ALIGN).unwrap();
+        assert!(z < y, "{z:#x} {y:#x}");
+        a.free(x, ALIGN, false);
+        a.free(y, 2 << 20, false);
+        a.free(z, ALIGN, false);
+        assert_eq!(a.alloc(total), Some(a.base));
     }
 
     #[test]

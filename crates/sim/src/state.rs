@@ -392,6 +392,15 @@ impl Shared {
         }
     }
 
+    /// Where the bytes of shared entry `i` of generation `generation` live when its memory is
+    /// shared by file (an IPC-exported allocation): beside the state file, removed when the
+    /// entry is freed.
+    pub fn share_file(&self, i: usize, generation: u64) -> PathBuf {
+        let mut p = self.path.clone().into_os_string();
+        p.push(format!(".mem-{i}-{generation}"));
+        PathBuf::from(p)
+    }
+
     /// Frees the shared memory that no live process holds. Returns how much went.
     pub fn reclaim_shared(&self) -> usize {
         let f = self.map.file();
@@ -417,6 +426,7 @@ impl Shared {
             {
                 let d = (e.dev.load(Acquire) as usize).min(MAX_DEVICES - 1);
                 saturating_sub(&self.layout.devices[d].mem_used, e.bytes.swap(0, AcqRel));
+                let _ = std::fs::remove_file(self.share_file(i, e.generation.load(Acquire)));
                 e.state.store(SHARED_FREE, Release);
                 n += 1;
             }
@@ -532,6 +542,43 @@ impl Shared {
             mine.fetch_sub(bytes, AcqRel);
         }
         ok
+    }
+
+    /// Charges `bytes` more to shared entry `i`, which this process holds, if its device has
+    /// room (a pool shared between processes growing): the entry, not a process, carries it.
+    pub fn share_charge(&self, i: usize, bytes: u64, capacity: u64) -> bool {
+        let Some(e) = self.layout.shared.get(i).filter(|_| self.holds(i)) else {
+            return false;
+        };
+        let d = (e.dev.load(Acquire) as usize).min(MAX_DEVICES - 1);
+        let dev = &self.layout.devices[d];
+        if dev.fail_allocs.load(Relaxed) > 0
+            && dev
+                .fail_allocs
+                .fetch_update(AcqRel, Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            return false;
+        }
+        let ok = dev
+            .mem_used
+            .fetch_update(AcqRel, Acquire, |used| {
+                used.checked_add(bytes).filter(|&u| u <= capacity)
+            })
+            .is_ok();
+        if ok {
+            e.bytes.fetch_add(bytes, AcqRel);
+        }
+        ok
+    }
+
+    /// Gives `bytes` of shared entry `i` (held by this process) back to its device.
+    pub fn share_uncharge(&self, i: usize, bytes: u64) {
+        if let Some(e) = self.layout.shared.get(i).filter(|_| self.holds(i)) {
+            let d = (e.dev.load(Acquire) as usize).min(MAX_DEVICES - 1);
+            saturating_sub(&e.bytes, bytes);
+            saturating_sub(&self.layout.devices[d].mem_used, bytes);
+        }
     }
 
     pub fn uncharge(&self, slot: usize, d: usize, bytes: u64) {

@@ -2,7 +2,7 @@
 //! stack of current contexts.
 
 use crate::stream::Stream;
-use crate::{drv, export, mem, write, Registry, Res};
+use crate::{drv, export, mem, pool, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::{err, CUcontext, CUdevice, CUresult, CU_CTX_FLAGS_MASK};
 use std::cell::RefCell;
 use std::ffi::{c_uint, c_void};
@@ -136,7 +136,7 @@ fn activate(h: usize) -> Res {
 fn deactivate(h: usize) -> Res {
     let c = contexts().get(h)?;
     c.alive.store(false, Release);
-    mem::free_context(h, c.dev);
+    teardown(h, c.dev);
     let overhead = c.overhead.swap(0, AcqRel);
     if overhead > 0 {
         let d = drv()?;
@@ -397,10 +397,18 @@ export! {
     }
 }
 
+/// Frees what context `h` on device `dev` owned; its teardown waits for its work, as a context
+/// synchronization does, so the pools it allocated from release what exceeds their threshold.
+fn teardown(h: usize, dev: usize) {
+    for d in mem::free_context(h, dev) {
+        pool::trim_pools_at_sync(d);
+    }
+}
+
 /// Waits for all work queued in the context; a synchronization point for its pools.
 fn synchronize(c: &Context) {
     crate::stream::sync_device_work(c);
-    mem::trim_pools_at_sync(c.dev);
+    pool::trim_pools_at_sync(c.dev);
 }
 
 /// The primary context of device `i`, made (not retained, so unable to work) on first need. Its
@@ -470,7 +478,7 @@ fn primary_reset(dev: CUdevice) -> Res {
     };
     if let Some(h) = h {
         crate::export_table::context_gone(h);
-        mem::free_context(h, i);
+        teardown(h, i);
     }
     Ok(())
 }

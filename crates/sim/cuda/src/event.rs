@@ -8,7 +8,7 @@
 //! the others query, synchronize on and wait for: CLOCK_MONOTONIC is one clock for the machine.
 
 use crate::stream::{stream, wait_for, Stream};
-use crate::{capture, ctx, drv, export, mem, write, Registry, Res};
+use crate::{capture, ctx, drv, export, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::state::{now_ns, sleep_until, EVENT_PENDING};
 use std::ffi::c_uint;
@@ -159,7 +159,7 @@ fn synchronize(ev: CUevent) -> Res {
     sleep_until(e.time());
     // "the allocator will try to release memory back to the OS on the next call to stream,
     // event or context synchronize" (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD).
-    mem::trim_all_pools_at_sync();
+    crate::pool::trim_all_pools_at_sync();
     Ok(())
 }
 
@@ -279,7 +279,7 @@ fn ipc_get(out: *mut IpcEventHandle, ev: CUevent) -> Res {
     let mut h = IpcEventHandle { reserved: [0; 64] };
     let words = [
         IPC_EVENT_MAGIC,
-        mem::process_token(),
+        crate::ipc::process_token(),
         i as u64,
         generation,
         dev,
@@ -300,7 +300,7 @@ fn ipc_open(out: *mut CUevent, h: IpcEventHandle) -> Res {
     if out.is_null() || word(&h, 0) != IPC_EVENT_MAGIC {
         return Err(err::INVALID_VALUE);
     }
-    if word(&h, 1) == mem::process_token() {
+    if word(&h, 1) == crate::ipc::process_token() {
         return Err(err::INVALID_CONTEXT);
     }
     let (i, generation) = (word(&h, 2) as usize, word(&h, 3));

@@ -1,28 +1,25 @@
-//! Every way device memory is taken and given back (copies and memsets: `copy.rs`; arrays:
-//! `array.rs`).
+//! Every way device memory is taken and given back, plus copies and memsets.
 //!
 //! Physical memory is charged to the shared device state (so processes contend for real) and to
 //! this process's slot (so NVML lists it and it is reclaimed if the process dies). Addresses come
 //! from per-device arenas of host address space, so copies are plain memory moves.
 //!
 //! What the simulator models and how:
-//! - cuMemAlloc/Pitch/Managed: charged at once, rounded up to 512 bytes. Managed memory is
-//!   charged to the current device at allocation (the real driver charges pages as they migrate).
-//! - stream-ordered pools: a pool reserves device memory in 2 MiB steps, keeps freed memory
-//!   reserved and gives the excess over its release threshold back at synchronization points
-//!   (stream, event and context synchronization, and a context's teardown, which waits for its
-//!   work) or cuMemPoolTrimTo, as the real driver does. A pool destroyed with allocations still
-//!   outstanding keeps its memory until the last of them is freed (see cuMemPoolDestroy).
-//! - VMM: cuMemCreate charges the physical handle; mapping charges nothing more; the memory goes
-//!   back when the handle is released and no longer mapped. Two mappings of one handle do not
-//!   share bytes in the simulator.
-//! - arrays and mipmapped arrays: see `array.rs`.
+//! - cuMemAlloc/Pitch: charged at once, rounded up to 512 bytes. Managed memory is charged where
+//!   its pages are resident, not at allocation (see `managed.rs`).
+//! - stream-ordered pools: `pool.rs`; VMM: `vmm.rs`; IPC handles: `ipc.rs`; managed memory:
+//!   `managed.rs`. This module keeps the allocation table, the arenas, the charge helpers they
+//!   all use, classic allocation, copies, memsets, arrays, host memory and graph memory.
+//!   It depends on none of those four: an allocation of theirs brings its own arena and what
+//!   its release does (`alloc_in`, `set_on_release`), and a context's teardown tells its
+//!   caller which devices' pools to trim.
+//! - arrays and mipmapped arrays: charged by their element size, not addressable for copies.
 //! - memory shared between processes (VMM allocations exported as POSIX file descriptors,
 //!   allocations exported with cuIpcGetMemHandle): at its first export its charge moves out of
 //!   the creator's process slot into an entry of the shared state that no process owns
 //!   (`cuvisor_sim::state::SharedMem`), held by every process that has a handle, a mapping or an
 //!   opened IPC pointer to it; the memory goes when the last holder lets go or dies, whoever
-//!   created it (see `phys_drop_if_unused` and `ipc_open` for the driver documentation this
+//!   created it (see `vmm::phys_drop_if_unused` and `ipc::ipc_open` for the driver documentation this
 //!   follows). Imports charge nothing new. Not modelled: an exported descriptor that no process
 //!   has imported keeps the real driver's memory alive (cuMemExportToShareableHandle: "Once all
 //!   shareable handles are closed and the allocation is released, the allocated memory
@@ -35,8 +32,7 @@
 
 use crate::capture;
 use crate::ctx;
-use crate::stream;
-use crate::{drv, export, read, write, Registry, Res};
+use crate::{drv, export, read, write, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::arena::{round_up, Arena, ALIGN};
 use cuvisor_sim::state::now_ns;
@@ -46,18 +42,23 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 /// Granularity of cuMemCreate / cuMemAddressReserve and of pool growth.
-pub const GRANULARITY: u64 = 2 << 20;
+pub(crate) const GRANULARITY: u64 = 2 << 20;
+/// The host page: what a shared file can be mapped in.
+pub const PAGE: u64 = 4096;
 /// MAP_32BIT's window is the second GiB of the address space (0x4000_0000..0x8000_0000),
 /// shared with anything else that asks for it: a quarter of it is ample for v1 callers.
 const LOW_ARENA: u64 = 256 << 20;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Kind {
+pub(crate) enum Kind {
     Device,
     Managed,
     /// 32-bit v1 allocation.
     V1,
     Pool(usize),
+    /// A pointer imported from another process's pool into imported pool `usize`
+    /// (cuMemPoolImportPointer): the exporter's memory, in that pool's mapping.
+    PoolImport(usize),
     /// A VMM mapping of physical handle `usize`.
     Mapped(usize),
     /// An opened IPC handle (someone else's memory).
@@ -70,21 +71,21 @@ enum Kind {
     Graph,
 }
 
-struct Alloc {
-    size: u64,
+pub(crate) struct Alloc {
+    pub size: u64,
     /// Bytes charged to the device for this allocation (0 for mappings and imports, and once
     /// the allocation is shared: see `share`).
-    charged: u64,
+    pub charged: u64,
     /// The shared-memory entry (index, generation) this allocation holds: an IPC-exported
     /// allocation of this process, or an opened IPC handle.
-    share: Option<(usize, u64)>,
-    dev: usize,
-    ctx: usize,
-    kind: Kind,
-    dirty: AtomicBool,
+    pub share: Option<(usize, u64)>,
+    pub dev: usize,
+    pub ctx: usize,
+    pub kind: Kind,
+    pub dirty: AtomicBool,
 }
 
-fn table() -> &'static RwLock<BTreeMap<u64, Alloc>> {
+pub(crate) fn table() -> &'static RwLock<BTreeMap<u64, Alloc>> {
     static T: OnceLock<RwLock<BTreeMap<u64, Alloc>>> = OnceLock::new();
     T.get_or_init(|| RwLock::new(BTreeMap::new()))
 }
@@ -110,8 +111,28 @@ fn low_arena() -> Result<&'static Arena, CUresult> {
         .ok_or(err::OUT_OF_MEMORY)
 }
 
+/// Address space for managed memory, which may exceed the device's (see managed.rs): eight
+/// times all device memory together.
+fn managed_arena() -> Result<&'static Arena, CUresult> {
+    static A: OnceLock<Option<Arena>> = OnceLock::new();
+    let d = drv()?;
+    let total: u64 = d.sim.model.devices.iter().map(|x| x.memory).sum();
+    A.get_or_init(|| Arena::new(8 * total, false))
+        .as_ref()
+        .ok_or(err::OUT_OF_MEMORY)
+}
+
+/// The (rounded) size of the allocation that starts at `addr`.
+pub(crate) fn allocation_size(addr: u64) -> Option<u64> {
+    table()
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&addr)
+        .map(|r| r.size)
+}
+
 /// Address space for cuMemAddressReserve: four times all device memory together.
-fn va_arena() -> Result<&'static Arena, CUresult> {
+pub(crate) fn va_arena() -> Result<&'static Arena, CUresult> {
     static A: OnceLock<Option<Arena>> = OnceLock::new();
     let d = drv()?;
     let total: u64 = d.sim.model.devices.iter().map(|x| x.memory).sum();
@@ -120,12 +141,51 @@ fn va_arena() -> Result<&'static Arena, CUresult> {
         .ok_or(err::OUT_OF_MEMORY)
 }
 
-fn arena_for(kind: Kind, dev: usize) -> Result<&'static Arena, CUresult> {
-    match kind {
-        Kind::V1 => low_arena(),
-        Kind::Mapped(_) => va_arena(),
-        _ => arena(dev),
+/// Runs `f` on the arena addresses of `kind` come from: `own` where the allocation has its own
+/// (an IPC-capable pool's shared file), none for imported pool pointers (the exporter's).
+fn with_arena<R>(
+    kind: Kind,
+    dev: usize,
+    own: Option<&Arena>,
+    f: impl FnOnce(&Arena) -> R,
+) -> Result<R, CUresult> {
+    if let Some(a) = own {
+        return Ok(f(a));
     }
+    match kind {
+        Kind::V1 => low_arena().map(f),
+        Kind::Mapped(_) => va_arena().map(f),
+        Kind::PoolImport(_) => Err(err::INVALID_VALUE),
+        Kind::Managed => managed_arena().map(f),
+        _ => arena(dev).map(f),
+    }
+}
+
+/// What the chapter an allocation belongs to does when it is freed, before its address goes
+/// back (given the address): a pool takes its bytes back, managed memory its resident pages,
+/// an IPC file mapping gives the arena its anonymous memory back.
+pub(crate) type OnRelease = Box<dyn FnOnce(u64) + Send>;
+
+/// Per allocation, where it needs them: its own arena and what its release does.
+#[derive(Default)]
+struct Extra {
+    arena: Option<Arc<Arena>>,
+    on_release: Option<OnRelease>,
+}
+
+fn extras() -> &'static Mutex<HashMap<u64, Extra>> {
+    static E: OnceLock<Mutex<HashMap<u64, Extra>>> = OnceLock::new();
+    E.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Makes `f` run when the allocation at `addr` is freed (replacing what was set).
+pub(crate) fn set_on_release(addr: u64, f: OnRelease) {
+    extras()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(addr)
+        .or_default()
+        .on_release = Some(f);
 }
 
 /// Charges `bytes` of device `dev`; if the device looks full, first gives back the memory of
@@ -152,17 +212,31 @@ pub(crate) fn uncharge(dev: usize, bytes: u64) {
 
 /// Allocates `size` bytes on the current context's device; `charge_bytes` None = charge the
 /// rounded size, Some(n) = charge n (pools charge on their own).
-fn alloc(size: u64, kind: Kind, charge_bytes: Option<u64>) -> Result<u64, CUresult> {
+pub(crate) fn alloc(size: u64, kind: Kind, charge_bytes: Option<u64>) -> Result<u64, CUresult> {
     let (ch, c) = ctx::current()?;
     alloc_on(c.dev, ch, size, kind, charge_bytes)
 }
 
-fn alloc_on(
+pub(crate) fn alloc_on(
     dev: usize,
     ch: usize,
     size: u64,
     kind: Kind,
     charge_bytes: Option<u64>,
+) -> Result<u64, CUresult> {
+    alloc_in(dev, ch, size, kind, charge_bytes, None, None)
+}
+
+/// `alloc_on`, from arena `own` when given (held until the allocation is freed), running
+/// `on_release` when it is.
+pub(crate) fn alloc_in(
+    dev: usize,
+    ch: usize,
+    size: u64,
+    kind: Kind,
+    charge_bytes: Option<u64>,
+    own: Option<Arc<Arena>>,
+    on_release: Option<OnRelease>,
 ) -> Result<u64, CUresult> {
     if size == 0 {
         return Err(err::INVALID_VALUE);
@@ -172,7 +246,24 @@ fn alloc_on(
     if charged > 0 {
         charge(dev, charged)?;
     }
-    let addr = match arena_for(kind, dev).ok().and_then(|a| a.alloc(rounded)) {
+    // Page-sized device allocations start on a page (2 MiB ones on 2 MiB, as the driver's large
+    // allocations do), so that one exported with cuIpcGetMemHandle can be mapped onto a shared
+    // file in place (see ipc.rs); the charge is the same.
+    let align = match kind {
+        Kind::Device | Kind::Ipc if rounded >= GRANULARITY => GRANULARITY,
+        Kind::Device | Kind::Ipc if rounded.is_multiple_of(PAGE) => PAGE,
+        _ => ALIGN,
+    };
+    let addr = match with_arena(kind, dev, own.as_deref(), |a| {
+        if align > ALIGN {
+            a.alloc_aligned(rounded, align)
+        } else {
+            a.alloc(rounded)
+        }
+    })
+    .ok()
+    .flatten()
+    {
         Some(a) => a,
         None => {
             uncharge(dev, charged);
@@ -188,6 +279,15 @@ fn alloc_on(
         kind,
         dirty: AtomicBool::new(false),
     };
+    if own.is_some() || on_release.is_some() {
+        extras().lock().unwrap_or_else(|e| e.into_inner()).insert(
+            addr,
+            Extra {
+                arena: own,
+                on_release,
+            },
+        );
+    }
     table()
         .write()
         .unwrap_or_else(|e| e.into_inner())
@@ -197,7 +297,7 @@ fn alloc_on(
 
 /// Frees the allocation that starts exactly at `addr` (an interior pointer is INVALID_VALUE,
 /// as with the real driver). `want` filters which kinds this entry point may free.
-fn free(addr: u64, want: impl Fn(Kind) -> bool) -> Res {
+pub(crate) fn free(addr: u64, want: impl Fn(Kind) -> bool) -> Res {
     drv()?;
     let rec = {
         let mut t = table().write().unwrap_or_else(|e| e.into_inner());
@@ -211,21 +311,24 @@ fn free(addr: u64, want: impl Fn(Kind) -> bool) -> Res {
 }
 
 fn release(addr: u64, rec: Alloc) {
+    let extra = extras()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&addr)
+        .unwrap_or_default();
+    if let Some(f) = extra.on_release {
+        f(addr);
+    }
     if rec.kind == Kind::Graph {
         graph_alloc_released(addr, rec.dirty.load(Relaxed));
         return;
     }
-    if let Ok(a) = arena_for(rec.kind, rec.dev) {
-        a.free(addr, rec.size, rec.dirty.load(Relaxed));
-    }
+    let _ = with_arena(rec.kind, rec.dev, extra.arena.as_deref(), |a| {
+        a.free(addr, rec.size, rec.dirty.load(Relaxed))
+    });
     match rec.kind {
-        Kind::Pool(p) => {
-            if let Ok(pool) = pools().get(p) {
-                pool.give_back(rec.size);
-                finish_destroyed(p, &pool);
-            }
-        }
-        Kind::Mapped(_) => {}
+        // Pools and managed memory charge on their own (their `on_release` gives it back).
+        Kind::Pool(_) | Kind::PoolImport(_) | Kind::Managed | Kind::Mapped(_) => {}
         _ if rec.share.is_some() => {}
         _ => uncharge(rec.dev, rec.charged),
     }
@@ -255,8 +358,9 @@ pub(crate) fn module_global_live(addr: u64, ch: usize) -> bool {
 }
 
 /// Frees everything a context owned (cuCtxDestroy, last primary release, primary reset) on
-/// device `dev`.
-pub(crate) fn free_context(ch: usize, dev: usize) {
+/// device `dev`. Returns the devices its freed allocations were on (their pools then trim, as
+/// at a synchronization point: see ctx.rs).
+pub(crate) fn free_context(ch: usize, dev: usize) -> Vec<usize> {
     let mine: Vec<(u64, Alloc)> = {
         let mut t = table().write().unwrap_or_else(|e| e.into_inner());
         let keys: Vec<u64> = t
@@ -272,17 +376,13 @@ pub(crate) fn free_context(ch: usize, dev: usize) {
     for (addr, rec) in mine {
         release(addr, rec);
     }
-    // Tearing a context down waits for its work, as a context synchronization does, and pools
-    // release what exceeds their threshold at a synchronization point.
     devs.sort_unstable();
     devs.dedup();
-    for d in devs {
-        trim_pools_at_sync(d);
-    }
     // The context's graph memory goes with it: its live graph allocations were freed above, and
     // what the device's graph memory pool still reserves is released (nothing runs any more).
     graph_trim(dev);
     crate::array::free_context(ch);
+    devs
 }
 
 /// Checks that [addr, addr + n) lies inside one live device allocation; returns its device.
@@ -301,7 +401,7 @@ pub(crate) fn device_range(addr: u64, n: u64, mark_dirty: bool) -> Result<usize,
 /// cuMemSetAccess's range: every byte of it in live allocations that follow each other without
 /// a gap, one or several. PyTorch's expandable segments map a segment's 20 MiB handles side by
 /// side and set access once over all of them, which the real driver accepts.
-fn contiguous_range(addr: u64, n: u64) -> Res {
+pub(crate) fn contiguous_range(addr: u64, n: u64) -> Res {
     let end = addr.checked_add(n).ok_or(err::INVALID_VALUE)?;
     let t = table().read().unwrap_or_else(|e| e.into_inner());
     let (base, r) = t.range(..=addr).next_back().ok_or(err::INVALID_VALUE)?;
@@ -313,17 +413,6 @@ fn contiguous_range(addr: u64, n: u64) -> Res {
         reach += t.get(&reach).ok_or(err::INVALID_VALUE)?.size;
     }
     Ok(())
-}
-
-/// Whether `addr` lies in the simulator's device address space (any arena), allocated or not.
-pub(crate) fn in_any_arena(addr: u64) -> bool {
-    let d = match drv() {
-        Ok(d) => d,
-        Err(_) => return false,
-    };
-    (0..d.sim.model.devices.len()).any(|i| arena(i).map(|a| a.contains(addr)).unwrap_or(false))
-        || low_arena().map(|a| a.contains(addr)).unwrap_or(false)
-        || va_arena().map(|a| a.contains(addr)).unwrap_or(false)
 }
 
 /// The target of a stream memory operation (cuStreamWaitValue*, cuStreamWriteValue*): a word
@@ -350,203 +439,16 @@ pub(crate) fn memop_target(addr: u64, n: u64) -> Res {
     Ok(())
 }
 
-/// cuStreamAttachMemAsync's range: a managed allocation, and "length must be either zero or
-/// the entire allocation's size" (cuda.h); the allocation as the program asked for it (its
-/// size rounds up to what the simulator keeps).
-pub(crate) fn managed_whole(addr: u64, length: u64) -> Res {
-    let t = table().read().unwrap_or_else(|e| e.into_inner());
-    let (&base, r) = t.range(..=addr).next_back().ok_or(err::INVALID_VALUE)?;
-    if r.kind != Kind::Managed || addr >= base + r.size {
-        return Err(err::INVALID_VALUE);
-    }
-    if length != 0 && (addr != base || round_up(length, ALIGN) != r.size) {
-        return Err(err::INVALID_VALUE);
-    }
-    Ok(())
-}
-
-// ---- stream-ordered pools -----------------------------------------------------------------------
-
-pub(crate) struct Pool {
-    dev: usize,
-    is_default: bool,
-    /// cuMemPoolDestroy was called while allocations were outstanding: the handle is invalid
-    /// to the program, but the pool (and what it reserves) lives until the last one is freed.
-    destroyed: AtomicBool,
-    st: Mutex<PoolState>,
-}
-
-#[derive(Default)]
-struct PoolState {
-    reserved: u64,
-    used: u64,
-    reserved_high: u64,
-    used_high: u64,
-    threshold: u64,
-    reuse: [c_int; 3],
-}
-
-impl Pool {
-    fn take(&self, bytes: u64) -> Res {
-        let mut s = self.st.lock().unwrap_or_else(|e| e.into_inner());
-        let spare = s.reserved - s.used;
-        if spare < bytes {
-            let grow = round_up(bytes - spare, GRANULARITY);
-            charge(self.dev, grow)?;
-            s.reserved += grow;
-            s.reserved_high = s.reserved_high.max(s.reserved);
-        }
-        s.used += bytes;
-        s.used_high = s.used_high.max(s.used);
-        Ok(())
-    }
-    fn give_back(&self, bytes: u64) {
-        let mut s = self.st.lock().unwrap_or_else(|e| e.into_inner());
-        s.used = s.used.saturating_sub(bytes);
-    }
-    /// Returns reserved memory above max(used, keep) to the device.
-    fn trim(&self, keep: u64) {
-        let mut s = self.st.lock().unwrap_or_else(|e| e.into_inner());
-        // Capped before rounding: a release threshold of UINT64_MAX ("never release", which
-        // PyTorch's cudaMallocAsync backend sets) would overflow the rounding.
-        let floor = round_up(s.used.max(keep).min(s.reserved), GRANULARITY).min(s.reserved);
-        let excess = s.reserved - floor;
-        if excess > 0 {
-            s.reserved -= excess;
-            uncharge(self.dev, excess);
-        }
-    }
-}
-
-fn pools() -> &'static Registry<Pool> {
-    static R: OnceLock<Registry<Pool>> = OnceLock::new();
-    R.get_or_init(Registry::new)
-}
-
-/// A pool the program may still use (not destroyed).
-fn live_pool(h: usize) -> Result<Arc<Pool>, CUresult> {
-    pools()
-        .get(h)
-        .ok()
-        .filter(|p| !p.destroyed.load(Acquire))
-        .ok_or(err::INVALID_VALUE)
-}
-
-/// A destroyed pool whose last outstanding allocation was just freed: its memory goes now.
-fn finish_destroyed(h: usize, p: &Pool) {
-    if p.destroyed.load(Acquire) && p.st.lock().unwrap_or_else(|e| e.into_inner()).used == 0 {
-        p.trim(0);
-        let _ = pools().remove(h);
-    }
-}
-
-/// At a synchronization point that names no device (an event's), every device's pools trim.
-pub(crate) fn trim_all_pools_at_sync() {
-    if let Ok(d) = drv() {
-        for dev in 0..d.sim.model.devices.len() {
-            trim_pools_at_sync(dev);
-        }
-    }
-}
-
-/// (default pool, current pool) handles per device.
-fn device_pools() -> &'static Vec<Mutex<(usize, usize)>> {
-    static P: OnceLock<Vec<Mutex<(usize, usize)>>> = OnceLock::new();
-    P.get_or_init(|| {
-        (0..cuvisor_sim::model::MAX_DEVICES)
-            .map(|_| Mutex::new((0, 0)))
-            .collect()
-    })
-}
-
-fn default_pool(dev: usize) -> usize {
-    let mut p = device_pools()[dev]
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    if p.0 == 0 {
-        let (h, _) = pools().insert(Pool {
-            dev,
-            is_default: true,
-            destroyed: AtomicBool::new(false),
-            st: Mutex::new(PoolState::default()),
-        });
-        *p = (h, h);
-    }
-    p.0
-}
-
-fn current_pool(dev: usize) -> usize {
-    default_pool(dev);
-    device_pools()[dev]
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .1
-}
-
-/// At a synchronization point, pools on `dev` release what exceeds their threshold.
-pub(crate) fn trim_pools_at_sync(dev: usize) {
-    let list: Vec<Arc<Pool>> = {
-        let mut v = Vec::new();
-        pools().retain(|_, p| {
-            if p.dev == dev && !p.destroyed.load(Acquire) {
-                v.push(p.clone());
-            }
-            true
-        });
-        v
+/// Whether `addr` lies in the simulator's device address space (any arena), allocated or not.
+pub(crate) fn in_any_arena(addr: u64) -> bool {
+    let d = match drv() {
+        Ok(d) => d,
+        Err(_) => return false,
     };
-    for p in list {
-        let keep = p.st.lock().unwrap_or_else(|e| e.into_inner()).threshold;
-        p.trim(keep);
-    }
-}
-
-fn alloc_from_pool(
-    dptr: *mut CUdeviceptr,
-    size: usize,
-    pool_h: usize,
-    s: CUstream,
-    pt: bool,
-) -> Res {
-    if dptr.is_null() || size == 0 {
-        return Err(err::INVALID_VALUE);
-    }
-    let stream = stream::stream(s, pt)?;
-    let pool = live_pool(pool_h)?;
-    // "During stream capture, this function results in the creation of an allocation node. In
-    // this case, the allocation is owned by the graph instead of the memory pool. The memory
-    // pool's properties are used to set the node's creation parameters" (cuMemAllocAsync and
-    // cuMemAllocFromPoolAsync, CUDA driver API reference): the pool grows by nothing, and the
-    // graph's memory is taken from the device's graph memory pool when the graph runs.
-    if let Some(r) = capture::capture_alloc(&stream, pool.dev, size as u64) {
-        return write(dptr, r?);
-    }
-    let rounded = round_up(size as u64, ALIGN);
-    pool.take(rounded)?;
-    let ch = ctx::current()?.0;
-    match alloc_on(pool.dev, ch, rounded, Kind::Pool(pool_h), Some(0)) {
-        Ok(a) => write(dptr, a),
-        Err(e) => {
-            pool.give_back(rounded);
-            let _ = stream;
-            Err(e)
-        }
-    }
-}
-
-fn alloc_async(dptr: *mut CUdeviceptr, size: usize, s: CUstream, pt: bool) -> Res {
-    let stream = stream::stream(s, pt)?;
-    alloc_from_pool(dptr, size, current_pool(stream.dev), s, pt)
-}
-
-fn free_async(dptr: CUdeviceptr, s: CUstream, pt: bool) -> Res {
-    let stream = stream::stream(s, pt)?;
-    // "During stream capture, this function results in the creation of a free node"
-    // (cuMemFreeAsync, CUDA driver API reference): nothing is freed now.
-    if let Some(r) = capture::capture_free(&stream, dptr) {
-        return r;
-    }
-    free(dptr, |_| true)
+    (0..d.sim.model.devices.len()).any(|i| arena(i).map(|a| a.contains(addr)).unwrap_or(false))
+        || low_arena().map(|a| a.contains(addr)).unwrap_or(false)
+        || va_arena().map(|a| a.contains(addr)).unwrap_or(false)
+        || managed_arena().map(|a| a.contains(addr)).unwrap_or(false)
 }
 
 // ---- graph memory ----------------------------------------------------------------------------
@@ -800,59 +702,7 @@ fn graph_attribute(dev: usize, attr: c_int) -> Result<u64, CUresult> {
     })
 }
 
-// ---- VMM ----------------------------------------------------------------------------------------
-
-struct Phys {
-    /// The device charged, if the memory is device memory we created (not an import).
-    charged_dev: Option<usize>,
-    dev: Option<usize>,
-    size: u64,
-    /// (handles of this process still to be released, mappings): the handle cuMemCreate or an
-    /// import gave, and each cuMemRetainAllocationHandle of it.
-    st: Mutex<(u32, u32)>,
-    /// Once the memory was exported (and for every import of it): its shared-memory entry
-    /// (index, generation), which holds the charge instead of this process.
-    share: Mutex<Option<(usize, u64)>>,
-    /// The exported file (a memfd naming the entry) that exports hand out duplicates of.
-    export_fd: Mutex<c_int>,
-}
-
-fn phys() -> &'static Registry<Phys> {
-    static R: OnceLock<Registry<Phys>> = OnceLock::new();
-    R.get_or_init(Registry::new)
-}
-
-/// Physical memory is reference counted by its handles and their mappings, as the driver API
-/// documents for cuMemRelease: "The memory allocation will be freed when all outstanding
-/// mappings to the memory are unmapped and when all outstanding references to the handle
-/// (including it's shareable counterparts) are also released. [...] Each time a recipient
-/// process imports a shareable handle, it needs to pair it with cuMemRelease for the handle to
-/// be freed." (CUDA Driver API, Virtual Memory Management, cuMemRelease; also
-/// https://nvidia.github.io/cuda-python/ cuda.bindings.driver.cuMemRelease). A handle of this
-/// process goes when it is released and unmapped; shared memory goes when the last process
-/// holding it lets go (or dies), whichever process created it.
-fn phys_drop_if_unused(h: usize, p: &Phys) {
-    let (refs, maps) = *p.st.lock().unwrap_or_else(|e| e.into_inner());
-    if !(refs == 0 && maps == 0 && phys().remove(h).is_ok()) {
-        return;
-    }
-    let fd = std::mem::replace(
-        &mut *p.export_fd.lock().unwrap_or_else(|e| e.into_inner()),
-        -1,
-    );
-    if fd >= 0 {
-        // SAFETY: closing our own copy of the exported file (importers hold their own).
-        unsafe { libc::close(fd) };
-    }
-    match (
-        *p.share.lock().unwrap_or_else(|e| e.into_inner()),
-        p.charged_dev,
-    ) {
-        (Some((i, _)), _) => unref_share(i),
-        (None, Some(dev)) => uncharge(dev, p.size),
-        (None, None) => {}
-    }
-}
+// ---- memory shared between processes -------------------------------------------------------
 
 /// How many of this process's handles and pointers hold each shared-memory entry: the entry's
 /// lease is one lock per process, taken with the first and dropped with the last.
@@ -863,7 +713,7 @@ fn share_refs() -> &'static Mutex<HashMap<usize, u32>> {
 
 /// One more holder in this process of entry `i` (generation `generation`); false when that
 /// memory is gone.
-fn ref_share(i: usize, generation: u64) -> Result<(), CUresult> {
+pub(crate) fn ref_share(i: usize, generation: u64) -> Result<(), CUresult> {
     let d = drv()?;
     let mut r = share_refs().lock().unwrap_or_else(|e| e.into_inner());
     if !d.sim.shared.share_hold(i, generation) {
@@ -873,7 +723,7 @@ fn ref_share(i: usize, generation: u64) -> Result<(), CUresult> {
     Ok(())
 }
 
-fn unref_share(i: usize) {
+pub(crate) fn unref_share(i: usize) {
     let Ok(d) = drv() else { return };
     let mut r = share_refs().lock().unwrap_or_else(|e| e.into_inner());
     if let Some(n) = r.get_mut(&i) {
@@ -886,7 +736,7 @@ fn unref_share(i: usize) {
 }
 
 /// Moves `bytes` charged to this process on `dev` into a new shared entry held by it.
-fn open_share(dev: usize, bytes: u64) -> Result<(usize, u64), CUresult> {
+pub(crate) fn open_share(dev: usize, bytes: u64) -> Result<(usize, u64), CUresult> {
     let d = drv()?;
     let mut r = share_refs().lock().unwrap_or_else(|e| e.into_inner());
     let (i, generation) = d
@@ -898,45 +748,8 @@ fn open_share(dev: usize, bytes: u64) -> Result<(usize, u64), CUresult> {
     Ok((i, generation))
 }
 
-const RECORD_LEN: usize = 96;
-
-/// A memfd naming shared entry (i, generation) of `size` bytes on `dev`: what an exported
-/// descriptor carries to whoever imports it (SCM_RIGHTS, pidfd_getfd).
-fn export_file(
-    dev: Option<usize>,
-    size: u64,
-    i: usize,
-    generation: u64,
-) -> Result<c_int, CUresult> {
-    let record = format!(
-        "cuvisor-sim-vmm {} {size} {i} {generation}\n",
-        dev.map(|d| d as i64).unwrap_or(-1)
-    );
-    if record.len() > RECORD_LEN {
-        return Err(err::UNKNOWN);
-    }
-    // SAFETY: memfd_create with a static NUL-terminated name; we own the returned fd.
-    let fd = unsafe { libc::memfd_create(c"cuvisor-sim-vmm".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(err::UNKNOWN);
-    }
-    // SAFETY: fd is ours; record is a live buffer of the given length.
-    if unsafe { libc::pwrite(fd, record.as_ptr() as *const c_void, record.len(), 0) }
-        != record.len() as isize
-    {
-        // SAFETY: closing our own fd.
-        unsafe { libc::close(fd) };
-        return Err(err::UNKNOWN);
-    }
-    Ok(fd)
-}
-
-fn reservations() -> &'static Mutex<BTreeMap<u64, u64>> {
-    static R: OnceLock<Mutex<BTreeMap<u64, u64>>> = OnceLock::new();
-    R.get_or_init(|| Mutex::new(BTreeMap::new()))
-}
-
-fn location_device(loc: CUmemLocation) -> Result<Option<usize>, CUresult> {
+/// The device a `CUmemLocation` names (None: host memory).
+pub(crate) fn location_device(loc: CUmemLocation) -> Result<Option<usize>, CUresult> {
     match loc.type_ {
         CU_MEM_LOCATION_TYPE_DEVICE => {
             let d = drv()?;
@@ -998,8 +811,6 @@ fn mem_info() -> Result<(u64, u64), CUresult> {
     Ok((total.saturating_sub(used), total))
 }
 
-const IPC_MAGIC: u64 = 0x4356_4950_4331_0001;
-
 export! {
     fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) {
         let (f, t) = mem_info()?;
@@ -1060,12 +871,6 @@ export! {
         write(pitch, p as c_uint)?;
         write(dptr, a as c_uint)
     }
-    fn cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) {
-        if dptr.is_null() || !matches!(flags, CU_MEM_ATTACH_GLOBAL | CU_MEM_ATTACH_HOST) {
-            return Err(err::INVALID_VALUE);
-        }
-        write(dptr, alloc(size as u64, Kind::Managed, None)?)
-    }
 
     fn cuMemGetAddressRange_v2(base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr) {
         drv()?;
@@ -1114,7 +919,7 @@ export! {
             CU_POINTER_ATTRIBUTE_RANGE_START_ADDR => write(data as *mut CUdeviceptr, *b),
             CU_POINTER_ATTRIBUTE_RANGE_SIZE => write(data as *mut usize, r.size as usize),
             CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE => match r.kind {
-                Kind::Pool(p) => write(data as *mut CUmemoryPool, p as CUmemoryPool),
+                Kind::Pool(p) | Kind::PoolImport(p) => write(data as *mut CUmemoryPool, p as CUmemoryPool),
                 _ => write(data as *mut CUmemoryPool, std::ptr::null_mut()),
             },
             _ => Err(err::INVALID_VALUE),
@@ -1148,104 +953,9 @@ export! {
         if p.is_null() { Err(err::INVALID_VALUE) } else { Ok(()) }
     }
 
-    fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) {
-        let (i, _) = ctx::device(dev)?;
-        write(pool, default_pool(i) as CUmemoryPool)
-    }
-    fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) {
-        let (i, _) = ctx::device(dev)?;
-        write(pool, current_pool(i) as CUmemoryPool)
-    }
-    fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) {
-        let (i, _) = ctx::device(dev)?;
-        let p = live_pool(pool as usize)?;
-        if p.dev != i {
-            return Err(err::INVALID_DEVICE);
-        }
-        default_pool(i);
-        device_pools()[i].lock().unwrap_or_else(|e| e.into_inner()).1 = pool as usize;
-        Ok(())
-    }
-    fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) {
-        drv()?;
-        let p: CUmemPoolProps = read(props)?;
-        if p.allocType != CU_MEM_ALLOCATION_TYPE_PINNED || pool.is_null() {
-            return Err(err::INVALID_VALUE);
-        }
-        let dev = location_device(p.location)?.ok_or(err::NOT_SUPPORTED)?;
-        let (h, _) = pools().insert(Pool { dev, is_default: false, destroyed: AtomicBool::new(false), st: Mutex::new(PoolState::default()) });
-        write(pool, h as CUmemoryPool)
-    }
-    /// The default pool cannot be destroyed. A pool with outstanding allocations is destroyed
-    /// at once for the program, but its memory lives until the last of them is freed, as the
-    /// driver API documents for cuMemPoolDestroy: "If any pointers obtained from this pool
-    /// haven't been freed or the pool has free operations that haven't completed when
-    /// cuMemPoolDestroy is invoked, the function will return immediately and the resources
-    /// associated with the pool will be released automatically once there are no more
-    /// outstanding allocations." (CUDA Driver API, Memory Pools; also
-    /// https://nvidia.github.io/cuda-python/ cuda.bindings.driver.cuMemPoolDestroy).
-    fn cuMemPoolDestroy(pool: CUmemoryPool) {
-        drv()?;
-        let p = live_pool(pool as usize)?;
-        if p.is_default {
-            return Err(err::INVALID_VALUE);
-        }
-        {
-            let mut dp = device_pools()[p.dev].lock().unwrap_or_else(|e| e.into_inner());
-            if dp.1 == pool as usize {
-                dp.1 = dp.0;
-            }
-        }
-        p.destroyed.store(true, Release);
-        finish_destroyed(pool as usize, &p);
-        Ok(())
-    }
-    fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) {
-        drv()?;
-        live_pool(pool as usize)?.trim(keep as u64);
-        Ok(())
-    }
-    fn cuMemPoolGetAttribute(pool: CUmemoryPool, attribute: c_int, value: *mut c_void) {
-        drv()?;
-        let p = live_pool(pool as usize)?;
-        let s = p.st.lock().unwrap_or_else(|e| e.into_inner());
-        let v64 = |v: u64| write(value as *mut u64, v);
-        match attribute {
-            CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES..=CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
-                write(value as *mut c_int, s.reuse[(attribute - 1) as usize])
-            }
-            CU_MEMPOOL_ATTR_RELEASE_THRESHOLD => v64(s.threshold),
-            CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT => v64(s.reserved),
-            CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH => v64(s.reserved_high),
-            CU_MEMPOOL_ATTR_USED_MEM_CURRENT => v64(s.used),
-            CU_MEMPOOL_ATTR_USED_MEM_HIGH => v64(s.used_high),
-            _ => Err(err::INVALID_VALUE),
-        }
-    }
-    /// The high watermarks can only be reset (to the current value) by setting them to 0.
-    fn cuMemPoolSetAttribute(pool: CUmemoryPool, attribute: c_int, value: *mut c_void) {
-        drv()?;
-        let p = live_pool(pool as usize)?;
-        let mut s = p.st.lock().unwrap_or_else(|e| e.into_inner());
-        match attribute {
-            CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES..=CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
-                s.reuse[(attribute - 1) as usize] = read(value as *const c_int)?;
-            }
-            CU_MEMPOOL_ATTR_RELEASE_THRESHOLD => s.threshold = read(value as *const u64)?,
-            CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH | CU_MEMPOOL_ATTR_USED_MEM_HIGH => {
-                if read(value as *const u64)? != 0 {
-                    return Err(err::INVALID_VALUE);
-                }
-                if attribute == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH {
-                    s.reserved_high = s.reserved;
-                } else {
-                    s.used_high = s.used;
-                }
-            }
-            _ => return Err(err::INVALID_VALUE),
-        }
-        Ok(())
-    }
+
+
+
     /// "Free unused memory that was cached on the specified device for use with graphs back to
     /// the OS. Blocks which are not in use by a graph that is either currently executing or
     /// scheduled to execute are freed" (CUDA driver API reference).
@@ -1273,328 +983,4 @@ export! {
         }
         Ok(())
     }
-    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, s: CUstream) { alloc_async(dptr, size, s, false) }
-    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, s: CUstream) { alloc_async(dptr, size, s, true) }
-    fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, s: CUstream) {
-        alloc_from_pool(dptr, size, pool as usize, s, false)
-    }
-    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, s: CUstream) {
-        alloc_from_pool(dptr, size, pool as usize, s, true)
-    }
-    fn cuMemFreeAsync(dptr: CUdeviceptr, s: CUstream) { free_async(dptr, s, false) }
-    fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, s: CUstream) { free_async(dptr, s, true) }
-
-    fn cuMemGetAllocationGranularity(g: *mut usize, prop: *const CUmemAllocationProp, _option: c_int) {
-        drv()?;
-        let p: CUmemAllocationProp = read(prop)?;
-        location_device(p.location)?;
-        write(g, GRANULARITY as usize)
-    }
-    fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) {
-        drv()?;
-        let p: CUmemAllocationProp = read(prop)?;
-        if handle.is_null() || flags != 0 || p.type_ != CU_MEM_ALLOCATION_TYPE_PINNED || size == 0 || !(size as u64).is_multiple_of(GRANULARITY) {
-            return Err(err::INVALID_VALUE);
-        }
-        let dev = location_device(p.location)?;
-        if let Some(d) = dev {
-            charge(d, size as u64)?;
-        }
-        let (h, _) = phys().insert(Phys { charged_dev: dev, dev, size: size as u64, st: Mutex::new((1, 0)), share: Mutex::new(None), export_fd: Mutex::new(-1) });
-        write(handle, h as u64)
-    }
-    fn cuMemRelease(handle: CUmemGenericAllocationHandle) {
-        drv()?;
-        let p = phys().get(handle as usize)?;
-        {
-            let mut st = p.st.lock().unwrap_or_else(|e| e.into_inner());
-            if st.0 == 0 {
-                return Err(err::INVALID_VALUE);
-            }
-            st.0 -= 1;
-        }
-        phys_drop_if_unused(handle as usize, &p);
-        Ok(())
-    }
-    /// The handle of the memory mapped at `addr`, one more reference to release: "The handle is
-    /// guaranteed to be the same handle value used when mapping the memory. If the address
-    /// requested is not mapped, the function will fail. The returned handle must be released
-    /// with corresponding number of calls to cuMemRelease." (CUDA Driver API, Virtual Memory
-    /// Management, cuMemRetainAllocationHandle.) The memory then lives until that release too.
-    fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) {
-        drv()?;
-        if handle.is_null() {
-            return Err(err::INVALID_VALUE);
-        }
-        let a = addr as u64;
-        let h = {
-            let t = table().read().unwrap_or_else(|e| e.into_inner());
-            match t.range(..=a).next_back() {
-                Some((b, r)) if a < b + r.size => match r.kind {
-                    Kind::Mapped(h) => h,
-                    _ => return Err(err::INVALID_VALUE),
-                },
-                _ => return Err(err::INVALID_VALUE),
-            }
-        };
-        let p = phys().get(h).map_err(|_| err::INVALID_VALUE)?;
-        p.st.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
-        write(handle, h as u64)
-    }
-    fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, _align: usize, _addr: CUdeviceptr, flags: u64) {
-        drv()?;
-        if ptr.is_null() || flags != 0 || size == 0 || !(size as u64).is_multiple_of(GRANULARITY) {
-            return Err(err::INVALID_VALUE);
-        }
-        let a = va_arena()?.alloc(size as u64).ok_or(err::OUT_OF_MEMORY)?;
-        reservations().lock().unwrap_or_else(|e| e.into_inner()).insert(a, size as u64);
-        write(ptr, a)
-    }
-    fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) {
-        drv()?;
-        let mut r = reservations().lock().unwrap_or_else(|e| e.into_inner());
-        if r.get(&ptr) != Some(&(size as u64)) {
-            return Err(err::INVALID_VALUE);
-        }
-        r.remove(&ptr);
-        va_arena()?.free(ptr, size as u64, true);
-        Ok(())
-    }
-    fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) {
-        drv()?;
-        let p = phys().get(handle as usize).map_err(|_| err::INVALID_VALUE)?;
-        if flags != 0 || size == 0 || offset as u64 + size as u64 > p.size || !(size as u64).is_multiple_of(GRANULARITY) {
-            return Err(err::INVALID_VALUE);
-        }
-        let inside = {
-            let r = reservations().lock().unwrap_or_else(|e| e.into_inner());
-            r.range(..=ptr).next_back().is_some_and(|(b, s)| ptr + size as u64 <= b + s)
-        };
-        if !inside {
-            return Err(err::INVALID_VALUE);
-        }
-        let mut t = table().write().unwrap_or_else(|e| e.into_inner());
-        let overlaps = t.range(..ptr + size as u64).next_back().is_some_and(|(b, r)| b + r.size > ptr);
-        if overlaps {
-            return Err(err::INVALID_VALUE);
-        }
-        p.st.lock().unwrap_or_else(|e| e.into_inner()).1 += 1;
-        let ch = ctx::current().map(|c| c.0).unwrap_or(0);
-        t.insert(ptr, Alloc { size: size as u64, charged: 0, share: None, dev: p.dev.unwrap_or(0), ctx: ch, kind: Kind::Mapped(handle as usize), dirty: AtomicBool::new(false) });
-        Ok(())
-    }
-    fn cuMemUnmap(ptr: CUdeviceptr, size: usize) {
-        drv()?;
-        let end = ptr.checked_add(size as u64).ok_or(err::INVALID_VALUE)?;
-        let gone: Vec<(u64, Alloc)> = {
-            let mut t = table().write().unwrap_or_else(|e| e.into_inner());
-            let keys: Vec<u64> = t.range(ptr..end).filter(|(_, r)| matches!(r.kind, Kind::Mapped(_))).map(|(k, _)| *k).collect();
-            if keys.is_empty() {
-                return Err(err::INVALID_VALUE);
-            }
-            keys.into_iter().filter_map(|k| t.remove(&k).map(|r| (k, r))).collect()
-        };
-        for (addr, rec) in gone {
-            if rec.dirty.load(Relaxed) {
-                // SAFETY: the range is inside our VA arena mapping and no longer mapped for the client.
-                unsafe { libc::madvise(addr as *mut c_void, rec.size as usize, libc::MADV_DONTNEED) };
-            }
-            if let Kind::Mapped(h) = rec.kind {
-                if let Ok(p) = phys().get(h) {
-                    p.st.lock().unwrap_or_else(|e| e.into_inner()).1 -= 1;
-                    phys_drop_if_unused(h, &p);
-                }
-            }
-        }
-        Ok(())
-    }
-    fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) {
-        drv()?;
-        if count == 0 {
-            return Err(err::INVALID_VALUE);
-        }
-        for i in 0..count {
-            let d: CUmemAccessDesc = read(desc.wrapping_add(i))?;
-            location_device(d.location)?;
-        }
-        contiguous_range(ptr, size as u64)
-    }
-    fn cuMemExportToShareableHandle(out: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int, _flags: u64) {
-        drv()?;
-        let p = phys().get(handle as usize)?;
-        if kind != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
-            return Err(err::NOT_SUPPORTED);
-        }
-        // The first export makes the memory shared: its charge leaves this process for an entry
-        // that lives while any process holds the memory. Every export of one handle hands out a
-        // duplicate of one file naming that entry.
-        let mut share = p.share.lock().unwrap_or_else(|e| e.into_inner());
-        let (i, generation) = match *share {
-            Some(s) => s,
-            None => {
-                let s = open_share(p.dev.unwrap_or(0), if p.charged_dev.is_some() { p.size } else { 0 })?;
-                *share = Some(s);
-                s
-            }
-        };
-        let mut own = p.export_fd.lock().unwrap_or_else(|e| e.into_inner());
-        if *own < 0 {
-            *own = export_file(p.dev, p.size, i, generation)?;
-        }
-        // SAFETY: duplicating our own open memfd; the caller owns the new descriptor.
-        let fd = unsafe { libc::fcntl(*own, libc::F_DUPFD_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(err::UNKNOWN);
-        }
-        write(out as *mut c_int, fd)
-    }
-    fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, kind: c_int) {
-        drv()?;
-        if kind != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || handle.is_null() {
-            return Err(err::INVALID_VALUE);
-        }
-        let fd = os_handle as usize as c_int;
-        let mut buf = [0u8; RECORD_LEN];
-        // SAFETY: reading at most buf.len() bytes into our own buffer from the caller's fd.
-        let n = unsafe { libc::pread(fd, buf.as_mut_ptr() as *mut c_void, buf.len(), 0) };
-        let text = std::str::from_utf8(&buf[..n.max(0) as usize]).map_err(|_| err::INVALID_VALUE)?;
-        let line = text.split('\n').next().unwrap_or("");
-        let mut parts = line.split(' ');
-        if parts.next() != Some("cuvisor-sim-vmm") {
-            return Err(err::INVALID_VALUE);
-        }
-        let mut num = || parts.next().and_then(|x| x.parse::<i64>().ok()).ok_or(err::INVALID_VALUE);
-        let (dev, size, i, generation) = (num()?, num()?, num()?, num()?);
-        // Imported memory is the exporter's: nothing new is charged, but this process holds it
-        // (every handle to it gone: so is the memory, and the import fails).
-        ref_share(i as usize, generation as u64)?;
-        let (h, _) = phys().insert(Phys {
-            charged_dev: None,
-            dev: usize::try_from(dev).ok(),
-            size: size as u64,
-            st: Mutex::new((1, 0)),
-            share: Mutex::new(Some((i as usize, generation as u64))),
-            export_fd: Mutex::new(-1),
-        });
-        write(handle, h as u64)
-    }
-
-    /// The first export makes the allocation shared: its charge leaves this process for an
-    /// entry that the allocation and every opened handle to it hold (see `ipc_open`).
-    fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: CUdeviceptr) {
-        drv()?;
-        let mut t = table().write().unwrap_or_else(|e| e.into_inner());
-        let r = t.get_mut(&dptr).filter(|r| matches!(r.kind, Kind::Device | Kind::V1)).ok_or(err::INVALID_VALUE)?;
-        let (i, generation) = match r.share {
-            Some(s) => s,
-            None => {
-                let s = open_share(r.dev, r.charged)?;
-                r.charged = 0;
-                r.share = Some(s);
-                s
-            }
-        };
-        let mut h = CUipcMemHandle { reserved: [0; 64] };
-        let words = [IPC_MAGIC, process_token(), r.dev as u64, r.size, dptr, i as u64, generation];
-        for (k, v) in words.iter().enumerate() {
-            h.reserved[k * 8..k * 8 + 8].copy_from_slice(&v.to_le_bytes());
-        }
-        write(handle, h)
-    }
-    fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, _flags: c_uint) { ipc_open(pdptr, handle) }
-    fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, _flags: c_uint) { ipc_open(pdptr, handle) }
-    fn cuIpcCloseMemHandle(dptr: CUdeviceptr) { ipc_close(dptr) }
-}
-
-/// Names this process in IPC handles, machine-wide: pids repeat across pid namespaces (two
-/// containers' processes are often both pid 1), so a handle carries this instead.
-pub(crate) fn process_token() -> u64 {
-    static T: OnceLock<u64> = OnceLock::new();
-    *T.get_or_init(|| {
-        let mut v = 0u64;
-        // SAFETY: getrandom writes at most 8 bytes into `v`, which we own.
-        let n = unsafe { libc::getrandom(&mut v as *mut u64 as *mut c_void, 8, 0) };
-        if n == 8 && v != 0 {
-            v
-        } else {
-            (std::process::id() as u64) << 32 | now_ns() & 0xffff_ffff
-        }
-    })
-}
-
-/// Opened IPC handles of this process: (entry, generation, context) -> (pointer, references).
-type Opened = HashMap<(usize, u64, usize), (u64, u32)>;
-
-fn ipc_opened() -> &'static Mutex<Opened> {
-    static O: OnceLock<Mutex<Opened>> = OnceLock::new();
-    O.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-/// cuIpcOpenMemHandle: "If the memory handle has already been opened by the current context,
-/// the reference count on the handle is incremented by 1 and the existing device pointer is
-/// returned." The opened memory is the exporter's allocation and charges nothing new; it lives
-/// while it is open here, even after the exporter freed it (documented as undefined behaviour:
-/// "Calling cuMemFree on an exported memory region before calling cuIpcCloseMemHandle in the
-/// importing context will result in undefined behavior") or exited (undocumented; on NVIDIA
-/// the memory is reported released at the importer's cuIpcCloseMemHandle, ROCm/hip#3580).
-fn ipc_open(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle) -> Res {
-    let (ch, _) = ctx::current()?;
-    let word = |i: usize| {
-        u64::from_le_bytes(
-            handle.reserved[i * 8..i * 8 + 8]
-                .try_into()
-                .unwrap_or_default(),
-        )
-    };
-    if word(0) != IPC_MAGIC || pdptr.is_null() {
-        return Err(err::INVALID_VALUE);
-    }
-    if word(1) == process_token() {
-        return Err(err::INVALID_CONTEXT); // a process cannot open its own IPC handle
-    }
-    let dev = word(2) as usize;
-    if dev >= drv()?.sim.model.devices.len() {
-        return Err(err::INVALID_VALUE);
-    }
-    let (i, generation) = (word(5) as usize, word(6));
-    let mut opened = ipc_opened().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((a, n)) = opened.get_mut(&(i, generation, ch)) {
-        *n += 1;
-        return write(pdptr, *a);
-    }
-    ref_share(i, generation)?; // the allocation is gone (freed, and nobody else holds it)
-    let a = match alloc_on(dev, ch, word(3), Kind::Ipc, Some(0)) {
-        Ok(a) => a,
-        Err(e) => {
-            unref_share(i);
-            return Err(e);
-        }
-    };
-    if let Some(r) = table()
-        .write()
-        .unwrap_or_else(|e| e.into_inner())
-        .get_mut(&a)
-    {
-        r.share = Some((i, generation));
-    }
-    opened.insert((i, generation, ch), (a, 1));
-    write(pdptr, a)
-}
-
-/// cuIpcCloseMemHandle: "Decrements the reference count of the memory returned by
-/// cuIpcOpenMemHandle by 1. When the reference count reaches 0, this API unmaps the memory."
-fn ipc_close(dptr: CUdeviceptr) -> Res {
-    drv()?;
-    let mut opened = ipc_opened().lock().unwrap_or_else(|e| e.into_inner());
-    let Some((k, (_, n))) = opened.iter_mut().find(|(_, (a, _))| *a == dptr) else {
-        return Err(err::INVALID_VALUE);
-    };
-    *n -= 1;
-    if *n > 0 {
-        return Ok(());
-    }
-    let k = *k;
-    opened.remove(&k);
-    drop(opened);
-    free(dptr, |k| k == Kind::Ipc)
 }

@@ -352,7 +352,7 @@ fn stream_sync(h: CUstream, pt: bool) -> Res {
     capture::refuse_if_capturing(&s)?;
     wait_for(|| !s.busy());
     sleep_until(s.done_at());
-    mem::trim_pools_at_sync(s.dev);
+    crate::pool::trim_pools_at_sync(s.dev);
     Ok(())
 }
 
@@ -743,29 +743,6 @@ fn batch(h: CUstream, count: c_uint, p: *const BatchParams, flags: c_uint, pt: b
     Ok(())
 }
 
-/// `CUmemAttach_flags`: GLOBAL 1, HOST 2, SINGLE 4.
-const ATTACH_FLAGS: [u32; 3] = [1, 2, 4];
-
-/// cuStreamAttachMemAsync: managed memory changes which streams may touch it. The simulated
-/// device keeps managed memory where both sides see it, so the association changes nothing;
-/// the call checks what cuda.h says: `flags` "must be one of CUmemAttach_flags"; "For managed
-/// allocations, length must be either zero or the entire allocation's size"; "It is illegal to
-/// attach singly to the NULL stream ... An error will be returned in this case"
-/// (CUDA_ERROR_INVALID_VALUE here). Pageable host memory is allowed only on devices with
-/// CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, which the simulated ones do not report, so
-/// anything but managed memory is CUDA_ERROR_INVALID_VALUE.
-fn attach_mem(h: CUstream, dptr: CUdeviceptr, length: usize, flags: c_uint, pt: bool) -> Res {
-    stream(h, pt)?;
-    if !ATTACH_FLAGS.contains(&flags) {
-        return Err(err::INVALID_VALUE);
-    }
-    let null = matches!(h as usize, 0 | CU_STREAM_LEGACY | CU_STREAM_PER_THREAD);
-    if flags == 4 && null {
-        return Err(err::INVALID_VALUE);
-    }
-    mem::managed_whole(dptr, length as u64)
-}
-
 export! {
     fn cuStreamCreate(out: *mut CUstream, flags: c_uint) { create_stream(out, flags, 0) }
     fn cuStreamCreateWithPriority(out: *mut CUstream, flags: c_uint, priority: i32) { create_stream(out, flags, priority) }
@@ -819,8 +796,6 @@ export! {
     fn cuStreamSetAttribute_ptsz(s: CUstream, id: u32, v: *const [u8; 64]) { set_attribute(s, id, v, true) }
     fn cuStreamCopyAttributes(dst: CUstream, src: CUstream) { copy_attributes(dst, src, false) }
     fn cuStreamCopyAttributes_ptsz(dst: CUstream, src: CUstream) { copy_attributes(dst, src, true) }
-    fn cuStreamAttachMemAsync(s: CUstream, dptr: CUdeviceptr, length: usize, flags: c_uint) { attach_mem(s, dptr, length, flags, false) }
-    fn cuStreamAttachMemAsync_ptsz(s: CUstream, dptr: CUdeviceptr, length: usize, flags: c_uint) { attach_mem(s, dptr, length, flags, true) }
 
     // The CUDA 8.0 memory operations (v1) and CUDA 11.7's (v2) differ in which devices enable
     // them by default, not in what they do.
