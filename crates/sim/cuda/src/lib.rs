@@ -22,6 +22,7 @@ mod event;
 mod exec;
 mod export_table;
 mod stream;
+mod tensor_map;
 
 mod mem;
 mod occupancy;

@@ -1142,6 +1142,13 @@ pub static PROC_TABLE: &[ProcEntry] = &[
     ProcEntry { base: "cuOccupancyAvailableDynamicSMemPerBlock", versions: &[(10020, "cuOccupancyAvailableDynamicSMemPerBlock")], per_thread: &[] },
     ProcEntry { base: "cuOccupancyMaxPotentialClusterSize", versions: &[(11070, "cuOccupancyMaxPotentialClusterSize")], per_thread: &[] },
     ProcEntry { base: "cuOccupancyMaxActiveClusters", versions: &[(11070, "cuOccupancyMaxActiveClusters")], per_thread: &[] },
+    // ---- added by i17-ctxmod ----
+    // Versions from CUDA 13.5's cudaTypedefs.h (`PFN_<name>_v<version>`).
+    ProcEntry { base: "cuTensorMapEncodeTiled", versions: &[(12000, "cuTensorMapEncodeTiled")], per_thread: &[] },
+    ProcEntry { base: "cuTensorMapEncodeIm2col", versions: &[(12000, "cuTensorMapEncodeIm2col")], per_thread: &[] },
+    ProcEntry { base: "cuTensorMapEncodeIm2colWide", versions: &[(12080, "cuTensorMapEncodeIm2colWide")], per_thread: &[] },
+    ProcEntry { base: "cuTensorMapReplaceAddress", versions: &[(12000, "cuTensorMapReplaceAddress")], per_thread: &[] },
+    ProcEntry { base: "cuTensorMapSetAllocationClass", versions: &[(13050, "cuTensorMapSetAllocationClass")], per_thread: &[] },
 ];
 
 #[cfg(test)]

@@ -1,0 +1,48 @@
+//! Chapters of the driver API checked from C (`tests/c/CHAPTER.c`, linked against the simulated
+//! libcuda): each program checks every call's result and documented error codes (CUDA 13.5
+//! `cuda.h`), prints one line per failed check and `OK` when none failed.
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+/// Builds `tests/c/NAME.c` against the simulated libcuda and runs it on `preset`; it must exit 0
+/// and print `OK`. The program and its state file are removed whether it passes or not.
+fn chapter(name: &str, preset: &str) {
+    let dir = common::sim_dir();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(format!("{name}.c"));
+    let exe = std::env::temp_dir().join(format!(
+        "cuvisor-c-{name}-{preset}-{}",
+        std::process::id()
+    ));
+    let status = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .args(["-L", dir.to_str().unwrap(), "-lcuda", "-lpthread"])
+        .status()
+        .expect("run cc");
+    assert!(status.success(), "compiling {}", src.display());
+    let state = common::state_file(&format!("{name}-{preset}"));
+    let mut cmd = Command::new(&exe);
+    common::sim_env(&mut cmd, preset, &state);
+    let out = cmd.output().expect("run the program");
+    let _ = std::fs::remove_file(&exe);
+    let _ = std::fs::remove_file(&state);
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success() && so.lines().any(|l| l == "OK"),
+        "{name} on {preset}: {}\n--- stdout\n{so}\n--- stderr\n{se}",
+        out.status
+    );
+}
+
+#[test]
+fn tensor_maps_encode_what_cuda_h_allows_and_refuse_each_documented_violation() {
+    chapter("tensor_map", "single");
+}
