@@ -46,3 +46,8 @@ fn chapter(name: &str, preset: &str) {
 fn tensor_maps_encode_what_cuda_h_allows_and_refuse_each_documented_violation() {
     chapter("tensor_map", "single");
 }
+
+#[test]
+fn contexts_primary_created_stack_limits_cache_and_whole_context_events() {
+    chapter("context", "single");
+}

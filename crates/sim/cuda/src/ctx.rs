@@ -340,47 +340,6 @@ export! {
         Ok(())
     }
 
-    fn cuCtxGetLimit(value: *mut usize, limit: i32) {
-        current()?;
-        let v = match limit {
-            0 => 1024,       // CU_LIMIT_STACK_SIZE
-            1 => 1 << 20,    // CU_LIMIT_PRINTF_FIFO_SIZE
-            2 => 8 << 20,    // CU_LIMIT_MALLOC_HEAP_SIZE
-            3 => 2,          // CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH
-            4 => 2048,       // CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT
-            5 => 32,         // CU_LIMIT_MAX_L2_FETCH_GRANULARITY
-            6 => 0,          // CU_LIMIT_PERSISTING_L2_CACHE_SIZE
-            // CU_LIMIT_CIG_ENABLED: non-zero only on a CUDA-in-graphics context (cuda-python's
-            // `Limit` docs), which the simulator never makes. cuBLASLt 12.8 asks at handle creation.
-            8 => 0,
-            _ => return Err(err::INVALID_VALUE),
-        };
-        write(value, v)
-    }
-
-    fn cuCtxSetLimit(limit: i32, _value: usize) {
-        current()?;
-        if !(0..=6).contains(&limit) {
-            return Err(err::INVALID_VALUE);
-        }
-        Ok(())
-    }
-
-    fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) {
-        current()?;
-        get(peer)?;
-        if flags != 0 {
-            return Err(err::INVALID_VALUE);
-        }
-        Ok(())
-    }
-
-    fn cuCtxDisablePeerAccess(peer: CUcontext) {
-        current()?;
-        get(peer)?;
-        Ok(())
-    }
-
     fn cuCtxSynchronize() {
         let (_, c) = current()?;
         synchronize(&c);

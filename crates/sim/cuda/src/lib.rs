@@ -17,6 +17,7 @@
 mod array;
 mod copy;
 mod ctx;
+mod ctx_config;
 mod device;
 mod event;
 mod exec;
@@ -26,6 +27,7 @@ mod tensor_map;
 
 mod mem;
 mod occupancy;
+mod peer;
 mod proc_table;
 mod procaddr;
 
