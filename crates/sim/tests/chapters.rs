@@ -51,3 +51,13 @@ fn tensor_maps_encode_what_cuda_h_allows_and_refuse_each_documented_violation() 
 fn contexts_primary_created_stack_limits_cache_and_whole_context_events() {
     chapter("context", "single");
 }
+
+#[test]
+fn peer_access_over_nvswitch() {
+    chapter("peer", "dgx-a100");
+}
+
+#[test]
+fn peer_access_over_pcie_stops_at_the_host_bridge() {
+    chapter("peer", "pcie-8");
+}

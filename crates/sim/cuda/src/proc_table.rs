@@ -1149,6 +1149,11 @@ pub static PROC_TABLE: &[ProcEntry] = &[
     ProcEntry { base: "cuTensorMapEncodeIm2colWide", versions: &[(12080, "cuTensorMapEncodeIm2colWide")], per_thread: &[] },
     ProcEntry { base: "cuTensorMapReplaceAddress", versions: &[(12000, "cuTensorMapReplaceAddress")], per_thread: &[] },
     ProcEntry { base: "cuTensorMapSetAllocationClass", versions: &[(13050, "cuTensorMapSetAllocationClass")], per_thread: &[] },
+    ProcEntry { base: "cuCtxRecordEvent", versions: &[(12050, "cuCtxRecordEvent")], per_thread: &[] },
+    ProcEntry { base: "cuCtxWaitEvent", versions: &[(12050, "cuCtxWaitEvent")], per_thread: &[] },
+    ProcEntry { base: "cuCtxGetCacheConfig", versions: &[(3020, "cuCtxGetCacheConfig")], per_thread: &[] },
+    ProcEntry { base: "cuCtxSetCacheConfig", versions: &[(3020, "cuCtxSetCacheConfig")], per_thread: &[] },
+    ProcEntry { base: "cuCtxResetPersistingL2Cache", versions: &[(11000, "cuCtxResetPersistingL2Cache")], per_thread: &[] },
 ];
 
 #[cfg(test)]
