@@ -61,3 +61,8 @@ fn peer_access_over_nvswitch() {
 fn peer_access_over_pcie_stops_at_the_host_bridge() {
     chapter("peer", "pcie-8");
 }
+
+#[test]
+fn pointer_attributes_on_every_kind_of_memory_and_page_locked_host_memory() {
+    chapter("pointers", "single");
+}

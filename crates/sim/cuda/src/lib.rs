@@ -28,6 +28,7 @@ mod tensor_map;
 mod mem;
 mod occupancy;
 mod peer;
+mod pointer;
 mod proc_table;
 mod procaddr;
 

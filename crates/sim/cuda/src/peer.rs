@@ -82,6 +82,14 @@ fn disable(h: CUcontext) -> Res {
     Ok(())
 }
 
+/// Whether the context of id `from` has enabled access to the context of id `to`.
+pub(crate) fn enabled(from: u64, to: u64) -> bool {
+    grants()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&(from, to))
+}
+
 export! {
     fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) { enable(peer, flags) }
     fn cuCtxDisablePeerAccess(peer: CUcontext) { disable(peer) }

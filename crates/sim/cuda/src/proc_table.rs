@@ -1154,6 +1154,8 @@ pub static PROC_TABLE: &[ProcEntry] = &[
     ProcEntry { base: "cuCtxGetCacheConfig", versions: &[(3020, "cuCtxGetCacheConfig")], per_thread: &[] },
     ProcEntry { base: "cuCtxSetCacheConfig", versions: &[(3020, "cuCtxSetCacheConfig")], per_thread: &[] },
     ProcEntry { base: "cuCtxResetPersistingL2Cache", versions: &[(11000, "cuCtxResetPersistingL2Cache")], per_thread: &[] },
+    ProcEntry { base: "cuPointerSetAttribute", versions: &[(6000, "cuPointerSetAttribute")], per_thread: &[] },
+    ProcEntry { base: "cuMemHostGetFlags", versions: &[(2030, "cuMemHostGetFlags")], per_thread: &[] },
 ];
 
 #[cfg(test)]
