@@ -9,12 +9,19 @@ use std::process::Command;
 /// Builds `tests/c/NAME.c` against the simulated libcuda and runs it on `preset`; it must exit 0
 /// and print `OK`. The program and its state file are removed whether it passes or not.
 fn chapter(name: &str, preset: &str) {
+    chapter_env(name, preset, &[]);
+}
+
+/// As [`chapter`], with `env` set for the program.
+fn chapter_env(name: &str, preset: &str, env: &[(&str, &str)]) {
+    // Runs of one program differ by preset and environment: each has its own files.
+    let tag: String = env.iter().map(|(_, v)| format!("-{v}")).collect();
     let dir = common::sim_dir();
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/c")
         .join(format!("{name}.c"));
     let exe = std::env::temp_dir().join(format!(
-        "cuvisor-c-{name}-{preset}-{}",
+        "cuvisor-c-{name}-{preset}{tag}-{}",
         std::process::id()
     ));
     let status = Command::new("cc")
@@ -25,9 +32,10 @@ fn chapter(name: &str, preset: &str) {
         .status()
         .expect("run cc");
     assert!(status.success(), "compiling {}", src.display());
-    let state = common::state_file(&format!("{name}-{preset}"));
+    let state = common::state_file(&format!("{name}-{preset}{tag}"));
     let mut cmd = Command::new(&exe);
     common::sim_env(&mut cmd, preset, &state);
+    cmd.envs(env.iter().copied());
     let out = cmd.output().expect("run the program");
     let _ = std::fs::remove_file(&exe);
     let _ = std::fs::remove_file(&state);
@@ -65,4 +73,14 @@ fn peer_access_over_pcie_stops_at_the_host_bridge() {
 #[test]
 fn pointer_attributes_on_every_kind_of_memory_and_page_locked_host_memory() {
     chapter("pointers", "single");
+}
+
+#[test]
+fn modules_and_libraries_count_enumerate_and_name_their_kernels_lazily_loaded() {
+    chapter_env("modules", "single", &[("CUDA_MODULE_LOADING", "LAZY")]);
+}
+
+#[test]
+fn modules_under_eager_loading() {
+    chapter_env("modules", "single", &[("CUDA_MODULE_LOADING", "EAGER")]);
 }

@@ -26,6 +26,7 @@ mod stream;
 mod tensor_map;
 
 mod mem;
+mod module_info;
 mod occupancy;
 mod peer;
 mod pointer;

@@ -1156,6 +1156,19 @@ pub static PROC_TABLE: &[ProcEntry] = &[
     ProcEntry { base: "cuCtxResetPersistingL2Cache", versions: &[(11000, "cuCtxResetPersistingL2Cache")], per_thread: &[] },
     ProcEntry { base: "cuPointerSetAttribute", versions: &[(6000, "cuPointerSetAttribute")], per_thread: &[] },
     ProcEntry { base: "cuMemHostGetFlags", versions: &[(2030, "cuMemHostGetFlags")], per_thread: &[] },
+    ProcEntry { base: "cuModuleGetLoadingMode", versions: &[(11070, "cuModuleGetLoadingMode")], per_thread: &[] },
+    ProcEntry { base: "cuModuleGetFunctionCount", versions: &[(12040, "cuModuleGetFunctionCount")], per_thread: &[] },
+    ProcEntry { base: "cuModuleEnumerateFunctions", versions: &[(12040, "cuModuleEnumerateFunctions")], per_thread: &[] },
+    ProcEntry { base: "cuLibraryGetKernelCount", versions: &[(12040, "cuLibraryGetKernelCount")], per_thread: &[] },
+    ProcEntry { base: "cuLibraryEnumerateKernels", versions: &[(12040, "cuLibraryEnumerateKernels")], per_thread: &[] },
+    ProcEntry { base: "cuLibraryGetUnifiedFunction", versions: &[(12000, "cuLibraryGetUnifiedFunction")], per_thread: &[] },
+    ProcEntry { base: "cuLibraryGetManaged", versions: &[(12000, "cuLibraryGetManaged")], per_thread: &[] },
+    ProcEntry { base: "cuFuncGetName", versions: &[(12030, "cuFuncGetName")], per_thread: &[] },
+    ProcEntry { base: "cuKernelGetName", versions: &[(12030, "cuKernelGetName")], per_thread: &[] },
+    ProcEntry { base: "cuKernelGetLibrary", versions: &[(12050, "cuKernelGetLibrary")], per_thread: &[] },
+    ProcEntry { base: "cuFuncIsLoaded", versions: &[(12040, "cuFuncIsLoaded")], per_thread: &[] },
+    ProcEntry { base: "cuFuncLoad", versions: &[(12040, "cuFuncLoad")], per_thread: &[] },
+    ProcEntry { base: "cuKernelSetCacheConfig", versions: &[(12000, "cuKernelSetCacheConfig")], per_thread: &[] },
 ];
 
 #[cfg(test)]

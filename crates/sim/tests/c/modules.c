@@ -1,0 +1,204 @@
+/* Modules, libraries, kernels and functions, linked against libcuda (-lcuda): counting and
+ * enumerating an image's functions / kernels, their names, a kernel's library, the loading mode
+ * and a function's loading state, a kernel's cache preference, and the library symbols the image
+ * does not have, with the codes CUDA 13.5's cuda.h documents. The image is PTX (the driver
+ * loads PTX text as it loads a cubin).
+ *
+ * CUDA_MODULE_LOADING=EAGER in the environment: the program expects eager loading.
+ * Prints one line per failed check and "OK" at the end when none failed; exit status 0 then. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext;
+typedef void *CUmodule;
+typedef void *CUfunction;
+typedef void *CUlibrary;
+typedef void *CUkernel;
+
+CUresult cuInit(unsigned);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned, int);
+CUresult cuCtxDestroy_v2(CUcontext);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleUnload(CUmodule);
+CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult cuModuleGetGlobal_v2(CUdeviceptr *, size_t *, CUmodule, const char *);
+CUresult cuModuleGetFunctionCount(unsigned *, CUmodule);
+CUresult cuModuleEnumerateFunctions(CUfunction *, unsigned, CUmodule);
+CUresult cuModuleGetLoadingMode(unsigned *);
+CUresult cuFuncGetName(const char **, CUfunction);
+CUresult cuFuncGetModule(CUmodule *, CUfunction);
+CUresult cuFuncIsLoaded(unsigned *, CUfunction);
+CUresult cuFuncLoad(CUfunction);
+CUresult cuLibraryLoadData(CUlibrary *, const void *, void *, void *, unsigned, void *, void *, unsigned);
+CUresult cuLibraryUnload(CUlibrary);
+CUresult cuLibraryGetKernel(CUkernel *, CUlibrary, const char *);
+CUresult cuLibraryGetKernelCount(unsigned *, CUlibrary);
+CUresult cuLibraryEnumerateKernels(CUkernel *, unsigned, CUlibrary);
+CUresult cuLibraryGetUnifiedFunction(void **, CUlibrary, const char *);
+CUresult cuLibraryGetManaged(CUdeviceptr *, size_t *, CUlibrary, const char *);
+CUresult cuKernelGetName(const char **, CUkernel);
+CUresult cuKernelGetLibrary(CUlibrary *, CUkernel);
+CUresult cuKernelGetFunction(CUfunction *, CUkernel);
+CUresult cuKernelSetCacheConfig(CUkernel, int, int);
+
+#define INVALID_VALUE 1
+#define INVALID_DEVICE 101
+#define INVALID_HANDLE 400
+#define NOT_FOUND 500
+
+static int failures;
+#define EXPECT(call, want)                                                                  \
+    do {                                                                                    \
+        CUresult r_ = (call);                                                               \
+        if (r_ != (want)) {                                                                 \
+            printf("FAIL line %d: %s = %d, want %d\n", __LINE__, #call, r_, (int)(want));   \
+            failures++;                                                                     \
+        }                                                                                   \
+    } while (0)
+#define CHECK(cond)                                                                         \
+    do {                                                                                    \
+        if (!(cond)) {                                                                      \
+            printf("FAIL line %d: %s\n", __LINE__, #cond);                                  \
+            failures++;                                                                     \
+        }                                                                                   \
+    } while (0)
+
+static const char ptx[] =
+    ".version 8.8\n.target sm_80\n.address_size 64\n"
+    ".global .align 4 .b8 table[256];\n"
+    ".visible .entry sim_busy_ns(.param .u64 ns)\n{\n\tret;\n}\n"
+    ".visible .entry scale(.param .u64 p, .param .f32 k)\n{\n\tret;\n}\n"
+    ".weak .entry _Z3sumPfi(.param .u64 a, .param .u32 n)\n{\n\tret;\n}\n";
+static const char *names[3] = {"_Z3sumPfi", "scale", "sim_busy_ns"};
+
+/* Whether `name` is one of the image's kernels, each seen once. */
+static int seen[3];
+static void saw(const char *name) {
+    for (int i = 0; i < 3; i++)
+        if (name && strcmp(name, names[i]) == 0) {
+            CHECK(!seen[i]);
+            seen[i] = 1;
+            return;
+        }
+    printf("FAIL: unexpected name %s\n", name ? name : "(null)");
+    failures++;
+}
+
+int main(void) {
+    int eager = getenv("CUDA_MODULE_LOADING") && strcmp(getenv("CUDA_MODULE_LOADING"), "EAGER") == 0;
+    CUcontext ctx;
+    CUmodule mod, back;
+    CUfunction fs[4], f;
+    unsigned count = 0, mode = 0, state = 9;
+    const char *name;
+
+    EXPECT(cuInit(0), 0);
+    EXPECT(cuCtxCreate_v2(&ctx, 0, 0), 0);
+    EXPECT(cuModuleGetLoadingMode(&mode), 0);
+    CHECK(mode == (eager ? 1u : 2u));   /* CU_MODULE_EAGER_LOADING / CU_MODULE_LAZY_LOADING */
+    EXPECT(cuModuleGetLoadingMode(NULL), INVALID_VALUE);
+
+    /* ---- a module ---- */
+    EXPECT(cuModuleLoadData(&mod, ptx), 0);
+    EXPECT(cuModuleGetFunctionCount(&count, mod), 0);
+    CHECK(count == 3);
+    EXPECT(cuModuleGetFunctionCount(NULL, mod), INVALID_VALUE);
+    EXPECT(cuModuleGetFunctionCount(&count, (CUmodule)0x1234), INVALID_HANDLE);
+    memset(fs, 0, sizeof fs);
+    EXPECT(cuModuleEnumerateFunctions(fs, 4, mod), 0);
+    CHECK(fs[3] == NULL);   /* only `count` of them */
+    for (int i = 0; i < 3; i++) {
+        name = NULL;
+        EXPECT(cuFuncGetName(&name, fs[i]), 0);
+        saw(name);
+        EXPECT(cuModuleGetFunction(&f, mod, name), 0);
+        CHECK(f == fs[i]);   /* the same handle cuModuleGetFunction gives */
+        EXPECT(cuFuncGetModule(&back, fs[i]), 0);
+        CHECK(back == mod);
+    }
+    memset(fs, 0, sizeof fs);
+    EXPECT(cuModuleEnumerateFunctions(fs, 2, mod), 0);   /* at most numFunctions */
+    CHECK(fs[0] && fs[1] && !fs[2]);
+    EXPECT(cuModuleEnumerateFunctions(NULL, 2, mod), INVALID_VALUE);
+    EXPECT(cuModuleEnumerateFunctions(fs, 2, (CUmodule)0x1234), INVALID_HANDLE);
+    EXPECT(cuModuleGetFunction(&f, mod, "missing"), NOT_FOUND);
+    {
+        CUdeviceptr g;
+        size_t bytes;
+        EXPECT(cuModuleGetGlobal_v2(&g, &bytes, mod, "table"), 0);
+        CHECK(bytes == 256);
+        EXPECT(cuModuleGetGlobal_v2(&g, &bytes, mod, "missing"), NOT_FOUND);
+    }
+    /* Names: C linkage as is, C++ mangled; NULL arguments are INVALID_VALUE. */
+    EXPECT(cuModuleGetFunction(&f, mod, "_Z3sumPfi"), 0);
+    EXPECT(cuFuncGetName(&name, f), 0);
+    CHECK(strcmp(name, "_Z3sumPfi") == 0);
+    EXPECT(cuFuncGetName(NULL, f), INVALID_VALUE);
+    EXPECT(cuFuncGetName(&name, NULL), INVALID_VALUE);
+    /* Loading state: lazy until cuFuncLoad; eager at once. */
+    EXPECT(cuFuncIsLoaded(&state, f), 0);
+    CHECK(state == (eager ? 1u : 0u));
+    EXPECT(cuFuncLoad(f), 0);
+    EXPECT(cuFuncIsLoaded(&state, f), 0);
+    CHECK(state == 1);
+    EXPECT(cuFuncIsLoaded(NULL, f), INVALID_VALUE);
+    EXPECT(cuFuncLoad((CUfunction)0x1234), INVALID_HANDLE);
+    EXPECT(cuModuleUnload(mod), 0);
+    EXPECT(cuModuleGetFunctionCount(&count, mod), INVALID_HANDLE);
+
+    /* ---- a library ---- */
+    {
+        CUlibrary lib, klib;
+        CUkernel ks[4], k;
+        void *fp;
+        CUdeviceptr dp;
+        size_t bytes;
+        EXPECT(cuLibraryLoadData(&lib, ptx, NULL, NULL, 0, NULL, NULL, 0), 0);
+        EXPECT(cuLibraryGetKernelCount(&count, lib), 0);
+        CHECK(count == 3);
+        EXPECT(cuLibraryGetKernelCount(NULL, lib), INVALID_VALUE);
+        EXPECT(cuLibraryGetKernelCount(&count, (CUlibrary)0x1234), INVALID_HANDLE);
+        memset(ks, 0, sizeof ks);
+        memset(seen, 0, sizeof seen);
+        EXPECT(cuLibraryEnumerateKernels(ks, 4, lib), 0);
+        CHECK(ks[3] == NULL);
+        for (int i = 0; i < 3; i++) {
+            name = NULL;
+            EXPECT(cuKernelGetName(&name, ks[i]), 0);
+            saw(name);
+            EXPECT(cuLibraryGetKernel(&k, lib, name), 0);
+            CHECK(k == ks[i]);
+            EXPECT(cuKernelGetLibrary(&klib, ks[i]), 0);
+            CHECK(klib == lib);
+            EXPECT(cuKernelGetFunction(&f, ks[i]), 0);
+            EXPECT(cuFuncGetName(&name, f), 0);
+        }
+        EXPECT(cuKernelGetName(NULL, ks[0]), INVALID_VALUE);
+        EXPECT(cuKernelGetName(&name, NULL), INVALID_VALUE);
+        EXPECT(cuKernelGetLibrary(NULL, ks[0]), INVALID_VALUE);
+        EXPECT(cuKernelGetLibrary(&klib, (CUkernel)0x1234), INVALID_HANDLE);
+        EXPECT(cuLibraryEnumerateKernels(NULL, 1, lib), INVALID_VALUE);
+        /* No unified functions or managed variables in this image. */
+        EXPECT(cuLibraryGetUnifiedFunction(&fp, lib, "scale"), NOT_FOUND);
+        EXPECT(cuLibraryGetUnifiedFunction(NULL, lib, "scale"), INVALID_VALUE);
+        EXPECT(cuLibraryGetUnifiedFunction(&fp, (CUlibrary)0x1234, "scale"), INVALID_HANDLE);
+        EXPECT(cuLibraryGetManaged(&dp, &bytes, lib, "table"), NOT_FOUND);
+        EXPECT(cuLibraryGetManaged(NULL, NULL, lib, "table"), INVALID_VALUE);
+        /* Cache preference: CUfunc_cache values, a valid device. */
+        EXPECT(cuKernelSetCacheConfig(ks[0], 1 /* PREFER_SHARED */, 0), 0);
+        EXPECT(cuKernelSetCacheConfig(ks[0], 4, 0), INVALID_VALUE);
+        EXPECT(cuKernelSetCacheConfig(ks[0], 1, 7), INVALID_DEVICE);
+        EXPECT(cuKernelSetCacheConfig((CUkernel)0x1234, 1, 0), INVALID_HANDLE);
+        EXPECT(cuLibraryUnload(lib), 0);
+        EXPECT(cuKernelGetLibrary(&klib, ks[0]), INVALID_HANDLE);
+        EXPECT(cuLibraryGetKernelCount(&count, lib), INVALID_HANDLE);
+    }
+    EXPECT(cuCtxDestroy_v2(ctx), 0);
+    if (failures == 0)
+        printf("OK\n");
+    return failures != 0;
+}
