@@ -25,6 +25,7 @@ mod export_table;
 mod stream;
 mod tensor_map;
 
+mod link;
 mod mem;
 mod module_info;
 mod occupancy;
@@ -249,7 +250,6 @@ macro_rules! not_supported {
 }
 
 not_supported! {
-    cuLinkCreate_v2 cuLinkAddData_v2 cuLinkAddFile_v2 cuLinkComplete cuLinkDestroy
     cuImportExternalMemory cuExternalMemoryGetMappedBuffer cuDestroyExternalMemory
     cuImportExternalSemaphore cuSignalExternalSemaphoresAsync cuWaitExternalSemaphoresAsync
     cuDestroyExternalSemaphore cuGraphicsUnregisterResource cuGraphicsMapResources

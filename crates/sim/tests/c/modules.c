@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -44,11 +45,22 @@ CUresult cuKernelGetName(const char **, CUkernel);
 CUresult cuKernelGetLibrary(CUlibrary *, CUkernel);
 CUresult cuKernelGetFunction(CUfunction *, CUkernel);
 CUresult cuKernelSetCacheConfig(CUkernel, int, int);
+typedef void *CUlinkState;
+CUresult cuLinkCreate_v2(unsigned, int *, void **, CUlinkState *);
+CUresult cuLinkAddData_v2(CUlinkState, int, void *, size_t, const char *, unsigned, int *, void **);
+CUresult cuLinkAddFile_v2(CUlinkState, int, const char *, unsigned, int *, void **);
+CUresult cuLinkComplete(CUlinkState, void **, size_t *);
+CUresult cuLinkDestroy(CUlinkState);
 
 #define INVALID_VALUE 1
 #define INVALID_DEVICE 101
 #define INVALID_HANDLE 400
 #define NOT_FOUND 500
+#define INVALID_IMAGE 200
+#define INVALID_PTX 218
+#define FILE_NOT_FOUND 301
+enum { JIT_WALL_TIME = 2, JIT_INFO_LOG_BUFFER = 3, JIT_INFO_LOG_BUFFER_SIZE_BYTES = 4 };
+enum { IN_CUBIN = 0, IN_PTX = 1, IN_FATBINARY = 2, IN_OBJECT = 3 };
 
 static int failures;
 #define EXPECT(call, want)                                                                  \
@@ -196,6 +208,76 @@ int main(void) {
         EXPECT(cuLibraryUnload(lib), 0);
         EXPECT(cuKernelGetLibrary(&klib, ks[0]), INVALID_HANDLE);
         EXPECT(cuLibraryGetKernelCount(&count, lib), INVALID_HANDLE);
+    }
+
+    /* ---- JIT linking: two PTX inputs in memory and one from a file make one image ---- */
+    {
+        static char ptx_a[] = ".version 8.8\n.target sm_80\n.address_size 64\n"
+                              ".global .align 4 .b8 counts[64];\n"
+                              ".visible .entry first(.param .u64 p)\n{\n\tret;\n}\n";
+        static char ptx_b[] = ".version 8.8\n.target sm_80\n.address_size 64\n"
+                              ".visible .entry second(.param .u64 p)\n{\n\tret;\n}\n";
+        static const char ptx_c[] = ".version 8.8\n.target sm_80\n.address_size 64\n"
+                                    ".visible .entry third()\n{\n\tret;\n}\n";
+        char path[64], log[64];
+        CUlinkState st;
+        void *cubin = NULL;
+        size_t size = 0;
+        float wall = -1.0f;
+        int keys[3] = {JIT_WALL_TIME, JIT_INFO_LOG_BUFFER, JIT_INFO_LOG_BUFFER_SIZE_BYTES};
+        void *vals[3] = {NULL, log, (void *)(uintptr_t)sizeof log};
+        int bad_key[1] = {JIT_WALL_TIME};
+        void *bad_val[1] = {NULL};
+        snprintf(path, sizeof path, "/tmp/cuvisor-link-%d.ptx", (int)getpid());
+        FILE *fp = fopen(path, "w");
+        CHECK(fp != NULL);
+        if (fp) {
+            fputs(ptx_c, fp);
+            fclose(fp);
+        }
+        memset(log, 'x', sizeof log);
+        memcpy(&vals[0], &wall, sizeof wall);   /* -1.0f until the link writes it */
+        EXPECT(cuLinkCreate_v2(1, NULL, NULL, &st), INVALID_VALUE);
+        EXPECT(cuLinkCreate_v2(0, NULL, NULL, NULL), INVALID_VALUE);
+        EXPECT(cuLinkCreate_v2(3, keys, vals, &st), 0);
+        EXPECT(cuLinkAddData_v2(st, IN_PTX, ptx_a, sizeof ptx_a, "a", 0, NULL, NULL), 0);
+        EXPECT(cuLinkAddData_v2(st, IN_PTX, ptx_b, sizeof ptx_b, "b", 0, NULL, NULL), 0);
+        EXPECT(cuLinkAddFile_v2(st, IN_PTX, path, 0, NULL, NULL), 0);
+        EXPECT(cuLinkAddFile_v2(st, IN_PTX, "/nonexistent/x.ptx", 0, NULL, NULL), FILE_NOT_FOUND);
+        /* Inputs that are not what their type says; types and options it refuses. */
+        EXPECT(cuLinkAddData_v2(st, IN_CUBIN, ptx_a, sizeof ptx_a, "a", 0, NULL, NULL), INVALID_IMAGE);
+        EXPECT(cuLinkAddData_v2(st, IN_FATBINARY, ptx_a, sizeof ptx_a, "a", 0, NULL, NULL), INVALID_IMAGE);
+        EXPECT(cuLinkAddData_v2(st, IN_PTX, "hello", 6, "h", 0, NULL, NULL), INVALID_PTX);
+        EXPECT(cuLinkAddData_v2(st, 6, ptx_a, sizeof ptx_a, "a", 0, NULL, NULL), INVALID_VALUE);
+        EXPECT(cuLinkAddData_v2(st, IN_PTX, NULL, 10, "a", 0, NULL, NULL), INVALID_VALUE);
+        EXPECT(cuLinkAddData_v2(st, IN_PTX, ptx_b, sizeof ptx_b, "b", 1, bad_key, bad_val), INVALID_VALUE);
+        EXPECT(cuLinkAddData_v2((CUlinkState)0x1234, IN_PTX, ptx_b, sizeof ptx_b, "b", 0, NULL, NULL), INVALID_HANDLE);
+        EXPECT(cuLinkComplete(st, NULL, &size), INVALID_VALUE);
+        EXPECT(cuLinkComplete(st, &cubin, &size), 0);
+        CHECK(cubin != NULL && size > 0);
+        CHECK(memcmp(cubin, "\x7f" "ELF", 4) == 0);
+        memcpy(&wall, &vals[0], sizeof wall);
+        CHECK(wall >= 0.0f);   /* overwritten with the time spent, a float in the slot */
+        CHECK(log[0] == 0);   /* an empty log */
+        /* The linked image loads, with every input's kernels and variables. */
+        EXPECT(cuModuleLoadData(&mod, cubin), 0);
+        EXPECT(cuModuleGetFunctionCount(&count, mod), 0);
+        CHECK(count == 3);
+        EXPECT(cuModuleGetFunction(&f, mod, "first"), 0);
+        EXPECT(cuModuleGetFunction(&f, mod, "second"), 0);
+        EXPECT(cuModuleGetFunction(&f, mod, "third"), 0);
+        EXPECT(cuModuleGetFunction(&f, mod, "missing"), NOT_FOUND);
+        {
+            CUdeviceptr g;
+            size_t bytes;
+            EXPECT(cuModuleGetGlobal_v2(&g, &bytes, mod, "counts"), 0);
+            CHECK(bytes == 64);
+        }
+        EXPECT(cuModuleUnload(mod), 0);
+        EXPECT(cuLinkDestroy(st), 0);
+        EXPECT(cuLinkDestroy(st), INVALID_HANDLE);
+        EXPECT(cuLinkComplete(st, &cubin, &size), INVALID_HANDLE);
+        remove(path);
     }
     EXPECT(cuCtxDestroy_v2(ctx), 0);
     if (failures == 0)
