@@ -108,7 +108,9 @@ fn set_limit(limit: i32, value: usize) -> Res {
         // "purely a performance hint and it can be ignored or clamped": clamped to the device's
         // CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE (0 where there is no set-aside).
         PERSISTING_L2_CACHE_SIZE => {
-            let max = device::attribute(&d.sim.model, c.dev, 108).unwrap_or(0).max(0) as usize;
+            let max = device::attribute(&d.sim.model, c.dev, 108)
+                .unwrap_or(0)
+                .max(0) as usize;
             value.min(max)
         }
         CIG_SHMEM_FALLBACK_ENABLED => (value != 0) as usize,
@@ -117,7 +119,9 @@ fn set_limit(limit: i32, value: usize) -> Res {
         SHMEM_SIZE | CIG_ENABLED => return Err(UNSUPPORTED_LIMIT),
         _ => return Err(err::INVALID_VALUE),
     };
-    with(c.id, |s| s.limits.get_or_insert_with(defaults)[limit as usize] = v);
+    with(c.id, |s| {
+        s.limits.get_or_insert_with(defaults)[limit as usize] = v
+    });
     Ok(())
 }
 

@@ -204,7 +204,10 @@ pub(crate) fn ctx_record(ch: usize, ev: CUevent) -> Res {
     }
     let tail = ctx::get(ch as CUcontext)?.work_tail.load(Acquire);
     // The latest end seen so far, and how many streams have still to report (plus this call).
-    let acc = Arc::new((AtomicU64::new(tail), std::sync::atomic::AtomicUsize::new(all.len() + 1)));
+    let acc = Arc::new((
+        AtomicU64::new(tail),
+        std::sync::atomic::AtomicUsize::new(all.len() + 1),
+    ));
     let finish = |e: &Event, acc: &(AtomicU64, std::sync::atomic::AtomicUsize)| {
         if acc.1.fetch_sub(1, AcqRel) == 1 {
             e.set(acc.0.load(Acquire).max(now_ns()));

@@ -6,10 +6,13 @@
 //! duration the caller picks (`sim_busy*` kernels: their first u64 parameter, in ns).
 //!
 //! Layout, by chapter of the driver API: the C boundary's helpers and the export macro here;
-//! `device` device queries and attributes; `ctx` contexts; `mem` allocation and pools; `array`
+//! `device` device queries and attributes; `ctx` contexts, `ctx_config` their limits, cache
+//! preference and whole-context events, `peer` peer access; `mem` allocation and pools;
+//! `pointer` page-locked host memory and pointer attributes; `array`
 //! CUDA arrays, texture and surface objects; `copy` copies and memsets; `stream` streams, host
 //! functions, memory operations and the profiler switches; `event` events and IPC events; `exec`
-//! modules, launches and graphs; `occupancy` function attributes and the occupancy calculator;
+//! modules, launches and graphs, `module_info` what modules and libraries are asked, `link` JIT
+//! linking; `tensor_map` tensor maps; `occupancy` function attributes and the occupancy calculator;
 //! `procaddr` cuGetProcAddress; `export_table` cuGetExportTable, the private tables NVIDIA's
 //! runtime asks for.
 #![allow(clippy::missing_safety_doc)]

@@ -65,7 +65,11 @@ fn links() -> &'static Registry<Link> {
 }
 
 /// `n` options and values, either array missing while `n` > 0 is INVALID_VALUE.
-fn options(n: c_uint, keys: *const c_uint, values: *mut *mut c_void) -> Result<Vec<(c_uint, *mut *mut c_void)>, CUresult> {
+fn options(
+    n: c_uint,
+    keys: *const c_uint,
+    values: *mut *mut c_void,
+) -> Result<Vec<(c_uint, *mut *mut c_void)>, CUresult> {
     if n == 0 {
         return Ok(Vec::new());
     }
@@ -95,7 +99,14 @@ fn create(n: c_uint, keys: *const c_uint, values: *mut *mut c_void, out: *mut *m
 /// One input: checked against its declared type (a cubin is an ELF image, a fat binary starts
 /// with its magic: CUDA_ERROR_INVALID_IMAGE otherwise; PTX that does not read as PTX is
 /// CUDA_ERROR_INVALID_PTX), then what it defines joins the link.
-fn add(h: *mut c_void, ty: c_uint, bytes: &[u8], n: c_uint, keys: *const c_uint, values: *mut *mut c_void) -> Res {
+fn add(
+    h: *mut c_void,
+    ty: c_uint,
+    bytes: &[u8],
+    n: c_uint,
+    keys: *const c_uint,
+    values: *mut *mut c_void,
+) -> Res {
     let l = links().get(h as usize)?;
     if ty >= NUM_INPUT_TYPES {
         return Err(err::INVALID_VALUE);
@@ -103,13 +114,25 @@ fn add(h: *mut c_void, ty: c_uint, bytes: &[u8], n: c_uint, keys: *const c_uint,
     // "does not accept any of CU_JIT_WALL_TIME, CU_JIT_INFO_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER,
     // CU_JIT_TARGET_FROM_CUCONTEXT, or CU_JIT_TARGET" (cuLinkAddData, cuda.h).
     for (k, _) in options(n, keys, values)? {
-        if matches!(k, JIT_WALL_TIME | JIT_INFO_LOG_BUFFER | JIT_ERROR_LOG_BUFFER | JIT_TARGET_FROM_CUCONTEXT | JIT_TARGET) {
+        if matches!(
+            k,
+            JIT_WALL_TIME
+                | JIT_INFO_LOG_BUFFER
+                | JIT_ERROR_LOG_BUFFER
+                | JIT_TARGET_FROM_CUCONTEXT
+                | JIT_TARGET
+        ) {
             return Err(err::INVALID_VALUE);
         }
     }
     let img = match ty {
         INPUT_CUBIN if !bytes.starts_with(b"\x7fELF") => return Err(err::INVALID_IMAGE),
-        INPUT_FATBINARY if bytes.get(..4).map(|m| u32::from_le_bytes([m[0], m[1], m[2], m[3]])) != Some(FATBIN_MAGIC) => {
+        INPUT_FATBINARY
+            if bytes
+                .get(..4)
+                .map(|m| u32::from_le_bytes([m[0], m[1], m[2], m[3]]))
+                != Some(FATBIN_MAGIC) =>
+        {
             return Err(err::INVALID_IMAGE)
         }
         INPUT_CUBIN | INPUT_PTX | INPUT_FATBINARY => image::from_bytes(bytes),
@@ -123,11 +146,14 @@ fn add(h: *mut c_void, ty: c_uint, bytes: &[u8], n: c_uint, keys: *const c_uint,
     match &img {
         Image::Known(s) => {
             st.kernels.extend(s.kernels.iter().cloned());
-            st.globals.extend(s.globals.iter().map(|(k, v)| (k.clone(), *v)));
+            st.globals
+                .extend(s.globals.iter().map(|(k, v)| (k.clone(), *v)));
         }
         Image::Fat(f) => {
-            st.globals.extend(f.globals.iter().map(|(k, v)| (k.clone(), *v)));
-            st.kernels.extend(image::resources::for_arch(bytes, l.sm).into_keys());
+            st.globals
+                .extend(f.globals.iter().map(|(k, v)| (k.clone(), *v)));
+            st.kernels
+                .extend(image::resources::for_arch(bytes, l.sm).into_keys());
         }
         Image::Opaque | Image::Unsized(_) => {}
     }
@@ -165,7 +191,10 @@ fn write_outputs(l: &Link) -> Res {
                     JIT_ERROR_LOG_BUFFER_SIZE_BYTES
                 };
                 let buf = read(*slot)? as *mut c_char;
-                let size = value(size_key).map(|v| read(v).map(|p| p as usize)).transpose()?.unwrap_or(0);
+                let size = value(size_key)
+                    .map(|v| read(v).map(|p| p as usize))
+                    .transpose()?
+                    .unwrap_or(0);
                 if !buf.is_null() && size > 0 {
                     write(buf, 0)?;
                 }

@@ -10,7 +10,7 @@
 //! binary's cubin for the device (the current context's, else device 0). An image it cannot read
 //! counts no kernels (a limitation: its kernels still resolve by name).
 
-use crate::{ctx, cstr, drv, exec, export, write, Res};
+use crate::{cstr, ctx, drv, exec, export, write, Res};
 use cuvisor_cuda_abi::cuda::{err, CUfunction, CUmodule, CUresult};
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_uint, c_void, CString};

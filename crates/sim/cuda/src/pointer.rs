@@ -130,8 +130,12 @@ fn register(p: *mut c_void, size: usize, flags: c_uint) -> Res {
         return Err(err::INVALID_VALUE);
     }
     if flags & MEMHOSTREGISTER_READ_ONLY != 0
-        && device::attribute(&drv()?.sim.model, c.dev, ATTR_READ_ONLY_HOST_REGISTER_SUPPORTED)
-            .unwrap_or(0)
+        && device::attribute(
+            &drv()?.sim.model,
+            c.dev,
+            ATTR_READ_ONLY_HOST_REGISTER_SUPPORTED,
+        )
+        .unwrap_or(0)
             == 0
     {
         return Err(err::NOT_SUPPORTED);
@@ -251,14 +255,14 @@ fn attribute(data: *mut c_void, attr: c_int, ptr: CUdeviceptr) -> Res {
         P2P_TOKENS => match class {
             Some(Class::Device) => {
                 lock(sync_memops()).insert(id);
-                write(
-                    data as *mut [u64; 2],
-                    [id, std::process::id() as u64],
-                )
+                write(data as *mut [u64; 2], [id, std::process::id() as u64])
             }
             _ => Err(err::INVALID_VALUE),
         },
-        SYNC_MEMOPS => write(data as *mut c_int, lock(sync_memops()).contains(&id) as c_int),
+        SYNC_MEMOPS => write(
+            data as *mut c_int,
+            lock(sync_memops()).contains(&id) as c_int,
+        ),
         BUFFER_ID => w_u64(id),
         CU_POINTER_ATTRIBUTE_IS_MANAGED => {
             write(data as *mut c_int, (class == Some(Class::Managed)) as c_int)
@@ -278,7 +282,10 @@ fn attribute(data: *mut c_void, attr: c_int, ptr: CUdeviceptr) -> Res {
         // GPU_DIRECT_RDMA_SUPPORTED (every simulated GPU); not on managed or host memory.
         IS_GPU_DIRECT_RDMA_CAPABLE => write(
             data as *mut c_int,
-            matches!(class, Some(Class::Device | Class::Pool(_) | Class::Mapped(_))) as c_int,
+            matches!(
+                class,
+                Some(Class::Device | Class::Pool(_) | Class::Mapped(_))
+            ) as c_int,
         ),
         // The current context's device's access: read-write to its own memory, to host and
         // managed memory, and to a peer's where that context enabled access; none otherwise.

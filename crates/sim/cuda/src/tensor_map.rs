@@ -58,10 +58,10 @@ fn check(ok: bool) -> Res {
 /// in 8 bytes (ALIGN8B), 16 U4s or 16 U6s in 16 bytes (ALIGN16B, with gaps).
 fn element_bits(dt: u32) -> Option<u64> {
     Some(match dt {
-        0 => 8,                        // UINT8
-        1 | 6 | 9 => 16,               // UINT16, FLOAT16, BFLOAT16
+        0 => 8,                         // UINT8
+        1 | 6 | 9 => 16,                // UINT16, FLOAT16, BFLOAT16
         2 | 3 | 7 | 10 | 11 | 12 => 32, // UINT32, INT32, FLOAT32, FLOAT32_FTZ, TFLOAT32(_FTZ)
-        4 | 5 | 8 => 64,               // UINT64, INT64, FLOAT64
+        4 | 5 | 8 => 64,                // UINT64, INT64, FLOAT64
         DT_16U4_ALIGN8B => 4,
         DT_16U4_ALIGN16B | DT_16U6_ALIGN16B => 8,
         _ => return None,
@@ -134,7 +134,7 @@ fn common(
     // needed.
     ctx::current()?;
     // "tensorMap address must be aligned to 64 bytes."
-    check(!map.is_null() && (map as usize) % 64 == 0)?;
+    check(!map.is_null() && (map as usize).is_multiple_of(64))?;
     check(element_bits(dt).is_some())?;
     check(interleave <= 2 && swizzle <= 6 && l2 <= 3 && oob <= 1)?;
     // Tiled: "non-zero and less than or equal to ... 5. If interleave is not NONE, ... >= 3";
@@ -142,19 +142,27 @@ fn common(
     check(ranks.contains(&rank))?;
     check(interleave == INTERLEAVE_NONE || rank >= 3)?;
     let addr = addr as u64;
-    check(addr % address_alignment(dt, interleave) == 0)?;
+    check(addr.is_multiple_of(address_alignment(dt, interleave)))?;
     let n = rank as usize;
     // globalDim: "non-zero and less than or equal to 2^31"; packed: globalDim[0] a multiple of 128
     // (ALIGN16B types) or of 2 (16U4_ALIGN8B).
     let dims = read_n(dims, n)?;
     check(dims.iter().all(|&d| (1..=1 << 31).contains(&d)))?;
-    check(!packed16(dt) || dims[0] % 128 == 0)?;
-    check(dt != DT_16U4_ALIGN8B || dims[0] % 2 == 0)?;
+    check(!packed16(dt) || dims[0].is_multiple_of(128))?;
+    check(dt != DT_16U4_ALIGN8B || dims[0].is_multiple_of(2))?;
     // globalStrides (rank - 1 of them): "a multiple of 16 and less than 2^40"; a multiple of 32
     // with INTERLEAVE_32B or the ALIGN16B types.
-    let strides = if n > 1 { read_n(strides, n - 1)? } else { Vec::new() };
-    let stride_unit = if interleave == INTERLEAVE_32B || packed16(dt) { 32 } else { 16 };
-    check(strides.iter().all(|&s| s % stride_unit == 0 && s < 1 << 40))?;
+    let strides = if n > 1 {
+        read_n(strides, n - 1)?
+    } else {
+        Vec::new()
+    };
+    let stride_unit = if interleave == INTERLEAVE_32B || packed16(dt) {
+        32
+    } else {
+        16
+    };
+    check(strides.iter().all(|&s| s.is_multiple_of(stride_unit) && s < 1 << 40))?;
     // elementStrides: "non-zero and less than or equal to 8".
     let estrides = read_n(estrides, n)?;
     check(estrides.iter().all(|&e| (1..=8).contains(&e)))?;
@@ -185,7 +193,10 @@ fn packed_swizzle(c: &Common) -> Res {
             c.swizzle,
             SWIZZLE_NONE | SWIZZLE_128B | SWIZZLE_128B_ATOM_32B | SWIZZLE_128B_ATOM_64B
         ),
-        DT_16U4_ALIGN16B => matches!(c.swizzle, SWIZZLE_NONE | SWIZZLE_128B | SWIZZLE_128B_ATOM_32B),
+        DT_16U4_ALIGN16B => matches!(
+            c.swizzle,
+            SWIZZLE_NONE | SWIZZLE_128B | SWIZZLE_128B_ATOM_32B
+        ),
         _ => true,
     };
     check(ok)
@@ -219,7 +230,7 @@ fn encode(map: *mut Map, kind: u64, c: &Common, boxed: u64, rest: [u64; 3]) -> R
 
 /// A map this simulator encoded, or CUDA_ERROR_INVALID_VALUE.
 fn decode(map: *mut Map) -> Result<Map, CUresult> {
-    check(!map.is_null() && (map as usize) % 64 == 0)?;
+    check(!map.is_null() && (map as usize).is_multiple_of(64))?;
     let m: Map = read(map)?;
     check(m[0] & !0xff == MAGIC && (KIND_TILED..=KIND_IM2COL_WIDE).contains(&(m[0] & 0xff)))?;
     Ok(m)
@@ -240,16 +251,31 @@ fn encode_tiled(
     l2: u32,
     oob: u32,
 ) -> Res {
-    let c = common(map, dt, rank, 1..=5, addr, dims, strides, estrides, interleave, swizzle, l2, oob)?;
+    let c = common(
+        map,
+        dt,
+        rank,
+        1..=5,
+        addr,
+        dims,
+        strides,
+        estrides,
+        interleave,
+        swizzle,
+        l2,
+        oob,
+    )?;
     // boxDim: "non-zero and less than or equal to 256"; with INTERLEAVE_NONE "boxDim[0] *
     // elementSizeInBytes must be a multiple of 16 bytes"; ALIGN16B types: "boxDim[0] must be 128".
     let b = read_n(box_dim, rank as usize)?;
     check(b.iter().all(|&x| (1..=256).contains(&x)))?;
     let inner = inner_bytes(b[0] as u64, dt);
-    check(interleave != INTERLEAVE_NONE || inner % 16 == 0)?;
+    check(interleave != INTERLEAVE_NONE || inner.is_multiple_of(16))?;
     check(!packed16(dt) || b[0] == 128)?;
     // INTERLEAVE_NONE with a swizzle: the box's inner dimension fits the swizzle span.
-    check(interleave != INTERLEAVE_NONE || swizzle == SWIZZLE_NONE || inner <= swizzle_span(swizzle))?;
+    check(
+        interleave != INTERLEAVE_NONE || swizzle == SWIZZLE_NONE || inner <= swizzle_span(swizzle),
+    )?;
     // "When interleave is CU_TENSOR_MAP_INTERLEAVE_32B, swizzle must be CU_TENSOR_MAP_SWIZZLE_32B."
     check(interleave != INTERLEAVE_32B || swizzle == SWIZZLE_32B)?;
     packed_swizzle(&c)?;
@@ -288,7 +314,20 @@ fn encode_im2col(
     l2: u32,
     oob: u32,
 ) -> Res {
-    let c = common(map, dt, rank, 3..=5, addr, dims, strides, estrides, interleave, swizzle, l2, oob)?;
+    let c = common(
+        map,
+        dt,
+        rank,
+        3..=5,
+        addr,
+        dims,
+        strides,
+        estrides,
+        interleave,
+        swizzle,
+        l2,
+        oob,
+    )?;
     // rank - 2 spatial offsets {D, H, W}, outermost first; the layout is N[D][H]WC, so offset j
     // is dimension rank - 2 - j of globalDim (innermost first).
     let n = rank as usize - 2;
@@ -327,7 +366,11 @@ fn pixel_box(c: &Common, channels: u32, pixels: u32, pixels_count: bool) -> Res 
     check(!packed16(c.dt) || channels == 128)?;
     check(!pixels_count || (1..=1024).contains(&pixels))?;
     let inner = inner_bytes(channels as u64, c.dt);
-    check(c.interleave != INTERLEAVE_NONE || c.swizzle == SWIZZLE_NONE || inner <= swizzle_span(c.swizzle))
+    check(
+        c.interleave != INTERLEAVE_NONE
+            || c.swizzle == SWIZZLE_NONE
+            || inner <= swizzle_span(c.swizzle),
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -349,7 +392,20 @@ fn encode_im2col_wide(
     l2: u32,
     oob: u32,
 ) -> Res {
-    let c = common(map, dt, rank, 3..=5, addr, dims, strides, estrides, interleave, swizzle, l2, oob)?;
+    let c = common(
+        map,
+        dt,
+        rank,
+        3..=5,
+        addr,
+        dims,
+        strides,
+        estrides,
+        interleave,
+        swizzle,
+        l2,
+        oob,
+    )?;
     // mode: CU_TENSOR_MAP_IM2COL_WIDE_MODE_W (0) or _W128 (1).
     check(mode <= 1)?;
     // The W offsets are "within range [-32768, 32767]" and the box has non-zero area along W
@@ -392,7 +448,7 @@ export! {
         ctx::current()?;
         let mut m = decode(map)?;
         let (dt, interleave) = ((m[2] & 0xff) as u32, ((m[2] >> 16) & 0xff) as u32);
-        check((addr as u64) % address_alignment(dt, interleave) == 0)?;
+        check((addr as u64).is_multiple_of(address_alignment(dt, interleave)))?;
         m[1] = addr as u64;
         crate::write(map, m)
     }
