@@ -3,7 +3,7 @@
 //! `cuda.h`), prints one line per failed check and `OK` when none failed.
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Builds `tests/c/NAME.c` against the simulated libcuda and runs it on `preset`; it must exit 0
@@ -14,8 +14,18 @@ fn chapter(name: &str, preset: &str) {
 
 /// As [`chapter`], with `env` set for the program.
 fn chapter_env(name: &str, preset: &str, env: &[(&str, &str)]) {
-    // Runs of one program differ by preset and environment: each has its own files.
-    let tag: String = env.iter().map(|(_, v)| format!("-{v}")).collect();
+    chapter_run(name, preset, env, &[]);
+}
+
+/// As [`chapter_env`], with arguments for the program.
+fn chapter_run(name: &str, preset: &str, env: &[(&str, &str)], args: &[&str]) {
+    // Runs of one program differ by preset, environment and arguments: each has its own files.
+    let tag: String = env
+        .iter()
+        .map(|(_, v)| *v)
+        .chain(args.first().copied())
+        .map(|v| format!("-{v}"))
+        .collect();
     let dir = common::sim_dir();
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/c")
@@ -34,6 +44,7 @@ fn chapter_env(name: &str, preset: &str, env: &[(&str, &str)]) {
     assert!(status.success(), "compiling {}", src.display());
     let state = common::state_file(&format!("{name}-{preset}{tag}"));
     let mut cmd = Command::new(&exe);
+    cmd.args(args);
     common::sim_env(&mut cmd, preset, &state);
     cmd.envs(env.iter().copied());
     let out = cmd.output().expect("run the program");
@@ -83,4 +94,79 @@ fn modules_and_libraries_count_enumerate_and_name_their_kernels_lazily_loaded() 
 #[test]
 fn modules_under_eager_loading() {
     chapter_env("modules", "single", &[("CUDA_MODULE_LOADING", "EAGER")]);
+}
+
+/// nvcc and what it needs (the versions cudart_nvcc.rs installs, so the venv is shared).
+const WHEELS: &[(&str, &str)] = &[
+    ("nvidia-cuda-nvcc", "13.5.37"),
+    ("nvidia-nvvm", "13.5.37"),
+    ("nvidia-cuda-crt", "13.5.37"),
+    ("nvidia-cuda-runtime", "13.5.37"),
+];
+
+/// `cudart/module_kernels.cu` built by nvcc 13.5 with `flags` into `out_name` in the profile
+/// directory; None (after a SKIPPED line, or a failure under CI) where the wheels cannot be had.
+fn nvcc_image(test: &str, flags: &[&str], out_name: &str) -> Option<PathBuf> {
+    use cuvisor_testkit::wheels::{venv, Deps};
+    let venv = venv(test, "nvcc-13.5.37", WHEELS, Deps::None)?;
+    let cu13 = std::fs::read_dir(venv.join("lib"))
+        .expect("venv/lib")
+        .flatten()
+        .map(|py| py.path().join("site-packages/nvidia/cu13"))
+        .find(|p| p.join("bin/nvcc").exists())
+        .expect("nvidia/cu13/bin/nvcc in the venv");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cudart/module_kernels.cu");
+    let out =
+        cuvisor_testkit::profile_dir_of_test().join(format!("{out_name}-{}", std::process::id()));
+    let ran = Command::new(cu13.join("bin/nvcc"))
+        .args(flags)
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .output()
+        .expect("run nvcc");
+    assert!(
+        ran.status.success(),
+        "nvcc {flags:?}: {}\n{}",
+        ran.status,
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    Some(out)
+}
+
+/// The kernels of module_kernels.cu, as the image names them.
+const NVCC_KERNELS: &[&str] = &["k_alpha", "_Z6k_betaPii", "_Z7k_gammaIdEvPT_"];
+
+/// An nvcc-built image of each kind, loaded as a module and a library and linked, counts and
+/// names exactly its kernels (`c/modules.c`'s image mode). The image is removed whether the
+/// check passes or not.
+#[test]
+fn nvcc_built_cubin_fatbin_and_ptx_count_enumerate_and_link() {
+    let test = "nvcc_built_cubin_fatbin_and_ptx_count_enumerate_and_link";
+    let kinds: [(&str, &[&str], &str); 3] = [
+        ("0", &["-cubin", "-arch=sm_80"], "module-kernels.cubin"),
+        (
+            "2",
+            &[
+                "-fatbin",
+                "-gencode=arch=compute_80,code=sm_80",
+                "-gencode=arch=compute_86,code=sm_86",
+                "-gencode=arch=compute_80,code=compute_80",
+            ],
+            "module-kernels.fatbin",
+        ),
+        ("1", &["-ptx", "-arch=sm_80"], "module-kernels.ptx"),
+    ];
+    for (ty, flags, out) in kinds {
+        let Some(image) = nvcc_image(test, flags, out) else {
+            return;
+        };
+        let mut args = vec![ty, image.to_str().unwrap()];
+        args.extend_from_slice(NVCC_KERNELS);
+        let ran = std::panic::catch_unwind(|| chapter_run("modules", "single", &[], &args));
+        let _ = std::fs::remove_file(&image);
+        if let Err(e) = ran {
+            std::panic::resume_unwind(e);
+        }
+    }
 }

@@ -162,7 +162,11 @@ fn common(
     } else {
         16
     };
-    check(strides.iter().all(|&s| s.is_multiple_of(stride_unit) && s < 1 << 40))?;
+    check(
+        strides
+            .iter()
+            .all(|&s| s.is_multiple_of(stride_unit) && s < 1 << 40),
+    )?;
     // elementStrides: "non-zero and less than or equal to 8".
     let estrides = read_n(estrides, n)?;
     check(estrides.iter().all(|&e| (1..=8).contains(&e)))?;

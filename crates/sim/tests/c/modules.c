@@ -5,6 +5,10 @@
  * loads PTX text as it loads a cubin).
  *
  * CUDA_MODULE_LOADING=EAGER in the environment: the program expects eager loading.
+ *
+ *   modules TYPE PATH NAME...   an image nvcc built (TYPE: the CUjitInputType, 0 cubin, 1 PTX,
+ *                               2 fat binary): loaded from the file as a module and as a library,
+ *                               and linked, it must count and name exactly the kernels NAME...
  * Prints one line per failed check and "OK" at the end when none failed; exit status 0 then. */
 #include <stdint.h>
 #include <stdio.h>
@@ -24,6 +28,8 @@ CUresult cuInit(unsigned);
 CUresult cuCtxCreate_v2(CUcontext *, unsigned, int);
 CUresult cuCtxDestroy_v2(CUcontext);
 CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleLoad(CUmodule *, const char *);
+CUresult cuLibraryLoadFromFile(CUlibrary *, const char *, void *, void *, unsigned, void *, void *, unsigned);
 CUresult cuModuleUnload(CUmodule);
 CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
 CUresult cuModuleGetGlobal_v2(CUdeviceptr *, size_t *, CUmodule, const char *);
@@ -100,7 +106,70 @@ static void saw(const char *name) {
     failures++;
 }
 
-int main(void) {
+/* Loads the image at `path` as a module, a library and a link input; each must define exactly
+ * the kernels `want`. */
+static int image_mode(int type, const char *path, int n, char **want) {
+    CUcontext ctx;
+    CUmodule mod;
+    CUlibrary lib;
+    CUlinkState st;
+    CUfunction fs[16];
+    CUkernel ks[16];
+    unsigned count = 0;
+    const char *name;
+    void *cubin;
+    size_t size;
+    EXPECT(cuInit(0), 0);
+    EXPECT(cuCtxCreate_v2(&ctx, 0, 0), 0);
+    EXPECT(cuModuleLoad(&mod, path), 0);
+    EXPECT(cuModuleGetFunctionCount(&count, mod), 0);
+    if (count != (unsigned)n)
+        printf("FAIL: %s: %u functions, want %d\n", path, count, n), failures++;
+    EXPECT(cuModuleEnumerateFunctions(fs, 16, mod), 0);
+    for (unsigned i = 0; i < count && i < 16; i++) {
+        int found = 0;
+        EXPECT(cuFuncGetName(&name, fs[i]), 0);
+        for (int j = 0; j < n; j++)
+            found |= strcmp(name, want[j]) == 0;
+        if (!found)
+            printf("FAIL: %s: function %s not expected\n", path, name), failures++;
+    }
+    for (int j = 0; j < n; j++) {
+        CUfunction f;
+        EXPECT(cuModuleGetFunction(&f, mod, want[j]), 0);
+    }
+    EXPECT(cuModuleUnload(mod), 0);
+    EXPECT(cuLibraryLoadFromFile(&lib, path, NULL, NULL, 0, NULL, NULL, 0), 0);
+    EXPECT(cuLibraryGetKernelCount(&count, lib), 0);
+    if (count != (unsigned)n)
+        printf("FAIL: %s: %u kernels, want %d\n", path, count, n), failures++;
+    EXPECT(cuLibraryEnumerateKernels(ks, 16, lib), 0);
+    for (unsigned i = 0; i < count && i < 16; i++) {
+        CUlibrary back;
+        EXPECT(cuKernelGetName(&name, ks[i]), 0);
+        EXPECT(cuKernelGetLibrary(&back, ks[i]), 0);
+        CHECK(back == lib);
+    }
+    EXPECT(cuLibraryUnload(lib), 0);
+    /* Linked alone, the image gives a cubin with the same kernels. */
+    EXPECT(cuLinkCreate_v2(0, NULL, NULL, &st), 0);
+    EXPECT(cuLinkAddFile_v2(st, type, path, 0, NULL, NULL), 0);
+    EXPECT(cuLinkComplete(st, &cubin, &size), 0);
+    EXPECT(cuModuleLoadData(&mod, cubin), 0);
+    EXPECT(cuModuleGetFunctionCount(&count, mod), 0);
+    if (count != (unsigned)n)
+        printf("FAIL: %s linked: %u functions, want %d\n", path, count, n), failures++;
+    EXPECT(cuModuleUnload(mod), 0);
+    EXPECT(cuLinkDestroy(st), 0);
+    EXPECT(cuCtxDestroy_v2(ctx), 0);
+    if (failures == 0)
+        printf("OK\n");
+    return failures != 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 2)
+        return image_mode(atoi(argv[1]), argv[2], argc - 3, argv + 3);
     int eager = getenv("CUDA_MODULE_LOADING") && strcmp(getenv("CUDA_MODULE_LOADING"), "EAGER") == 0;
     CUcontext ctx;
     CUmodule mod, back;
