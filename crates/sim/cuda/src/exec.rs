@@ -298,7 +298,10 @@ fn launch(
     let s = stream(h, per_thread)?;
     check_dims(&dims, cooperative, s.dev)?;
     let ns = kernel_ns(&func, params, extra)?;
-    s.run(Node { ns })
+    s.run(Node { ns })?;
+    // Lazy loading loads a function at its first launch (`module_info`).
+    crate::module_info::launched(f as usize);
+    Ok(())
 }
 
 fn launch_ex(

@@ -46,6 +46,14 @@ fn loaded() -> &'static Mutex<HashSet<usize>> {
     L.get_or_init(|| Mutex::new(HashSet::new()))
 }
 
+/// A launch of `f` (a function or a library kernel) loads its function, as lazy loading does:
+/// "CUDA APIs may load the function automatically when called with partially loaded function
+/// handle" (cuModuleEnumerateFunctions, cuda.h).
+pub(crate) fn launched(f: usize) {
+    let f = exec::kernel_function_handle(f).unwrap_or(f);
+    lock(loaded()).insert(f);
+}
+
 /// The SM number of the device whose cubin counts: the current context's, else device 0.
 fn sm() -> Result<u32, CUresult> {
     let d = drv()?;
@@ -170,8 +178,7 @@ export! {
         write(lib, exec::kernel_library(kernel as usize)? as *mut c_void)
     }
 
-    /// Loaded: every function in eager mode; in lazy mode, one cuFuncLoad loaded (the simulator
-    /// does not count a launch as loading it: a simplification).
+    /// Loaded: every function in eager mode; in lazy mode, one cuFuncLoad or a launch loaded.
     fn cuFuncIsLoaded(state: *mut c_uint, f: CUfunction) {
         drv()?;
         exec::function(f)?;

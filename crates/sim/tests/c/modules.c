@@ -40,6 +40,9 @@ CUresult cuFuncGetName(const char **, CUfunction);
 CUresult cuFuncGetModule(CUmodule *, CUfunction);
 CUresult cuFuncIsLoaded(unsigned *, CUfunction);
 CUresult cuFuncLoad(CUfunction);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        void *, void **, void **);
+CUresult cuCtxSynchronize(void);
 CUresult cuLibraryLoadData(CUlibrary *, const void *, void *, void *, unsigned, void *, void *, unsigned);
 CUresult cuLibraryUnload(CUlibrary);
 CUresult cuLibraryGetKernel(CUkernel *, CUlibrary, const char *);
@@ -227,6 +230,19 @@ int main(int argc, char **argv) {
     EXPECT(cuFuncIsLoaded(&state, f), 0);
     CHECK(state == 1);
     EXPECT(cuFuncIsLoaded(NULL, f), INVALID_VALUE);
+    /* A launch loads a function too. */
+    {
+        CUfunction busy;
+        unsigned long long ns = 1000;
+        void *args[1] = {&ns};
+        EXPECT(cuModuleGetFunction(&busy, mod, "sim_busy_ns"), 0);
+        EXPECT(cuFuncIsLoaded(&state, busy), 0);
+        CHECK(state == (eager ? 1u : 0u));
+        EXPECT(cuLaunchKernel(busy, 1, 1, 1, 32, 1, 1, 0, NULL, args, NULL), 0);
+        EXPECT(cuCtxSynchronize(), 0);
+        EXPECT(cuFuncIsLoaded(&state, busy), 0);
+        CHECK(state == 1);
+    }
     EXPECT(cuFuncLoad((CUfunction)0x1234), INVALID_HANDLE);
     EXPECT(cuModuleUnload(mod), 0);
     EXPECT(cuModuleGetFunctionCount(&count, mod), INVALID_HANDLE);
