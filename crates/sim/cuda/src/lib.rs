@@ -257,7 +257,7 @@ not_supported! {
     cuImportExternalSemaphore cuSignalExternalSemaphoresAsync cuWaitExternalSemaphoresAsync
     cuDestroyExternalSemaphore cuGraphicsUnregisterResource cuGraphicsMapResources
     cuGraphicsUnmapResources cuMemPrefetchAsync cuMemAdvise
-    cuMemRangeGetAttribute cuCtxGetExecAffinity cuDeviceGetNvSciSyncAttributes cuFlushGPUDirectRDMAWrites
+    cuMemRangeGetAttribute cuDeviceGetNvSciSyncAttributes cuFlushGPUDirectRDMAWrites
     cuCoredumpGetAttribute cuCoredumpSetAttribute cuGreenCtxCreate cuDeviceGetDevResource
     cuMulticastCreate cuMulticastAddDevice cuMulticastBindMem
     // cuBLASLt 12.8 resolves these (among ~80 entry points) with dlsym on libcuda.so.1 when a

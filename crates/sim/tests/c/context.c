@@ -44,6 +44,8 @@ CUresult cuCtxSetCacheConfig(int);
 CUresult cuCtxGetStreamPriorityRange(int *, int *);
 CUresult cuCtxResetPersistingL2Cache(void);
 CUresult cuCtxSynchronize(void);
+CUresult cuCtxGetExecAffinity(void *, int);
+CUresult cuDeviceGetExecAffinitySupport(int *, int, int);
 CUresult cuCtxSynchronize_v2(CUcontext);
 CUresult cuCtxRecordEvent(CUcontext, CUevent);
 CUresult cuCtxWaitEvent(CUcontext, CUevent);
@@ -65,6 +67,8 @@ CUresult cuEventDestroy_v2(CUevent);
 #define INVALID_HANDLE 400
 #define NOT_READY 600
 #define PRIMARY_CONTEXT_ACTIVE 708
+#define NOT_SUPPORTED 801
+#define UNSUPPORTED_EXEC_AFFINITY 224
 
 enum { L_STACK, L_PRINTF, L_HEAP, L_SYNC_DEPTH, L_PENDING, L_L2_FETCH, L_PERSISTING, L_SHMEM, L_CIG,
        L_CIG_FALLBACK, L_PER_BLOCK, L_MAX };
@@ -192,6 +196,32 @@ int main(void) {
     EXPECT(cuCtxCreate_v3(&c2, NULL, 0, 0, 0), 0);
     EXPECT(cuCtxGetCurrent(&cur), 0);
     CHECK(cur == c2);
+    /* Execution affinity (SM count) needs MPS, which no simulated context is: the device says
+     * so, and asking for it is UNSUPPORTED_EXEC_AFFINITY; an unknown type INVALID_VALUE. */
+    {
+        struct { int type; unsigned val; } aff = {0 /* SM_COUNT */, 8}, bad = {5, 8};
+        struct { void *aff; int naff; void *cig; } p4 = {&aff, 1, NULL};
+        int supported = -1;
+        CUcontext none = NULL;
+        EXPECT(cuDeviceGetExecAffinitySupport(&supported, 0, 0), 0);
+        CHECK(supported == 0);
+        EXPECT(cuCtxCreate_v3(&none, &aff, 1, 0, 0), UNSUPPORTED_EXEC_AFFINITY);
+        EXPECT(cuCtxCreate_v3(&none, &bad, 1, 0, 0), INVALID_VALUE);
+        EXPECT(cuCtxCreate_v4(&none, &p4, 0, 0), UNSUPPORTED_EXEC_AFFINITY);
+        p4.aff = NULL;   /* a count without an array */
+        EXPECT(cuCtxCreate_v4(&none, &p4, 0, 0), INVALID_VALUE);
+        p4.naff = 0;
+        p4.cig = &bad;   /* CUDA-in-graphics: no simulated GPU supports it */
+        EXPECT(cuCtxCreate_v4(&none, &p4, 0, 0), NOT_SUPPORTED);
+        CHECK(none == NULL);
+        EXPECT(cuCtxGetCurrent(&cur), 0);
+        CHECK(cur == c2);   /* nothing was pushed */
+        EXPECT(cuCtxGetExecAffinity(&aff, 0), UNSUPPORTED_EXEC_AFFINITY);
+        EXPECT(cuCtxGetExecAffinity(&aff, 1), INVALID_VALUE);
+        p4.cig = NULL;
+        EXPECT(cuCtxCreate_v4(&c3, &p4, 1 /* SCHED_SPIN */, 0), 0);   /* neither: a plain context */
+        EXPECT(cuCtxDestroy_v2(c3), 0);
+    }
     /* v4: CUctxCreateParams may be NULL. */
     EXPECT(cuCtxCreate_v4(&c3, NULL, 1 /* SCHED_SPIN */, 0), 0);
     EXPECT(cuCtxGetFlags(&flags), 0);
