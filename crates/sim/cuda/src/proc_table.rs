@@ -1156,11 +1156,6 @@ pub static PROC_TABLE: &[ProcEntry] = &[
     ProcEntry { base: "cuCtxResetPersistingL2Cache", versions: &[(11000, "cuCtxResetPersistingL2Cache")], per_thread: &[] },
     ProcEntry { base: "cuPointerSetAttribute", versions: &[(6000, "cuPointerSetAttribute")], per_thread: &[] },
     ProcEntry { base: "cuMemHostGetFlags", versions: &[(2030, "cuMemHostGetFlags")], per_thread: &[] },
-    // cuModuleGetLoadingMode (PFN_cuModuleGetLoadingMode_v11070) is exported but left out of
-    // this table for now: resolvable, its LAZY answer (the real default since CUDA 12.2) turns
-    // libcudart 13.5 to lazy loading, so a program's __device__ arrays take memory at first use
-    // instead of at start, which cudart_nvcc.rs's device-array quota test does not expect.
-    // Which one a real driver shows is for the lead to settle (see the i17-ctxmod report).
     ProcEntry { base: "cuModuleGetFunctionCount", versions: &[(12040, "cuModuleGetFunctionCount")], per_thread: &[] },
     ProcEntry { base: "cuModuleEnumerateFunctions", versions: &[(12040, "cuModuleEnumerateFunctions")], per_thread: &[] },
     ProcEntry { base: "cuLibraryGetKernelCount", versions: &[(12040, "cuLibraryGetKernelCount")], per_thread: &[] },

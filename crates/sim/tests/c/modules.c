@@ -1,6 +1,6 @@
 /* Modules, libraries, kernels and functions, linked against libcuda (-lcuda): counting and
- * enumerating an image's functions / kernels, their names, a kernel's library, the loading mode
- * and a function's loading state, a kernel's cache preference, and the library symbols the image
+ * enumerating an image's functions / kernels, their names, a kernel's library, a function's
+ * loading state (as CUDA_MODULE_LOADING sets the mode), a kernel's cache preference, and the library symbols the image
  * does not have, with the codes CUDA 13.5's cuda.h documents. The image is PTX (the driver
  * loads PTX text as it loads a cubin).
  *
@@ -35,7 +35,6 @@ CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
 CUresult cuModuleGetGlobal_v2(CUdeviceptr *, size_t *, CUmodule, const char *);
 CUresult cuModuleGetFunctionCount(unsigned *, CUmodule);
 CUresult cuModuleEnumerateFunctions(CUfunction *, unsigned, CUmodule);
-CUresult cuModuleGetLoadingMode(unsigned *);
 CUresult cuFuncGetName(const char **, CUfunction);
 CUresult cuFuncGetModule(CUmodule *, CUfunction);
 CUresult cuFuncIsLoaded(unsigned *, CUfunction);
@@ -177,14 +176,11 @@ int main(int argc, char **argv) {
     CUcontext ctx;
     CUmodule mod, back;
     CUfunction fs[4], f;
-    unsigned count = 0, mode = 0, state = 9;
+    unsigned count = 0, state = 9;
     const char *name;
 
     EXPECT(cuInit(0), 0);
     EXPECT(cuCtxCreate_v2(&ctx, 0, 0), 0);
-    EXPECT(cuModuleGetLoadingMode(&mode), 0);
-    CHECK(mode == (eager ? 1u : 2u));   /* CU_MODULE_EAGER_LOADING / CU_MODULE_LAZY_LOADING */
-    EXPECT(cuModuleGetLoadingMode(NULL), INVALID_VALUE);
 
     /* ---- a module ---- */
     EXPECT(cuModuleLoadData(&mod, ptx), 0);
