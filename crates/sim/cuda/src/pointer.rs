@@ -73,7 +73,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn host_at(p: usize) -> Option<(usize, usize, c_uint, bool, usize, usize, u64)> {
     let h = lock(hosts());
     let (b, r) = h.range(..=p).next_back()?;
-    (p < b + r.size.max(1)).then_some((*b, r.size, r.flags, r.registered, r.ctx, r.dev, r.id))
+    (p < b.saturating_add(r.size.max(1))).then_some((
+        *b,
+        r.size,
+        r.flags,
+        r.registered,
+        r.ctx,
+        r.dev,
+        r.id,
+    ))
 }
 
 /// Allocations whose SYNC_MEMOPS is set, by buffer id (ids are never reused).
@@ -145,7 +153,7 @@ fn register(p: *mut c_void, size: usize, flags: c_uint) -> Res {
     let overlaps = h
         .range(..end)
         .next_back()
-        .is_some_and(|(b, r)| b + r.size.max(1) > start);
+        .is_some_and(|(b, r)| b.saturating_add(r.size.max(1)) > start);
     if overlaps {
         return Err(HOST_MEMORY_ALREADY_REGISTERED);
     }
