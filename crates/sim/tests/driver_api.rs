@@ -1681,6 +1681,7 @@ fn every_exported_entry_point_is_resolvable() {
     };
     // Versions at which an ABI changed, from the table's sources; the answers at these reach every
     // versioned symbol.
+    // 5050: the CUDA 5.5 linker entry points (cuLinkCreate, cuLinkAddData, cuLinkAddFile v1).
     let versions = [
         2000, 3000, 3020, 4000, 5050, 6050, 7000, 8000, 9020, 10000, 11000, 11020, 11030, 11040,
         11070, 12000, 12020, 12050, 12080, 13000, 13010, 13020, 13030, 13040, 13050,

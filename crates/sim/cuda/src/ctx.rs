@@ -173,6 +173,41 @@ fn check_flags(flags: c_uint) -> Res {
     Ok(())
 }
 
+/// CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY (cuda.h 13.5): "the CUexecAffinityType passed to the
+/// API call is not supported by the active device".
+const UNSUPPORTED_EXEC_AFFINITY: CUresult = 224;
+
+/// `CUctxCreateParams` (cuda.h 13.5).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CtxCreateParams {
+    exec_affinity: *mut c_void,
+    num_exec_affinity: i32,
+    cig: *mut c_void,
+}
+
+/// Execution-affinity parameters of cuCtxCreate v3/v4: a count without an array (or a negative
+/// one) is INVALID_VALUE ("Must be 0 if execAffinityParams is NULL"); any parameter asks for SM
+/// partitioning, "Only supported Volta+ MPS" (cuda.h, `CUctxCreateParams`), which no simulated
+/// context is: an unknown type is INVALID_VALUE, CU_EXEC_AFFINITY_TYPE_SM_COUNT
+/// CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY (cuDeviceGetExecAffinitySupport answers 0 for it).
+fn exec_affinity(params: *mut c_void, n: i32) -> Res {
+    if n < 0 || (n > 0 && params.is_null()) {
+        return Err(err::INVALID_VALUE);
+    }
+    for i in 0..n as usize {
+        // CUexecAffinityParam: { CUexecAffinityType type; union { unsigned val; } param; }.
+        let kind: i32 = crate::read((params as *const [i32; 2]).wrapping_add(i) as *const i32)?;
+        if kind != 0 {
+            return Err(err::INVALID_VALUE);
+        }
+    }
+    if n > 0 {
+        return Err(UNSUPPORTED_EXEC_AFFINITY);
+    }
+    Ok(())
+}
+
 fn create_and_push(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> Res {
     if pctx.is_null() {
         return Err(err::INVALID_VALUE);
@@ -224,17 +259,39 @@ export! {
         create_and_push(pctx, flags, dev)
     }
 
-    /// v3 adds execution-affinity parameters (SM partitioning), which the simulator accepts and ignores.
+    /// v3 adds execution-affinity parameters (SM partitioning): see [`exec_affinity`].
     fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut c_void, nparams: i32, flags: c_uint, dev: CUdevice) {
-        if nparams < 0 || (nparams > 0 && params.is_null()) {
-            return Err(err::INVALID_VALUE);
+        exec_affinity(params, nparams)?;
+        create_and_push(pctx, flags, dev)
+    }
+
+    /// v4 takes a `CUctxCreateParams*` (NULL allowed): execution affinity as v3; CIG parameters
+    /// make a CUDA-in-graphics context, which "will fail with CUDA_ERROR_NOT_SUPPORTED if CIG is
+    /// not supported by the device" (cuda.h): no simulated GPU supports it.
+    fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut CtxCreateParams, flags: c_uint, dev: CUdevice) {
+        if !params.is_null() {
+            let p: CtxCreateParams = crate::read(params)?;
+            exec_affinity(p.exec_affinity, p.num_exec_affinity)?;
+            if !p.cig.is_null() {
+                drv()?;
+                device(dev)?;
+                return Err(err::NOT_SUPPORTED);
+            }
         }
         create_and_push(pctx, flags, dev)
     }
 
-    /// v4 takes a `CUctxCreateParams*` (execution affinity, CIG); NULL is allowed.
-    fn cuCtxCreate_v4(pctx: *mut CUcontext, _params: *mut c_void, flags: c_uint, dev: CUdevice) {
-        create_and_push(pctx, flags, dev)
+    /// "Returns in *pExecAffinity the current value of type"; the one type,
+    /// CU_EXEC_AFFINITY_TYPE_SM_COUNT, is not supported where cuDeviceGetExecAffinitySupport
+    /// answers 0 (every simulated GPU: affinity needs MPS), hence
+    /// CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY (UNVERIFIED: a real driver might report the whole
+    /// device's SM count instead); any other type is INVALID_VALUE.
+    fn cuCtxGetExecAffinity(out: *mut c_void, kind: i32) {
+        current()?;
+        if out.is_null() || kind != 0 {
+            return Err(err::INVALID_VALUE);
+        }
+        Err(UNSUPPORTED_EXEC_AFFINITY)
     }
 
     fn cuCtxDestroy_v2(ctx: CUcontext) {
@@ -337,47 +394,6 @@ export! {
         if !greatest.is_null() {
             write(greatest, -5)?;
         }
-        Ok(())
-    }
-
-    fn cuCtxGetLimit(value: *mut usize, limit: i32) {
-        current()?;
-        let v = match limit {
-            0 => 1024,       // CU_LIMIT_STACK_SIZE
-            1 => 1 << 20,    // CU_LIMIT_PRINTF_FIFO_SIZE
-            2 => 8 << 20,    // CU_LIMIT_MALLOC_HEAP_SIZE
-            3 => 2,          // CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH
-            4 => 2048,       // CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT
-            5 => 32,         // CU_LIMIT_MAX_L2_FETCH_GRANULARITY
-            6 => 0,          // CU_LIMIT_PERSISTING_L2_CACHE_SIZE
-            // CU_LIMIT_CIG_ENABLED: non-zero only on a CUDA-in-graphics context (cuda-python's
-            // `Limit` docs), which the simulator never makes. cuBLASLt 12.8 asks at handle creation.
-            8 => 0,
-            _ => return Err(err::INVALID_VALUE),
-        };
-        write(value, v)
-    }
-
-    fn cuCtxSetLimit(limit: i32, _value: usize) {
-        current()?;
-        if !(0..=6).contains(&limit) {
-            return Err(err::INVALID_VALUE);
-        }
-        Ok(())
-    }
-
-    fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) {
-        current()?;
-        get(peer)?;
-        if flags != 0 {
-            return Err(err::INVALID_VALUE);
-        }
-        Ok(())
-    }
-
-    fn cuCtxDisablePeerAccess(peer: CUcontext) {
-        current()?;
-        get(peer)?;
         Ok(())
     }
 

@@ -224,7 +224,7 @@ pub const TEXTURE1D_LINEAR_MAX: i32 = 1 << 28;
 
 /// Whether two distinct GPUs can map each other's memory: over NVLink (direct or through
 /// NVSwitch), or PCIe without crossing a host bridge (PIX/PXB), as the real driver allows P2P.
-fn peer_access(m: &Model, a: usize, b: usize) -> bool {
+pub(crate) fn peer_access(m: &Model, a: usize, b: usize) -> bool {
     a != b && (m.nvlink_bandwidth_links(a, b) > 0 || m.pcie_level(a, b) <= PcieLevel::Multiple)
 }
 

@@ -205,6 +205,70 @@ fn stream_wait(h: CUstream, ev: CUevent, flags: c_uint, pt: bool) -> Res {
     if flags & CU_EVENT_WAIT_EXTERNAL != 0 {
         return Err(err::INVALID_VALUE); // "This flag is invalid when used outside of capture."
     }
+    wait_on(&s, e);
+    Ok(())
+}
+
+/// cuCtxRecordEvent (CUDA 12.5, cuda.h): "Captures in hEvent all the activities of the context
+/// hCtx at the time of this call. hEvent and hCtx must be from the same CUDA context, otherwise
+/// CUDA_ERROR_INVALID_HANDLE will be returned"; CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED "if the
+/// specified context hCtx has a stream in the capture mode" (the real driver also invalidates
+/// those captures; the simulator leaves them alone). The event's time is the latest end of the
+/// work queued in each of the context's streams; behind host work it is pending until every
+/// stream gets there.
+pub(crate) fn ctx_record(ch: usize, ev: CUevent) -> Res {
+    let e = event(ev)?;
+    if e.ctx != ch {
+        return Err(err::INVALID_HANDLE);
+    }
+    let all = crate::stream::context_streams(ch);
+    if all.iter().any(|s| crate::capture::capturing(s)) {
+        return Err(err::STREAM_CAPTURE_UNSUPPORTED);
+    }
+    let tail = ctx::get(ch as CUcontext)?.work_tail.load(Acquire);
+    // The latest end seen so far, and how many streams have still to report (plus this call).
+    let acc = Arc::new((
+        AtomicU64::new(tail),
+        std::sync::atomic::AtomicUsize::new(all.len() + 1),
+    ));
+    let finish = |e: &Event, acc: &(AtomicU64, std::sync::atomic::AtomicUsize)| {
+        if acc.1.fetch_sub(1, AcqRel) == 1 {
+            e.set(acc.0.load(Acquire).max(now_ns()));
+        }
+    };
+    for s in all {
+        let (pending, e, acc) = (e.clone(), e.clone(), acc.clone());
+        s.submit_or(
+            move || pending.set(EVENT_PENDING),
+            move |s| {
+                acc.0.fetch_max(s.done_at(), AcqRel);
+                finish(&e, &acc);
+            },
+        );
+    }
+    finish(&e, &acc);
+    Ok(())
+}
+
+/// cuCtxWaitEvent (CUDA 12.5, cuda.h): "Makes all future work submitted to context hCtx wait for
+/// all work captured in hEvent"; "hEvent may be from a different context or device". Each of
+/// the context's streams waits as cuStreamWaitEvent would; a stream made after the call does
+/// not (a simplification), nor does one of another process. CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+/// where a stream of the context is capturing.
+pub(crate) fn ctx_wait(ch: usize, ev: CUevent) -> Res {
+    event(ev)?;
+    let all = crate::stream::context_streams(ch);
+    if all.iter().any(|s| crate::capture::capturing(s)) {
+        return Err(err::STREAM_CAPTURE_UNSUPPORTED);
+    }
+    for s in all {
+        wait_on(&s, event(ev)?);
+    }
+    Ok(())
+}
+
+/// Work queued on `s` after this waits for the work `e` captured.
+fn wait_on(s: &Arc<Stream>, e: Arc<Event>) {
     let t = e.time();
     if t != EVENT_PENDING {
         s.submit(move |s| {
@@ -216,7 +280,6 @@ fn stream_wait(h: CUstream, ev: CUevent, flags: c_uint, pt: bool) -> Res {
             s.tail.fetch_max(e.time(), AcqRel);
         });
     }
-    Ok(())
 }
 
 fn destroy(ev: CUevent) -> Res {

@@ -181,7 +181,10 @@ fn launch(
     if let Some(r) = capture::capture_kernel(&s, f, &dims, 0, ns) {
         return r;
     }
-    s.run(Node { ns })
+    s.run(Node { ns })?;
+    // Lazy loading loads a function at its first launch (`module_info`).
+    crate::module_info::launched(f as usize);
+    Ok(())
 }
 
 fn launch_ex(
@@ -238,6 +241,76 @@ fn new_module(image: Image, resources: occupancy::PerArch) -> usize {
 pub(crate) fn function_resources(f: &Function, sm: u32) -> Option<image::resources::Resources> {
     let m = modules().get(f.module).ok()?;
     m.resources.get(&sm)?.get(&f.name).copied()
+}
+
+// ---- what the module queries (`module_info`) read ----------------------------------------------
+
+/// The kernel names module `module` defines for a GPU of SM number `sm`, sorted, where the
+/// simulator can read them (a cubin or PTX image, or a fat binary with a cubin for `sm`).
+pub(crate) fn module_kernels(module: usize, sm: u32) -> Result<Option<Vec<String>>, CUresult> {
+    let m = modules().get(module)?;
+    if let Image::Known(s) = &m.image {
+        return Ok(Some(s.kernels.iter().cloned().collect()));
+    }
+    Ok(m.resources
+        .get(&sm)
+        .filter(|k| !k.is_empty())
+        .map(|k| k.keys().cloned().collect()))
+}
+
+/// The function `name` of module `module` (one handle per name), as cuModuleGetFunction gives it.
+pub(crate) fn module_function_of(module: usize, name: &str) -> Result<usize, CUresult> {
+    let m = modules().get(module)?;
+    module_function(module, &m, name)
+}
+
+/// The module behind library `library`.
+pub(crate) fn library_module(library: usize) -> Result<usize, CUresult> {
+    Ok(libraries().get(library)?.module)
+}
+
+/// The kernel `name` of library `library` (one handle per name), as cuLibraryGetKernel gives it.
+pub(crate) fn library_kernel(library: usize, name: &str) -> Result<usize, CUresult> {
+    let l = libraries().get(library)?;
+    let m = modules().get(l.module)?;
+    let mut ks = l.kernels.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&k) = ks.get(name) {
+        return Ok(k);
+    }
+    let function = module_function(l.module, &m, name)?;
+    let k = kernels().insert(Kernel { function }).0;
+    ks.insert(name.to_string(), k);
+    Ok(k)
+}
+
+/// The library a kernel handle came from.
+pub(crate) fn kernel_library(kernel: usize) -> Result<usize, CUresult> {
+    kernels().get(kernel)?;
+    let mut found = None;
+    libraries().retain(|&h, l| {
+        if l.kernels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .any(|&k| k == kernel)
+        {
+            found = Some(h);
+        }
+        true
+    });
+    found.ok_or(err::INVALID_HANDLE)
+}
+
+/// The function behind a library kernel handle, without asking for a context.
+pub(crate) fn kernel_function_handle(kernel: usize) -> Result<usize, CUresult> {
+    Ok(kernels().get(kernel)?.function)
+}
+
+impl Function {
+    /// Its (mangled) name in its module.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
 }
 
 /// The function behind a `CUfunction` handle.
@@ -508,23 +581,12 @@ export! {
     /// The kernel `name`; one handle per name (any name resolves, as in cuModuleGetFunction).
     fn cuLibraryGetKernel(pkernel: *mut *mut c_void, library: *mut c_void, name: *const c_char) {
         drv()?;
-        let l = libraries().get(library as usize)?;
+        libraries().get(library as usize)?;
         let name = cstr(name)?;
         if pkernel.is_null() {
             return Err(err::INVALID_VALUE);
         }
-        let m = modules().get(l.module)?;
-        let mut ks = l.kernels.lock().unwrap_or_else(|e| e.into_inner());
-        let k = match ks.get(name) {
-            Some(&k) => k,
-            None => {
-                let function = module_function(l.module, &m, name)?;
-                let k = kernels().insert(Kernel { function }).0;
-                ks.insert(name.to_string(), k);
-                k
-            }
-        };
-        write(pkernel, k as *mut c_void)
+        write(pkernel, library_kernel(library as usize, name)? as *mut c_void)
     }
     /// The variable `name` of the library, in the current context (as cuModuleGetGlobal_v2).
     fn cuLibraryGetGlobal(dptr: *mut CUdeviceptr, bytes: *mut usize, library: *mut c_void, name: *const c_char) {

@@ -36,7 +36,7 @@ use crate::{drv, export, read, write, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::arena::{round_up, Arena, ALIGN};
 use cuvisor_sim::state::now_ns;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -83,6 +83,15 @@ pub(crate) struct Alloc {
     pub ctx: usize,
     pub kind: Kind,
     pub dirty: AtomicBool,
+    /// CU_POINTER_ATTRIBUTE_BUFFER_ID: "unique ID over a process lifetime. Subsequent
+    /// allocations do not reuse IDs from previous freed allocations" (cuda.h).
+    pub id: u64,
+}
+
+/// The next allocation's buffer id (see `Alloc::id`); never 0.
+pub(crate) fn next_buffer_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Relaxed)
 }
 
 pub(crate) fn table() -> &'static RwLock<BTreeMap<u64, Alloc>> {
@@ -278,6 +287,7 @@ pub(crate) fn alloc_in(
         ctx: ch,
         kind,
         dirty: AtomicBool::new(false),
+        id: next_buffer_id(),
     };
     if own.is_some() || on_release.is_some() {
         extras().lock().unwrap_or_else(|e| e.into_inner()).insert(
@@ -623,6 +633,7 @@ pub(crate) fn graph_alloc_map(a: &GraphAlloc, ch: usize) -> Res {
         ctx: ch,
         kind: Kind::Graph,
         dirty: AtomicBool::new(false),
+        id: next_buffer_id(),
     };
     table()
         .write()
@@ -764,28 +775,58 @@ pub(crate) fn location_device(loc: CUmemLocation) -> Result<Option<usize>, CUres
     }
 }
 
-// ---- host memory --------------------------------------------------------------------------------
+// ---- what the pointer chapter reads -------------------------------------------------------------
 
-fn host_allocs() -> &'static Mutex<HashSet<usize>> {
-    static H: OnceLock<Mutex<HashSet<usize>>> = OnceLock::new();
-    H.get_or_init(|| Mutex::new(HashSet::new()))
+/// What kind of memory an allocation is, as the pointer attributes tell it apart (`pointer`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// cuMemAlloc / cuMemAllocPitch / v1 memory: what cuIpcGetMemHandle takes.
+    Device,
+    Managed,
+    /// From a memory pool (its handle), a graph's memory node (no handle: 0).
+    Pool(usize),
+    /// A VMM mapping (cuMemMap) of a physical allocation (its handle).
+    Mapped(usize),
+    /// Another process's memory opened through an IPC handle.
+    Ipc,
+    /// The driver's own: a module's variables.
+    Driver,
 }
 
-fn host_alloc(pp: *mut *mut c_void, size: usize) -> Res {
-    ctx::current()?;
-    if pp.is_null() {
-        return Err(err::INVALID_VALUE);
+/// The allocation holding `ptr`, as the pointer attributes see it.
+pub(crate) struct Found {
+    pub base: u64,
+    pub size: u64,
+    pub dev: usize,
+    pub ctx: usize,
+    pub id: u64,
+    pub class: Class,
+}
+
+/// The device allocation (of any kind) holding `ptr`, if any.
+pub(crate) fn find(ptr: u64) -> Option<Found> {
+    let t = table().read().unwrap_or_else(|e| e.into_inner());
+    let (b, r) = t.range(..=ptr).next_back()?;
+    if ptr >= b + r.size {
+        return None;
     }
-    // SAFETY: plain malloc of the requested size; ownership is tracked in host_allocs.
-    let p = unsafe { libc::malloc(size.max(1)) };
-    if p.is_null() {
-        return Err(err::OUT_OF_MEMORY);
-    }
-    host_allocs()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(p as usize);
-    write(pp, p)
+    let class = match r.kind {
+        Kind::Device | Kind::V1 => Class::Device,
+        Kind::Managed => Class::Managed,
+        Kind::Pool(p) | Kind::PoolImport(p) => Class::Pool(p),
+        Kind::Graph => Class::Pool(0),
+        Kind::Mapped(h) => Class::Mapped(h),
+        Kind::Ipc => Class::Ipc,
+        Kind::ModuleGlobal => Class::Driver,
+    };
+    Some(Found {
+        base: *b,
+        size: r.size,
+        dev: r.dev,
+        ctx: r.ctx,
+        id: r.id,
+        class,
+    })
 }
 
 /// Rate-limited reclaim of dead processes' memory before reporting free memory.
@@ -871,90 +912,6 @@ export! {
         write(pitch, p as c_uint)?;
         write(dptr, a as c_uint)
     }
-
-    fn cuMemGetAddressRange_v2(base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr) {
-        drv()?;
-        let t = table().read().unwrap_or_else(|e| e.into_inner());
-        let (b, r) = t.range(..=dptr).next_back().ok_or(err::NOT_FOUND)?;
-        if dptr >= b + r.size {
-            return Err(err::NOT_FOUND);
-        }
-        if !base.is_null() {
-            write(base, *b)?;
-        }
-        if !size.is_null() {
-            write(size, r.size as usize)?;
-        }
-        Ok(())
-    }
-
-    /// cuPointerGetAttributes: each attribute as cuPointerGetAttribute answers it. The driver
-    /// documents that this call does not fail for a pointer it does not know; then the outputs the
-    /// single-attribute call would refuse are left as they were.
-    fn cuPointerGetAttributes(n: c_uint, attributes: *const c_int, data: *mut *mut c_void, ptr: CUdeviceptr) {
-        drv()?;
-        if n > 0 && (attributes.is_null() || data.is_null()) {
-            return Err(err::INVALID_VALUE);
-        }
-        for i in 0..n as usize {
-            // SAFETY: by the API contract both arrays hold `n` elements.
-            let (a, d) = unsafe { (*attributes.add(i), *data.add(i)) };
-            let _ = cuPointerGetAttribute(d, a, ptr);
-        }
-        Ok(())
-    }
-    fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) {
-        drv()?;
-        let t = table().read().unwrap_or_else(|e| e.into_inner());
-        let (b, r) = t.range(..=ptr).next_back().ok_or(err::INVALID_VALUE)?;
-        if ptr >= b + r.size {
-            return Err(err::INVALID_VALUE);
-        }
-        match attribute {
-            CU_POINTER_ATTRIBUTE_CONTEXT => write(data as *mut CUcontext, r.ctx as CUcontext),
-            CU_POINTER_ATTRIBUTE_MEMORY_TYPE => write(data as *mut c_uint, CU_MEMORYTYPE_DEVICE),
-            CU_POINTER_ATTRIBUTE_DEVICE_POINTER => write(data as *mut CUdeviceptr, ptr),
-            CU_POINTER_ATTRIBUTE_IS_MANAGED => write(data as *mut c_int, (r.kind == Kind::Managed) as c_int),
-            CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL => write(data as *mut c_int, r.dev as c_int),
-            CU_POINTER_ATTRIBUTE_RANGE_START_ADDR => write(data as *mut CUdeviceptr, *b),
-            CU_POINTER_ATTRIBUTE_RANGE_SIZE => write(data as *mut usize, r.size as usize),
-            CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE => match r.kind {
-                Kind::Pool(p) | Kind::PoolImport(p) => write(data as *mut CUmemoryPool, p as CUmemoryPool),
-                _ => write(data as *mut CUmemoryPool, std::ptr::null_mut()),
-            },
-            _ => Err(err::INVALID_VALUE),
-        }
-    }
-
-    fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) { host_alloc(pp, size) }
-    fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, _flags: c_uint) { host_alloc(pp, size) }
-    fn cuMemFreeHost(p: *mut c_void) {
-        drv()?;
-        if !host_allocs().lock().unwrap_or_else(|e| e.into_inner()).remove(&(p as usize)) {
-            return Err(err::INVALID_VALUE);
-        }
-        // SAFETY: p came from our malloc in host_alloc and was still registered.
-        unsafe { libc::free(p) };
-        Ok(())
-    }
-    fn cuMemHostGetDevicePointer_v2(dptr: *mut CUdeviceptr, p: *mut c_void, flags: c_uint) {
-        drv()?;
-        if flags != 0 || p.is_null() {
-            return Err(err::INVALID_VALUE);
-        }
-        write(dptr, p as CUdeviceptr)
-    }
-    fn cuMemHostRegister_v2(p: *mut c_void, size: usize, _flags: c_uint) {
-        ctx::current()?;
-        if p.is_null() || size == 0 { Err(err::INVALID_VALUE) } else { Ok(()) }
-    }
-    fn cuMemHostUnregister(p: *mut c_void) {
-        ctx::current()?;
-        if p.is_null() { Err(err::INVALID_VALUE) } else { Ok(()) }
-    }
-
-
-
 
     /// "Free unused memory that was cached on the specified device for use with graphs back to
     /// the OS. Blocks which are not in use by a graph that is either currently executing or

@@ -76,7 +76,7 @@ pub const DEFAULT: Resources = Resources {
 pub(crate) struct FuncState {
     max_dynamic_shared: AtomicI32,
     carveout: AtomicI32,
-    cache_config: AtomicI32,
+    pub(crate) cache_config: AtomicI32,
     cluster: [AtomicI32; 3],
     non_portable_cluster: AtomicI32,
     cluster_scheduling: AtomicI32,

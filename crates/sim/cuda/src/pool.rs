@@ -745,7 +745,7 @@ export! {
         if t.contains_key(&addr) {
             return Err(err::INVALID_VALUE);
         }
-        t.insert(addr, Alloc { size, charged: 0, share: None, dev: p.dev, ctx: ch, kind: Kind::PoolImport(pool as usize), dirty: AtomicBool::new(false) });
+        t.insert(addr, Alloc { size, charged: 0, share: None, dev: p.dev, ctx: ch, kind: Kind::PoolImport(pool as usize), id: mem::next_buffer_id(), dirty: AtomicBool::new(false) });
         let h = pool as usize;
         mem::set_on_release(addr, Box::new(move |_| released(h, size)));
         p.st.lock().unwrap_or_else(|e| e.into_inner()).used += size;

@@ -203,6 +203,16 @@ fn all_streams() -> &'static Mutex<Vec<Weak<Stream>>> {
     A.get_or_init(|| Mutex::new(Vec::new()))
 }
 
+/// The live streams of context `ctx` (its legacy stream, per-thread default streams and created
+/// streams), for what acts on a whole context (cuCtxRecordEvent / cuCtxWaitEvent, `event`).
+pub(crate) fn context_streams(ctx: usize) -> Vec<Arc<Stream>> {
+    lock(all_streams())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|s| s.ctx.load(Relaxed) == ctx)
+        .collect()
+}
+
 fn enlist(s: Arc<Stream>) -> Arc<Stream> {
     let mut a = lock(all_streams());
     a.retain(|w| w.strong_count() > 0);

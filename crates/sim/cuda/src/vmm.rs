@@ -352,7 +352,7 @@ export! {
         map_offsets().lock().unwrap_or_else(|e| e.into_inner()).insert(ptr, offset as u64);
         p.st.lock().unwrap_or_else(|e| e.into_inner()).1 += 1;
         let ch = ctx::current().map(|c| c.0).unwrap_or(0);
-        t.insert(ptr, Alloc { size: size as u64, charged: 0, share: None, dev: p.dev.unwrap_or(0), ctx: ch, kind: Kind::Mapped(handle as usize), dirty: AtomicBool::new(false) });
+        t.insert(ptr, Alloc { size: size as u64, charged: 0, share: None, id: crate::mem::next_buffer_id(), dev: p.dev.unwrap_or(0), ctx: ch, kind: Kind::Mapped(handle as usize), dirty: AtomicBool::new(false) });
         Ok(())
     }
     /// No array of the simulator is sparse (CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED
