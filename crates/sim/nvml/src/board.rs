@@ -13,7 +13,7 @@
 //! Enabled", "Virtualization Mode : None", "Utilization Encoder 0 % / Decoder 0 %", "Fan Speed :
 //! N/A", VBIOS "96.00.A5.00.01" and "90.04.38.00.03").
 
-use crate::device::{dev, model_dev};
+use crate::device::{dev, model_dev, pci_info};
 use crate::{c_array, export, read, sim, write, write_str, Res};
 use cuvisor_cuda_abi::nvml::*;
 use cuvisor_sim::model::Device;
@@ -244,7 +244,8 @@ export! {
             pciSubSystemId: d.specs.pci_subsystem_id,
             baseClass: 0x3,
             subClass: 0x2,
-            busId: c_array(&d.pci_bus_id_nvml()),
+            // NVML's upper-case form, as in nvmlPciInfo_t (device::pci_info).
+            busId: pci_info(d.pci_domain, d.pci_bus, d.pci_device, d.pci_device_id).busId,
         })
     }
 
