@@ -44,7 +44,8 @@ check("cuLaunchKernel", cuda.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, None, para
 time.sleep(1.1)
 
 trace = tempfile.NamedTemporaryFile(prefix="cuvisor-nvml-trace-", delete=False).name
-env = dict(os.environ, PYTHONPATH=os.path.join(here, "trace"), NVML_TRACE=trace)
+# No __pycache__ beside the sources.
+env = dict(os.environ, PYTHONPATH=os.path.join(here, "trace"), NVML_TRACE=trace, PYTHONDONTWRITEBYTECODE="1")
 example = os.path.join(sysconfig.get_paths()["purelib"], "example.py")
 tools = {
     "gpustat": [sys.executable, "-m", "gpustat", "--json"],
@@ -52,24 +53,26 @@ tools = {
     "nvitop_once": [sys.executable, "-m", "nvitop", "--once"],
     "example": [sys.executable, example],
 }
-for name, cmd in tools.items():
-    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    if run.returncode != 0:
-        raise SystemExit(f"{cmd} failed ({run.returncode}):\n{run.stdout}\n{run.stderr}")
-    text = run.stdout
-    out[name] = json.loads(text) if name in ("gpustat", "nvitop") else text
-    # Seconds from the launch to the tool's exit: the kernel was running all along if this is
-    # below its length.
-    out[name + "_done_s"] = time.monotonic() - launched
+calls = {}
+try:
+    for name, cmd in tools.items():
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        if run.returncode != 0:
+            raise SystemExit(f"{cmd} failed ({run.returncode}):\n{run.stdout}\n{run.stderr}")
+        text = run.stdout
+        out[name] = json.loads(text) if name in ("gpustat", "nvitop") else text
+        # Seconds from the launch to the tool's exit: the kernel was running all along if this
+        # is below its length.
+        out[name + "_done_s"] = time.monotonic() - launched
+    with open(trace) as f:
+        for line in f:
+            name, code, n = line.split()
+            calls.setdefault(name, {})
+            calls[name][code] = calls[name].get(code, 0) + int(n)
+finally:
+    os.unlink(trace)
 
 check("cuCtxSynchronize", cuda.cuCtxSynchronize())
 check("cuMemFree", cuda.cuMemFree_v2(ptr))
-with open(trace) as f:
-    calls = {}
-    for line in f:
-        name, code, n = line.split()
-        calls.setdefault(name, {})
-        calls[name][code] = calls[name].get(code, 0) + int(n)
-os.unlink(trace)
 out["calls"] = calls
 print(json.dumps(out))
