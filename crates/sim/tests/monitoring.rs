@@ -342,6 +342,7 @@ fn the_device_plugins_queries_and_their_error_paths_in_c() {
     const UNINITIALIZED: i64 = 1;
     const INVALID_ARGUMENT: i64 = 2;
     const NOT_SUPPORTED: i64 = 3;
+    const NOT_FOUND: i64 = 6;
     const INSUFFICIENT_SIZE: i64 = 7;
     const VERSION_MISMATCH: i64 = 25;
     for preset in ["dgx-a100", "pcie-8", "dgx1-v100"] {
@@ -366,6 +367,11 @@ fn the_device_plugins_queries_and_their_error_paths_in_c() {
         assert_eq!(code("driver_branch_null"), INVALID_ARGUMENT);
         assert_eq!(ok("unit_count"), "0", "no S-class units");
         assert_eq!(code("unit_handle_0"), INVALID_ARGUMENT);
+        assert_eq!(code("unit_info_bad_unit"), INVALID_ARGUMENT);
+        assert_eq!(ok("excluded_devices"), "0");
+        assert_eq!(ok("hic_count"), "0", "no host interface cards");
+        assert_eq!(code("hic_null"), INVALID_ARGUMENT);
+        assert_eq!(code("serial_unknown"), NOT_FOUND);
         assert_eq!(ok("count"), model.devices.len().to_string());
         assert_eq!(code("brand_bad_handle"), INVALID_ARGUMENT);
         for (i, d) in model.devices.iter().enumerate() {
@@ -426,6 +432,17 @@ fn the_device_plugins_queries_and_their_error_paths_in_c() {
                 assert_eq!(ok(&k(key)), want, "{preset} GPU {i} {key}");
             }
             assert_eq!(code(&k("ecc_errors_bad_type")), INVALID_ARGUMENT);
+            // Nothing ran: "Idle" is the one reason; bits 0-8 are supported.
+            assert_eq!(ok(&k("event_reasons")), "1");
+            assert_eq!(ok(&k("supported_event_reasons")), "1ff");
+            assert_eq!(ok(&k("encoder_stats")), "0 0 0");
+            assert_eq!(ok(&k("encoder_sessions")), "0");
+            assert_eq!(ok(&k("fbc_stats")), "0 0 0");
+            assert_eq!(
+                ok(&k("by_serial")),
+                i.to_string(),
+                "the serial names the board"
+            );
             assert_eq!(code(&k("pcie_bad_counter")), INVALID_ARGUMENT);
             assert_eq!(ok(&k("clock_sm")), mhz(d.specs.clock_khz));
             assert_eq!(ok(&k("clock_mem")), mhz(d.specs.memory_clock_khz));

@@ -379,6 +379,74 @@ export! {
         perf_string(modes, &format!("perf=0, {}", clock_string(d)))
     }
 
+    /// "Idle" (nvmlClocksEventReasonGpuIdle) while the GPU ran nothing in the last second, as
+    /// an idle H100's nvidia-smi -q shows ("Clocks Event Reasons / Idle : Active", every other
+    /// reason Not Active); nothing holds the clocks back while it works (no power or thermal
+    /// limit is modelled).
+    fn nvmlDeviceGetCurrentClocksEventReasons(device: nvmlDevice_t, reasons: *mut u64) {
+        current_event_reasons(device, reasons)
+    }
+    fn nvmlDeviceGetCurrentClocksThrottleReasons(device: nvmlDevice_t, reasons: *mut u64) {
+        current_event_reasons(device, reasons)
+    }
+
+    /// The reasons that nvidia-smi -q lists for an H100 (idle, applications clocks, SW power
+    /// cap, HW slowdown with its thermal and power-brake kinds, sync boost, SW thermal slowdown,
+    /// display clock): bits 0 to 8 of nvml.h's nvmlClocksEventReason* values.
+    fn nvmlDeviceGetSupportedClocksEventReasons(device: nvmlDevice_t, reasons: *mut u64) {
+        dev(device)?;
+        write(reasons, SUPPORTED_EVENT_REASONS)
+    }
+    fn nvmlDeviceGetSupportedClocksThrottleReasons(device: nvmlDevice_t, reasons: *mut u64) {
+        dev(device)?;
+        write(reasons, SUPPORTED_EVENT_REASONS)
+    }
+
+    /// No video work, so no encoder or frame-buffer-capture sessions: counts 0 (nvidia-smi -q
+    /// of an H100: "Encoder Stats / Active Sessions : 0", "FBC Stats / Active Sessions : 0").
+    fn nvmlDeviceGetEncoderStats(device: nvmlDevice_t, sessions: *mut c_uint, fps: *mut c_uint, latency_us: *mut c_uint) {
+        dev(device)?;
+        if sessions.is_null() || fps.is_null() || latency_us.is_null() {
+            return Err(ret::ERROR_INVALID_ARGUMENT);
+        }
+        write(sessions, 0)?;
+        write(fps, 0)?;
+        write(latency_us, 0)
+    }
+
+    /// `*count` 0, the session array untouched (it may be NULL when asking for the count).
+    fn nvmlDeviceGetEncoderSessions(device: nvmlDevice_t, count: *mut c_uint, _infos: *mut std::ffi::c_void) {
+        dev(device)?;
+        write(count, 0)
+    }
+
+    /// `nvmlFBCStats_t`: sessionsCount, averageFPS, averageLatency, all 0.
+    fn nvmlDeviceGetFBCStats(device: nvmlDevice_t, stats: *mut [c_uint; 3]) {
+        dev(device)?;
+        write(stats, [0; 3])
+    }
+
+    fn nvmlDeviceGetFBCSessions(device: nvmlDevice_t, count: *mut c_uint, _infos: *mut std::ffi::c_void) {
+        dev(device)?;
+        write(count, 0)
+    }
+
+    /// No GPU is excluded (a driver option, `NVreg_ExcludedGpus`, never set on the simulator).
+    fn nvmlGetExcludedDeviceCount(count: *mut c_uint) {
+        sim()?;
+        write(count, 0)
+    }
+
+    /// Host interface cards are S-class hardware: none. Documented: NVML_ERROR_INVALID_ARGUMENT
+    /// if either pointer is NULL; with no entries, `*count` becomes 0.
+    fn nvmlSystemGetHicVersion(count: *mut c_uint, entries: *mut std::ffi::c_void) {
+        sim()?;
+        if count.is_null() || entries.is_null() {
+            return Err(ret::ERROR_INVALID_ARGUMENT);
+        }
+        write(count, 0)
+    }
+
     /// S-class units (the Quadro Plex and Tesla S-series enclosures) are not part of any
     /// modelled machine: 0 units.
     fn nvmlUnitGetCount(count: *mut c_uint) {
@@ -392,6 +460,16 @@ export! {
         Err(ret::ERROR_INVALID_ARGUMENT)
     }
 
+    // With no units no handle is valid: each unit query is NVML_ERROR_INVALID_ARGUMENT, its
+    // documented answer for an invalid unit.
+    fn nvmlUnitGetUnitInfo(_unit: *mut std::ffi::c_void, _info: *mut std::ffi::c_void) { no_unit() }
+    fn nvmlUnitGetLedState(_unit: *mut std::ffi::c_void, _state: *mut std::ffi::c_void) { no_unit() }
+    fn nvmlUnitGetPsuInfo(_unit: *mut std::ffi::c_void, _psu: *mut std::ffi::c_void) { no_unit() }
+    fn nvmlUnitGetTemperature(_unit: *mut std::ffi::c_void, _kind: c_uint, _temp: *mut c_uint) { no_unit() }
+    fn nvmlUnitGetFanSpeedInfo(_unit: *mut std::ffi::c_void, _speeds: *mut std::ffi::c_void) { no_unit() }
+    fn nvmlUnitGetDevices(_unit: *mut std::ffi::c_void, _count: *mut c_uint, _devices: *mut nvmlDevice_t) { no_unit() }
+    fn nvmlUnitSetLedState(_unit: *mut std::ffi::c_void, _color: c_uint) { no_unit() }
+
     fn nvmlSystemGetDriverBranch(info: *mut nvmlSystemDriverBranchInfo_v1_t, length: c_uint) {
         let m = &sim()?.model;
         let mut i = read(info)?;
@@ -402,6 +480,22 @@ export! {
         i.branch = c_array(&branch);
         write(info, i)
     }
+}
+
+/// nvml.h's nvmlClocksEventReason* bits 0x1 to 0x100.
+pub const SUPPORTED_EVENT_REASONS: u64 = 0x1ff;
+/// `nvmlClocksEventReasonGpuIdle`.
+pub const EVENT_REASON_GPU_IDLE: u64 = 0x1;
+
+fn current_event_reasons(device: nvmlDevice_t, reasons: *mut u64) -> Res {
+    let (sim, d) = dev(device)?;
+    let idle = crate::sensors::utilization(sim, d) == 0;
+    write(reasons, if idle { EVENT_REASON_GPU_IDLE } else { 0 })
+}
+
+fn no_unit() -> Res {
+    sim()?;
+    Err(ret::ERROR_INVALID_ARGUMENT)
 }
 
 /// `isGridLicenseSupported` (an int) and `licensableFeaturesCount`, the head of

@@ -79,6 +79,11 @@ fn fnv(s: &str) -> u64 {
     })
 }
 
+/// A 13-digit board serial derived from the UUID (stable across runs).
+fn serial_of(d: &Device) -> String {
+    format!("{:013}", fnv(&d.uuid) % 10_000_000_000_000)
+}
+
 /// MIG exists on A100/A30 (8.0) and on Hopper and later.
 fn mig_capable(d: &Device) -> bool {
     d.cc == (8, 0) || d.cc.0 >= 9
@@ -166,7 +171,16 @@ export! {
     /// A 13-digit board serial derived from the UUID (stable across runs).
     fn nvmlDeviceGetSerial(device: nvmlDevice_t, serial: *mut c_char, length: c_uint) {
         let d = model_dev(device)?.2;
-        write_str(serial, length, &format!("{:013}", fnv(&d.uuid) % 10_000_000_000_000))
+        write_str(serial, length, &serial_of(d))
+    }
+
+    /// The device whose nvmlDeviceGetSerial is `serial` (each board has its own); documented:
+    /// NVML_ERROR_NOT_FOUND when none matches, NVML_ERROR_INVALID_ARGUMENT for NULL.
+    fn nvmlDeviceGetHandleBySerial(serial: *const c_char, device: *mut nvmlDevice_t) {
+        let sim = sim()?;
+        let want = cstr(serial)?.trim();
+        let found = sim.model.devices.iter().position(|d| serial_of(d) == want);
+        write(device, handle(found.ok_or(ret::ERROR_NOT_FOUND)?))
     }
 
     /// One board per GPU (SXM modules and PCIe cards alike): an id unique to its PCI location.

@@ -37,6 +37,18 @@ int main(void) {
     nvmlUnit_t unit;
     CODE("unit_handle_0", nvmlUnitGetHandleByIndex(0, &unit));
 
+    nvmlUnitInfo_t unit_info;
+    CODE("unit_info_bad_unit", nvmlUnitGetUnitInfo(unit, &unit_info));
+    unsigned int excluded = 99, hics = 4;
+    nvmlHwbcEntry_t hic[4];
+    r = nvmlGetExcludedDeviceCount(&excluded);
+    SHOW("excluded_devices", r, "%u", excluded);
+    r = nvmlSystemGetHicVersion(&hics, hic);
+    SHOW("hic_count", r, "%u", hics);
+    CODE("hic_null", nvmlSystemGetHicVersion(&hics, NULL));
+    nvmlDevice_t by_serial;
+    CODE("serial_unknown", nvmlDeviceGetHandleBySerial("0000000000000", &by_serial));
+
     if (nvmlDeviceGetCount_v2(&n) != NVML_SUCCESS) return 1;
     printf("count 0 %u\n", n);
     for (unsigned int i = 0; i < n; i++) {
@@ -145,6 +157,27 @@ int main(void) {
         memset(&grid, 0xab, sizeof grid);
         r = nvmlDeviceGetGridLicensableFeatures(d, &grid);
         SHOW(K("grid"), r, "%d %u", grid.isGridLicenseSupported, grid.licensableFeaturesCount);
+
+        unsigned long long reasons = 99, supported = 0;
+        r = nvmlDeviceGetCurrentClocksEventReasons(d, &reasons);
+        SHOW(K("event_reasons"), r, "%llx", reasons);
+        r = nvmlDeviceGetSupportedClocksEventReasons(d, &supported);
+        SHOW(K("supported_event_reasons"), r, "%llx", supported);
+        unsigned int sessions = 99, fps = 99, latency = 99;
+        r = nvmlDeviceGetEncoderStats(d, &sessions, &fps, &latency);
+        SHOW(K("encoder_stats"), r, "%u %u %u", sessions, fps, latency);
+        sessions = 99;
+        r = nvmlDeviceGetEncoderSessions(d, &sessions, NULL);
+        SHOW(K("encoder_sessions"), r, "%u", sessions);
+        nvmlFBCStats_t fbc = {99, 99, 99};
+        r = nvmlDeviceGetFBCStats(d, &fbc);
+        SHOW(K("fbc_stats"), r, "%u %u %u", fbc.sessionsCount, fbc.averageFPS, fbc.averageLatency);
+        char serial[NVML_DEVICE_SERIAL_BUFFER_SIZE];
+        unsigned int serial_index = 99;
+        if (nvmlDeviceGetSerial(d, serial, sizeof serial) == NVML_SUCCESS &&
+            (r = nvmlDeviceGetHandleBySerial(serial, &by_serial)) == NVML_SUCCESS)
+            nvmlDeviceGetIndex(by_serial, &serial_index);
+        SHOW(K("by_serial"), r, "%u", serial_index);
 
         /* Field values: modelled, per-link, not modelled and out-of-range ids in one call. */
         nvmlFieldValue_t f[8];
