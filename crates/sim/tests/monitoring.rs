@@ -372,6 +372,7 @@ fn the_device_plugins_queries_and_their_error_paths_in_c() {
         assert_eq!(ok("hic_count"), "0", "no host interface cards");
         assert_eq!(code("hic_null"), INVALID_ARGUMENT);
         assert_eq!(code("serial_unknown"), NOT_FOUND);
+        assert_eq!(code("uuid_unknown"), NOT_FOUND);
         assert_eq!(ok("count"), model.devices.len().to_string());
         assert_eq!(code("brand_bad_handle"), INVALID_ARGUMENT);
         for (i, d) in model.devices.iter().enumerate() {

@@ -48,6 +48,8 @@ int main(void) {
     CODE("hic_null", nvmlSystemGetHicVersion(&hics, NULL));
     nvmlDevice_t by_serial;
     CODE("serial_unknown", nvmlDeviceGetHandleBySerial("0000000000000", &by_serial));
+    nvmlUUID_t nowhere = {.version = nvmlUUID_v1, .type = NVML_UUID_TYPE_ASCII, .value.str = "GPU-00000000-0000-0000-0000-000000000000"};
+    CODE("uuid_unknown", nvmlDeviceGetHandleByUUIDV(&nowhere, &by_serial));
 
     if (nvmlDeviceGetCount_v2(&n) != NVML_SUCCESS) return 1;
     printf("count 0 %u\n", n);
@@ -178,6 +180,33 @@ int main(void) {
             (r = nvmlDeviceGetHandleBySerial(serial, &by_serial)) == NVML_SUCCESS)
             nvmlDeviceGetIndex(by_serial, &serial_index);
         SHOW(K("by_serial"), r, "%u", serial_index);
+
+        /* The versioned UUID lookup, as text in upper case and as bytes. */
+        nvmlUUID_t want = {.version = nvmlUUID_v1, .type = NVML_UUID_TYPE_ASCII};
+        nvmlDevice_t by_uuid = NULL;
+        unsigned int uuid_index = 99;
+        for (size_t c = 0; uuid[c] && c < sizeof want.value.str - 1; c++)
+            want.value.str[c] = (uuid[c] >= 'a' && uuid[c] <= 'f') ? uuid[c] - 32 : uuid[c];
+        if ((r = nvmlDeviceGetHandleByUUIDV(&want, &by_uuid)) == NVML_SUCCESS) nvmlDeviceGetIndex(by_uuid, &uuid_index);
+        SHOW(K("by_uuid_ascii"), r, "%u", uuid_index);
+        want.type = NVML_UUID_TYPE_BINARY;
+        memset(&want.value, 0, sizeof want.value);
+        for (int b = 0, c = 4; b < 16 && uuid[c]; c++) { /* skip "GPU-" and the dashes */
+            if (uuid[c] == '-') continue;
+            unsigned int byte;
+            sscanf(uuid + c, "%2x", &byte);
+            want.value.bytes[b++] = (unsigned char)byte;
+            c++;
+        }
+        uuid_index = 99;
+        if ((r = nvmlDeviceGetHandleByUUIDV(&want, &by_uuid)) == NVML_SUCCESS) nvmlDeviceGetIndex(by_uuid, &uuid_index);
+        SHOW(K("by_uuid_binary"), r, "%u", uuid_index);
+        want.type = 7;
+        CODE(K("by_uuid_bad_type"), nvmlDeviceGetHandleByUUIDV(&want, &by_uuid));
+        want.type = NVML_UUID_TYPE_BINARY;
+        want.version = 1;
+        CODE(K("by_uuid_bad_version"), nvmlDeviceGetHandleByUUIDV(&want, &by_uuid));
+        CODE(K("clear_cpu_affinity"), nvmlDeviceClearCpuAffinity(d));
 
         /* Field values: modelled, per-link, not modelled and out-of-range ids in one call. */
         nvmlFieldValue_t f[8];
