@@ -207,6 +207,14 @@ int main(void) {
         want.version = 1;
         CODE(K("by_uuid_bad_version"), nvmlDeviceGetHandleByUUIDV(&want, &by_uuid));
         CODE(K("clear_cpu_affinity"), nvmlDeviceClearCpuAffinity(d));
+        unsigned int gen[3] = {0}, width[2] = {0};
+        nvmlReturn_t rs[5] = {nvmlDeviceGetMaxPcieLinkGeneration(d, &gen[0]), nvmlDeviceGetGpuMaxPcieLinkGeneration(d, &gen[1]),
+                              nvmlDeviceGetCurrPcieLinkGeneration(d, &gen[2]), nvmlDeviceGetMaxPcieLinkWidth(d, &width[0]),
+                              nvmlDeviceGetCurrPcieLinkWidth(d, &width[1])};
+        r = NVML_SUCCESS;
+        for (int c = 0; c < 5; c++) if (rs[c] != NVML_SUCCESS) r = rs[c];
+        SHOW(K("pcie_link"), r, "%u %u %u %u %u", gen[0], gen[1], gen[2], width[0], width[1]);
+        CODE(K("pcie_link_null"), nvmlDeviceGetCurrPcieLinkWidth(d, NULL));
 
         /* Field values: modelled, per-link, not modelled and out-of-range ids in one call. */
         nvmlFieldValue_t f[8];
