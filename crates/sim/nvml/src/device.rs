@@ -79,6 +79,11 @@ fn fnv(s: &str) -> u64 {
     })
 }
 
+/// A 13-digit board serial derived from the UUID (stable across runs).
+fn serial_of(d: &Device) -> String {
+    format!("{:013}", fnv(&d.uuid) % 10_000_000_000_000)
+}
+
 /// MIG exists on A100/A30 (8.0) and on Hopper and later.
 fn mig_capable(d: &Device) -> bool {
     d.cc == (8, 0) || d.cc.0 >= 9
@@ -107,6 +112,34 @@ export! {
         let sim = sim()?;
         let want = cstr(uuid)?.trim();
         let found = sim.model.devices.iter().position(|d| d.uuid.eq_ignore_ascii_case(want));
+        write(device, handle(found.ok_or(ret::ERROR_NOT_FOUND)?))
+    }
+
+    /// The versioned form (R575): the UUID as text (`NVML_UUID_TYPE_ASCII`, compared without
+    /// regard to case) or as its 16 bytes (`NVML_UUID_TYPE_BINARY`). Documented:
+    /// NVML_ERROR_ARGUMENT_VERSION_MISMATCH for another struct version, INVALID_ARGUMENT for
+    /// another type, NOT_FOUND when no device has it.
+    fn nvmlDeviceGetHandleByUUIDV(uuid: *const nvmlUUID_v1_t, device: *mut nvmlDevice_t) {
+        let sim = sim()?;
+        let u = read(uuid)?;
+        if u.version != NVML_UUID_V1 {
+            return Err(ret::ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        if device.is_null() {
+            return Err(ret::ERROR_INVALID_ARGUMENT);
+        }
+        let found = match u.kind {
+            NVML_UUID_TYPE_ASCII => {
+                let text: Vec<u8> = u.value.iter().take_while(|c| **c != 0).map(|c| *c as u8).collect();
+                let text = String::from_utf8_lossy(&text);
+                sim.model.devices.iter().position(|d| d.uuid.eq_ignore_ascii_case(text.trim()))
+            }
+            NVML_UUID_TYPE_BINARY => {
+                let bytes: Vec<u8> = u.value[..16].iter().map(|c| *c as u8).collect();
+                sim.model.devices.iter().position(|d| d.uuid_bytes()[..] == bytes[..])
+            }
+            _ => return Err(ret::ERROR_INVALID_ARGUMENT),
+        };
         write(device, handle(found.ok_or(ret::ERROR_NOT_FOUND)?))
     }
 
@@ -166,7 +199,16 @@ export! {
     /// A 13-digit board serial derived from the UUID (stable across runs).
     fn nvmlDeviceGetSerial(device: nvmlDevice_t, serial: *mut c_char, length: c_uint) {
         let d = model_dev(device)?.2;
-        write_str(serial, length, &format!("{:013}", fnv(&d.uuid) % 10_000_000_000_000))
+        write_str(serial, length, &serial_of(d))
+    }
+
+    /// The device whose nvmlDeviceGetSerial is `serial` (each board has its own); documented:
+    /// NVML_ERROR_NOT_FOUND when none matches, NVML_ERROR_INVALID_ARGUMENT for NULL.
+    fn nvmlDeviceGetHandleBySerial(serial: *const c_char, device: *mut nvmlDevice_t) {
+        let sim = sim()?;
+        let want = cstr(serial)?.trim();
+        let found = sim.model.devices.iter().position(|d| serial_of(d) == want);
+        write(device, handle(found.ok_or(ret::ERROR_NOT_FOUND)?))
     }
 
     /// One board per GPU (SXM modules and PCIe cards alike): an id unique to its PCI location.
@@ -398,6 +440,21 @@ pub const NVML_PROCESSES_UTILIZATION_INFO_V1: c_uint =
     nvml_struct_version(std::mem::size_of::<nvmlProcessesUtilizationInfo_v1_t>(), 1);
 const _: () = assert!(NVML_PROCESSES_UTILIZATION_INFO_V1 == 0x0100_0018);
 const _: () = assert!(std::mem::size_of::<nvmlProcessUtilizationInfo_v1_t>() == 40);
+
+/// `nvmlUUID_v1_t` (nvml.h): version, `nvmlUUIDType_t`, and a union of the 41-byte ASCII form
+/// and the 16 bytes; 52 bytes with its padding.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct nvmlUUID_v1_t {
+    pub version: c_uint,
+    pub kind: c_uint,
+    pub value: [c_char; 41],
+}
+pub const NVML_UUID_V1: c_uint = nvml_struct_version(std::mem::size_of::<nvmlUUID_v1_t>(), 1);
+const _: () = assert!(NVML_UUID_V1 == 0x0100_0034);
+/// `nvmlUUIDType_t`.
+pub const NVML_UUID_TYPE_ASCII: c_uint = 1;
+pub const NVML_UUID_TYPE_BINARY: c_uint = 2;
 
 /// Documented: NVML_ERROR_INVALID_ARGUMENT for an index past the device count.
 fn by_index(index: c_uint, device: *mut nvmlDevice_t) -> Res {

@@ -68,7 +68,7 @@ pub fn idle_power_mw(d: &Device) -> u32 {
 }
 
 /// What nvmlDeviceGetUtilizationRates reports as `gpu`, percent of the last second.
-fn utilization(sim: &Sim, d: usize) -> u32 {
+pub(crate) fn utilization(sim: &Sim, d: usize) -> u32 {
     sim.shared
         .device_utilization(d, crate::device::UTIL_WINDOW_NS)
         .min(100)

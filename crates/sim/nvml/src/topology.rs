@@ -61,6 +61,13 @@ export! {
     }
 
     /// Node and socket scope are the same here: one NUMA node per socket.
+    /// NVML binds threads only through nvmlDeviceSetCpuAffinity, which the simulator does not
+    /// model: there is no binding of NVML's to clear, and the thread's affinity stays as it is.
+    fn nvmlDeviceClearCpuAffinity(device: nvmlDevice_t) {
+        dev(device)?;
+        Ok(())
+    }
+
     fn nvmlDeviceGetCpuAffinityWithinScope(
         device: nvmlDevice_t,
         size: c_uint,
