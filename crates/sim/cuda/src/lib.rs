@@ -272,6 +272,12 @@ not_supported! {
     cuCoredumpGetAttribute cuCoredumpSetAttribute cuGreenCtxCreate cuDeviceGetDevResource
     cuStreamWriteValue32 cuStreamWriteValue32_v2 cuStreamWriteValue32_ptsz cuStreamWriteValue32_v2_ptsz
     cuMulticastCreate cuMulticastAddDevice cuMulticastBindMem
+    // PyTorch 2.15 resolves these through cuGetProcAddress when its allocator starts, and its
+    // first allocation fails with "named symbol not found" while one is missing (seen on the
+    // simulator: cuGetProcAddress_v2 answered CUDA_ERROR_NOT_FOUND for each, then
+    // torch.empty(..., device="cuda") raised cudaErrorSymbolNotFound).
+    cuMulticastUnbind cuCtxFromGreenCtx cuGreenCtxDestroy cuGreenCtxStreamCreate
+    cuDevSmResourceSplitByCount cuDevResourceGenerateDesc cuLogsRegisterCallback cuLogsUnregisterCallback
     // cuBLASLt 12.8 resolves these (among ~80 entry points) with dlsym on libcuda.so.1 when a
     // handle is created, and fails cublasLtCtxInit ("Driver API initialization failed", so
     // cublasCreate answers CUBLAS_STATUS_INTERNAL_ERROR) when one is absent; creating a handle

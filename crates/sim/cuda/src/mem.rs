@@ -850,6 +850,19 @@ struct Phys {
     share: Mutex<Option<(usize, u64)>>,
     /// The exported file (a memfd naming the entry) that exports hand out duplicates of.
     export_fd: Mutex<c_int>,
+    /// What cuMemGetAllocationPropertiesFromHandle answers: cuMemCreate's properties (an
+    /// import's: its device, and the POSIX file descriptor it came as).
+    prop: Prop,
+}
+
+/// The parts of a CUmemAllocationProp a handle keeps (its `win32HandleMetaData` pointer is
+/// meaningless on Linux and not kept).
+#[derive(Clone, Copy)]
+struct Prop {
+    type_: c_int,
+    handle_types: c_int,
+    location: CUmemLocation,
+    alloc_flags: [u8; 8],
 }
 
 fn phys() -> &'static Registry<Phys> {
@@ -1418,7 +1431,8 @@ export! {
         if let Some(d) = dev {
             charge(d, size as u64)?;
         }
-        let (h, _) = phys().insert(Phys { charged_dev: dev, dev, size: size as u64, st: Mutex::new((1, 0)), share: Mutex::new(None), export_fd: Mutex::new(-1) });
+        let prop = Prop { type_: p.type_, handle_types: p.requestedHandleTypes, location: p.location, alloc_flags: p.allocFlags };
+        let (h, _) = phys().insert(Phys { charged_dev: dev, dev, size: size as u64, st: Mutex::new((1, 0)), share: Mutex::new(None), export_fd: Mutex::new(-1), prop });
         write(handle, h as u64)
     }
     fn cuMemRelease(handle: CUmemGenericAllocationHandle) {
@@ -1433,6 +1447,27 @@ export! {
         }
         phys_drop_if_unused(handle as usize, &p);
         Ok(())
+    }
+    /// The properties the handle was made with (cuda.h 13.5, cuMemGetAllocationPropertiesFromHandle:
+    /// "Retrieve the contents of the property structure defining properties for this handle";
+    /// CUDA_ERROR_INVALID_VALUE among its documented codes, for a NULL `prop` or a handle that is
+    /// not one). PyTorch 2.15 resolves this entry point when its CUDA allocator starts
+    /// (c10::cuda::DriverAPI; its first allocation fails with "named symbol not found" where
+    /// cuGetProcAddress does not find it). A minimal model: the i17-share branch models the VMM
+    /// chapter (vmm.rs) in full and supersedes this at merge.
+    fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle) {
+        drv()?;
+        if prop.is_null() {
+            return Err(err::INVALID_VALUE);
+        }
+        let p = phys().get(handle as usize).map_err(|_| err::INVALID_VALUE)?;
+        write(prop, CUmemAllocationProp {
+            type_: p.prop.type_,
+            requestedHandleTypes: p.prop.handle_types,
+            location: p.prop.location,
+            win32HandleMetaData: std::ptr::null_mut(),
+            allocFlags: p.prop.alloc_flags,
+        })
     }
     /// The handle of the memory mapped at `addr`, one more reference to release: "The handle is
     /// guaranteed to be the same handle value used when mapping the memory. If the address
@@ -1593,6 +1628,12 @@ export! {
             st: Mutex::new((1, 0)),
             share: Mutex::new(Some((i as usize, generation as u64))),
             export_fd: Mutex::new(-1),
+            prop: Prop {
+                type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+                handle_types: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                location: CUmemLocation { type_: if dev >= 0 { CU_MEM_LOCATION_TYPE_DEVICE } else { 2 }, id: dev.max(0) as c_int },
+                alloc_flags: [0; 8],
+            },
         });
         write(handle, h as u64)
     }

@@ -1018,6 +1018,25 @@ pub static PROC_TABLE: &[ProcEntry] = &[
         versions: &[(10000, "cuWaitExternalSemaphoresAsync")],
         per_thread: &[(10000, "cuWaitExternalSemaphoresAsync_ptsz")],
     },
+    // ---- added by i17-torch ----
+    // PyTorch 2.15's allocator resolves it at start (cudaTypedefs.h 13.5:
+    // PFN_cuMemGetAllocationPropertiesFromHandle_v10020).
+    ProcEntry {
+        base: "cuMemGetAllocationPropertiesFromHandle",
+        versions: &[(10020, "cuMemGetAllocationPropertiesFromHandle")],
+        per_thread: &[],
+    },
+    // PyTorch 2.15 (c10::cuda::DriverAPI) resolves these when its CUDA allocator starts, green
+    // contexts, multicast and the CUDA 12.9 logs API among them; they answer NOT_SUPPORTED (the
+    // stub list in lib.rs). Versions: CUDA 13.5 cudaTypedefs.h, PFN_<name>_v<N>.
+    ProcEntry { base: "cuMulticastUnbind", versions: &[(12010, "cuMulticastUnbind")], per_thread: &[] },
+    ProcEntry { base: "cuCtxFromGreenCtx", versions: &[(12040, "cuCtxFromGreenCtx")], per_thread: &[] },
+    ProcEntry { base: "cuGreenCtxDestroy", versions: &[(12040, "cuGreenCtxDestroy")], per_thread: &[] },
+    ProcEntry { base: "cuGreenCtxStreamCreate", versions: &[(12050, "cuGreenCtxStreamCreate")], per_thread: &[] },
+    ProcEntry { base: "cuDevSmResourceSplitByCount", versions: &[(12040, "cuDevSmResourceSplitByCount")], per_thread: &[] },
+    ProcEntry { base: "cuDevResourceGenerateDesc", versions: &[(12040, "cuDevResourceGenerateDesc")], per_thread: &[] },
+    ProcEntry { base: "cuLogsRegisterCallback", versions: &[(12090, "cuLogsRegisterCallback")], per_thread: &[] },
+    ProcEntry { base: "cuLogsUnregisterCallback", versions: &[(12090, "cuLogsUnregisterCallback")], per_thread: &[] },
 ];
 
 #[cfg(test)]
