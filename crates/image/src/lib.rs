@@ -67,6 +67,10 @@ pub struct Symbols {
     /// The sizes of the sections that hold variables (`.nv.global*`, `.nv.constant<N>`),
     /// together: what the driver allocates for them, whether or not a symbol names the bytes.
     pub sections: u64,
+    /// The sizes of its code sections (`.text.<kernel or function>`) together: what loading the
+    /// cubin puts in device memory besides its variables. 0 for PTX (its code is what the
+    /// driver compiles it to, which is not known here).
+    pub code: u64,
 }
 
 /// The variables of a fat binary's entries.
@@ -76,6 +80,8 @@ pub struct Fat {
     pub globals: BTreeMap<String, u64>,
     /// The largest [`Symbols::sections`] of any of its cubins.
     pub sections: u64,
+    /// The largest [`Symbols::code`] of any of its cubins (the driver loads one of them).
+    pub code: u64,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -111,6 +117,16 @@ impl Image {
             Image::Opaque | Image::Unsized(_) => return Vec::new(),
         };
         g.iter().map(|(k, v)| (k.clone(), *v)).collect()
+    }
+
+    /// The size of the code loading this image puts in device memory (see [`Symbols::code`]); 0
+    /// where it is not known.
+    pub fn code_bytes(&self) -> u64 {
+        match self {
+            Image::Known(s) => s.code,
+            Image::Fat(f) => f.code,
+            Image::Opaque | Image::Unsized(_) => 0,
+        }
     }
 
     /// The device memory loading this image takes at most, with every variable rounded up to
@@ -341,6 +357,7 @@ fn add_entry(fat: &mut Fat, kind: u16, plain: &[u8]) -> Result<(), String> {
                 *e = (*e).max(size);
             }
             fat.sections = fat.sections.max(s.sections);
+            fat.code = fat.code.max(s.code);
             Ok(())
         }
         Image::Unsized(why) => Err(why),
@@ -517,6 +534,13 @@ fn elf_symbols(b: &[u8]) -> Result<Symbols, &'static str> {
     const STO_CUDA_ENTRY: u8 = 0x10;
     for i in 0..shnum {
         let s = sh(i)?;
+        if names[i].starts_with(".text.") {
+            let size = u64_at(s, 32).ok_or(UNREADABLE)?;
+            out.code = out
+                .code
+                .checked_add(size)
+                .ok_or("whose code sections' sizes overflow")?;
+        }
         if is_variable_section(i) {
             let size = u64_at(s, 32).ok_or(UNREADABLE)?;
             out.sections = out
