@@ -532,9 +532,9 @@ fn elf_symbols(b: &[u8]) -> Result<Symbols, &'static str> {
     const STT_FUNC: u8 = 2;
     /// `st_other` of a kernel's symbol (a device function's lacks it).
     const STO_CUDA_ENTRY: u8 = 0x10;
-    for i in 0..shnum {
+    for (i, name) in names.iter().enumerate() {
         let s = sh(i)?;
-        if names[i].starts_with(".text.") {
+        if name.starts_with(".text.") {
             let size = u64_at(s, 32).ok_or(UNREADABLE)?;
             out.code = out
                 .code
