@@ -1,5 +1,6 @@
 //! C programs on the simulator: one resolving entry points the way libcudart 12 does, one
-//! linked directly against libcuda.
+//! linked directly against libcuda, one checking the memory contexts take (in the driver and in
+//! NVML).
 mod common;
 
 use std::path::PathBuf;
@@ -67,4 +68,29 @@ fn a_directly_linked_program_fills_exactly_the_device() {
         )),
         "{so}"
     );
+}
+
+/// Contexts take device memory, as cuMemGetInfo and NVML show (tests/c/context_memory.c, linked
+/// against both simulated libraries), on each preset's GPU.
+#[test]
+fn contexts_take_their_memory_in_the_driver_and_in_nvml() {
+    let dir = common::sim_dir();
+    let d = dir.to_str().unwrap();
+    let exe = compile("context_memory", &["-L", d, "-lcuda", "-lnvidia-ml"]);
+    for preset in cuvisor_sim::model::PRESETS {
+        let gpu = &cuvisor_sim::model::preset(preset).unwrap().devices[0];
+        assert!(gpu.context_memory > 0, "{preset}: its contexts take memory");
+        let mut cmd = Command::new(&exe);
+        cmd.arg(gpu.context_memory.to_string());
+        common::sim_env(&mut cmd, preset, &common::state_file("ctxmem"));
+        let out = cmd.output().unwrap();
+        let (so, se) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(
+            out.status.success() && so.contains("OK"),
+            "{preset}: stdout: {so}\nstderr: {se}"
+        );
+    }
 }
