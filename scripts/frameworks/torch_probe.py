@@ -122,7 +122,8 @@ def _():
         why = f"expandable segments: {pages} pages of 20 MiB = {gib(pages * page)} needed"
     else:
         why = ("a 2 MiB multiple" if n % (2 * MIB) == 0 else "rounded up to 2 MiB") + \
-            "; the context's own memory counts against it where the simulated GPU gives contexts memory"
+            "; what the process already holds counts against it: its modules' memory, and on the " \
+            "simulator directly its context's"
     row(name, "NOTE", f"[{why}] {text}")
 
 
