@@ -135,16 +135,19 @@ pub fn global_sym<T>(name: &std::ffi::CStr) -> T {
 /// use, to a quota: libcuvisor does not count a context's own memory against the quota yet (the
 /// issue "Today's stacks held to their quotas"), so on a GPU whose contexts take memory, as the
 /// presets' do, those numbers would be off by each process's context, which is not what these
-/// tests are about. Written once per test process.
+/// tests are about. Written once per test process, into the profile directory (the same bytes
+/// each time, renamed into place).
 pub fn single_without_context_memory() -> String {
     static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
-        let p = std::env::temp_dir().join(format!(
-            "cuvisor-test-single-no-context-memory-{}.toml",
+        let dir = cuvisor_testkit::profile_dir_of_test();
+        let p = dir.join("single-no-context-memory.toml");
+        let tmp = dir.join(format!(
+            "single-no-context-memory.toml.{}",
             std::process::id()
         ));
         std::fs::write(
-            &p,
+            &tmp,
             "name = \"single-no-context-memory\"\n\
              [[device]]\n\
              name = \"NVIDIA A100-PCIE-16GB (simulated)\"\n\
@@ -154,6 +157,7 @@ pub fn single_without_context_memory() -> String {
              context_memory = 0\n",
         )
         .expect("write the machine file");
+        std::fs::rename(&tmp, &p).expect("rename the machine file into place");
         p
     })
     .to_str()
