@@ -82,8 +82,10 @@ fn contexts_take_their_memory_in_the_driver_and_in_nvml() {
         assert!(gpu.context_memory > 0, "{preset}: its contexts take memory");
         let mut cmd = Command::new(&exe);
         cmd.arg(gpu.context_memory.to_string());
-        common::sim_env(&mut cmd, preset, &common::state_file("ctxmem"));
+        let state = common::state_file("ctxmem");
+        common::sim_env(&mut cmd, preset, &state);
         let out = cmd.output().unwrap();
+        let _ = std::fs::remove_file(&state);
         let (so, se) = (
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr),
