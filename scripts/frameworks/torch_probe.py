@@ -9,7 +9,8 @@ Each check prints one tab-separated line for the table:
     FWCHECK <client> <check> <PASS|FAIL|NOTE> <what was measured>
 
 and a check that raises is a FAIL saying where it stopped; the probe goes on with the next one.
-The quota is CUVISOR_MEMORY_LIMIT (bytes), as `cuvisor run` sets it. The simulator runs no
+The quota is CUVISOR_MEMORY_LIMIT (bytes), as `cuvisor run` sets it; without it (the probe run
+on the simulator directly, frameworks.sh --set newest) the GPU's whole memory. The simulator runs no
 kernel code: kernels and cuBLAS calls are checked to launch and synchronize, never their results.
 """
 
@@ -54,9 +55,10 @@ def check(name):
     return run
 
 
-quota = int(os.environ["CUVISOR_MEMORY_LIMIT"])
-
 import torch  # noqa: E402
+
+HOOKED = "CUVISOR_MEMORY_LIMIT" in os.environ
+quota = int(os.environ["CUVISOR_MEMORY_LIMIT"]) if HOOKED else torch.cuda.get_device_properties(0).total_memory
 
 OOM = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
 
@@ -120,7 +122,8 @@ def _():
         why = f"expandable segments: {pages} pages of 20 MiB = {gib(pages * page)} needed"
     else:
         why = ("a 2 MiB multiple" if n % (2 * MIB) == 0 else "rounded up to 2 MiB") + \
-            "; the simulated context takes no device memory"
+            "; what the process already holds counts against it: its modules' memory, and on the " \
+            "simulator directly its context's"
     row(name, "NOTE", f"[{why}] {text}")
 
 

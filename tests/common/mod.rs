@@ -129,3 +129,38 @@ pub fn global_sym<T>(name: &std::ffi::CStr) -> T {
         std::mem::transmute_copy(&p)
     }
 }
+
+/// A machine file: the `single` preset's GPU (an A100 PCIe of 16 GiB, 108 SMs) whose contexts take
+/// no device memory. For the tests that hold what libcuvisor reports, or the simulator's physical
+/// use, to a quota: libcuvisor does not count a context's own memory against the quota yet (the
+/// issue "Today's stacks held to their quotas"), so on a GPU whose contexts take memory, as the
+/// presets' do, those numbers would be off by each process's context, which is not what these
+/// tests are about. Written once per test process, into the profile directory (the same bytes
+/// each time, renamed into place).
+pub fn single_without_context_memory() -> String {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let dir = cuvisor_testkit::profile_dir_of_test();
+        let p = dir.join("single-no-context-memory.toml");
+        let tmp = dir.join(format!(
+            "single-no-context-memory.toml.{}",
+            std::process::id()
+        ));
+        std::fs::write(
+            &tmp,
+            "name = \"single-no-context-memory\"\n\
+             [[device]]\n\
+             name = \"NVIDIA A100-PCIE-16GB (simulated)\"\n\
+             memory = \"16Gi\"\n\
+             sm_count = 108\n\
+             compute_capability = \"8.0\"\n\
+             context_memory = 0\n",
+        )
+        .expect("write the machine file");
+        std::fs::rename(&tmp, &p).expect("rename the machine file into place");
+        p
+    })
+    .to_str()
+    .unwrap()
+    .to_string()
+}

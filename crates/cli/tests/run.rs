@@ -70,11 +70,21 @@ fn ledger_of(state_dir: &Path) -> Ledger {
 #[test]
 fn the_twin_alone_sees_the_whole_simulated_device() {
     let scratch = Scratch::new("twin-alone");
+    // The `single` preset's GPU, but with contexts that take no memory: the twin's table reasons
+    // from a device with all of its memory free (its process's context takes some on the
+    // presets, as on a real GPU), and the cuvisor runs below compare against that table.
+    let machine = scratch.path("single-no-context-memory.toml");
+    std::fs::write(
+        &machine,
+        "[[device]]\nname = \"NVIDIA A100-PCIE-16GB (simulated)\"\nmemory = \"16Gi\"\n\
+         sm_count = 108\ncompute_capability = \"8.0\"\ncontext_memory = 0\n",
+    )
+    .unwrap();
     for resolve in ["procaddress", "dlsym"] {
         let out = Command::new(twin())
             .args(["--resolve", resolve])
             .env("LD_LIBRARY_PATH", built().join("sim"))
-            .env("CUVISOR_SIM", "single")
+            .env("CUVISOR_SIM", &machine)
             .env(
                 "CUVISOR_SIM_STATE",
                 scratch.path(&format!("{resolve}.state")),

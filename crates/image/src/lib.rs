@@ -26,7 +26,8 @@
 //! - A fat binary (what nvcc links into a program and libcudart hands the driver, directly or
 //!   through its `__fatBinC_Wrapper_t`, magic 0x466243b1, whose third field points at the fat
 //!   binary) is a 16-byte header (magic 0xBA55ED50, u16 version, u16 header size, u64 size of
-//!   the entries) and entries, each a header (u16 kind: 1 PTX, 2 ELF, 0x10 ELF as well; u32
+//!   the entries) and entries, each a header (u16 kind: 1 PTX, 2 ELF, 0x10 ELF as well, 0x100
+//!   several images compressed together, see `concat_parts`; u32
 //!   header size; u32 payload size padded to 8 bytes; u32 payload size at 0x10; u64 flags at
 //!   0x28; u64 uncompressed size at 0x38) and its payload. A payload is compressed when its
 //!   flags say so: 0x2000 is an LZ4 block (no frame), which is how the CUDA 12 libraries ship
@@ -66,6 +67,10 @@ pub struct Symbols {
     /// The sizes of the sections that hold variables (`.nv.global*`, `.nv.constant<N>`),
     /// together: what the driver allocates for them, whether or not a symbol names the bytes.
     pub sections: u64,
+    /// The sizes of its code sections (`.text.<kernel or function>`) together: what loading the
+    /// cubin puts in device memory besides its variables. 0 for PTX (its code is what the
+    /// driver compiles it to, which is not known here).
+    pub code: u64,
 }
 
 /// The variables of a fat binary's entries.
@@ -75,6 +80,8 @@ pub struct Fat {
     pub globals: BTreeMap<String, u64>,
     /// The largest [`Symbols::sections`] of any of its cubins.
     pub sections: u64,
+    /// The largest [`Symbols::code`] of any of its cubins (the driver loads one of them).
+    pub code: u64,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -112,6 +119,16 @@ impl Image {
         g.iter().map(|(k, v)| (k.clone(), *v)).collect()
     }
 
+    /// The size of the code loading this image puts in device memory (see [`Symbols::code`]); 0
+    /// where it is not known.
+    pub fn code_bytes(&self) -> u64 {
+        match self {
+            Image::Known(s) => s.code,
+            Image::Fat(f) => f.code,
+            Image::Opaque | Image::Unsized(_) => 0,
+        }
+    }
+
     /// The device memory loading this image takes at most, with every variable rounded up to
     /// whole `unit`s (the smallest piece a driver allocation takes): the larger of its variables
     /// and its variable sections. 0 for an image the driver does not load; Err (the reason) for
@@ -142,6 +159,8 @@ pub(crate) const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43b1;
 pub(crate) const FATBIN_MAGIC: u32 = 0xBA55_ED50;
 pub(crate) const FATBIN_LZ4: u64 = 0x2000;
 pub(crate) const FATBIN_ZSTD: u64 = 0x8000;
+/// A concatenated entry: several images compressed together ([`concat_parts`]).
+pub(crate) const FATBIN_CONCAT: u16 = 0x100;
 pub(crate) const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 
 fn cannot_size(why: &str) -> Image {
@@ -285,7 +304,7 @@ fn from_fatbin(b: &[u8]) -> Image {
             0 => payload,
             n => payload.get(..n as usize).unwrap_or(payload),
         };
-        if matches!(kind, 1 | 2 | 0x10) {
+        if matches!(kind, 1 | 2 | 0x10 | FATBIN_CONCAT) {
             let plain = if flags & (FATBIN_LZ4 | FATBIN_ZSTD) != 0 {
                 let Some(n) = u64_at(b, at + 0x38).filter(|&n| n <= MAX_IMAGE) else {
                     return cannot_size("a compressed fat binary entry of a size it cannot take");
@@ -306,28 +325,73 @@ fn from_fatbin(b: &[u8]) -> Image {
             } else {
                 payload.to_vec()
             };
-            let img = from_bytes(&plain);
-            let elf = kind != 1;
-            if elf && !plain.starts_with(b"\x7fELF") || !elf && !plain.is_ascii() {
-                // Not what its kind says: stored in a way this reader does not know.
-                return cannot_size("a fat binary entry stored in a way it does not know");
-            }
-            match img {
-                Image::Known(s) => {
-                    for (name, size) in s.globals {
-                        let e = fat.globals.entry(name).or_insert(0);
-                        *e = (*e).max(size);
+            if kind == FATBIN_CONCAT {
+                let Some(parts) = concat_parts(&b[at..start], &plain) else {
+                    return cannot_size("a concatenated fat binary entry it cannot walk");
+                };
+                for (kind, part) in parts {
+                    if let Err(why) = add_entry(&mut fat, kind, part) {
+                        return Image::Unsized(why);
                     }
-                    fat.sections = fat.sections.max(s.sections);
                 }
-                Image::Unsized(why) => return Image::Unsized(why),
-                // An entry the driver cannot load either (or empty padding): it loads another.
-                Image::Fat(_) | Image::Opaque => {}
+            } else if let Err(why) = add_entry(&mut fat, kind, &plain) {
+                return Image::Unsized(why);
             }
         }
         at = next;
     }
     Image::Fat(fat)
+}
+
+/// One entry's plain bytes (a cubin or PTX, as `kind` says) into the fat binary's variables.
+fn add_entry(fat: &mut Fat, kind: u16, plain: &[u8]) -> Result<(), String> {
+    let elf = kind != 1;
+    if elf && !plain.starts_with(b"\x7fELF") || !elf && !plain.is_ascii() {
+        // Not what its kind says: stored in a way this reader does not know.
+        return Err("a fat binary entry stored in a way it does not know".into());
+    }
+    match from_bytes(plain) {
+        Image::Known(s) => {
+            for (name, size) in s.globals {
+                let e = fat.globals.entry(name).or_insert(0);
+                *e = (*e).max(size);
+            }
+            fat.sections = fat.sections.max(s.sections);
+            fat.code = fat.code.max(s.code);
+            Ok(())
+        }
+        Image::Unsized(why) => Err(why),
+        // An entry the driver cannot load either (or empty padding): it loads another.
+        Image::Fat(_) | Image::Opaque => Ok(()),
+    }
+}
+
+/// The parts of a concatenated entry (kind 0x100, what `nvcc --concat` writes, CUDA 13: "Enable
+/// concatenated fatbin entries for improved compression of multi-architecture builds", nvcc
+/// 13.5 --help). Its payload, once decompressed as its flags say, is its parts' images one
+/// after the other; its header (`head`, 200 bytes for two parts) goes on after the usual 64
+/// bytes with a u32 count of parts and a u32 length of the table that follows (8 + 64 per
+/// part), then one 64-byte header per part: u16 kind (2 a cubin, 1 PTX), u32 offset of the part
+/// in the payload at 4, u64 its size at 8, u32 its architecture at 0x1c, u64 flags at 0x28
+/// (measured: `nvcc -fatbin --concat` 13.5 for sm_80 and sm_90 wrote one such entry, flags
+/// 0x8011, 10640 bytes uncompressed = its two cubins of 5216 and 5424 bytes at offsets 0 and
+/// 5216, count 2, table length 136). None where the table does not fit the header or a part
+/// lies outside the payload.
+fn concat_parts<'a>(head: &[u8], plain: &'a [u8]) -> Option<Vec<(u16, &'a [u8])>> {
+    let count = u32_at(head, 0x40)? as usize;
+    let table = u32_at(head, 0x44)? as usize;
+    if table != count.checked_mul(64)?.checked_add(8)? || 0x40 + table > head.len() {
+        return None;
+    }
+    (0..count)
+        .map(|i| {
+            let h = 0x48 + i * 64;
+            let kind = u16_at(head, h)?;
+            let off = u32_at(head, h + 4)? as usize;
+            let len = usize::try_from(u64_at(head, h + 8)?).ok()?;
+            Some((kind, plain.get(off..off.checked_add(len)?)?))
+        })
+        .collect()
 }
 
 /// Decompresses one Zstandard frame into exactly `size` bytes. None if it is malformed or of
@@ -340,53 +404,12 @@ pub(crate) fn zstd_frame(src: &[u8], size: usize) -> Option<Vec<u8>> {
     (n == size).then_some(out)
 }
 
-/// Decompresses one LZ4 block (the LZ4 block format: sequences of a token, literals, a 2-byte
-/// little-endian match offset and a match length, lengths of 15 continued by 255-bytes), into
-/// exactly `size` bytes. None if it is malformed.
+/// Decompresses one LZ4 block (no frame) into exactly `size` bytes, with lz4_flex (safe code
+/// only, input checked). None if it is malformed or of another size.
 pub(crate) fn lz4_block(src: &[u8], size: usize) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(size);
-    let mut i = 0;
-    let more = |i: &mut usize, mut n: usize| -> Option<usize> {
-        loop {
-            let b = *src.get(*i)?;
-            *i += 1;
-            n = n.checked_add(b as usize)?;
-            if b != 255 {
-                return Some(n);
-            }
-        }
-    };
-    while i < src.len() {
-        let token = src[i];
-        i += 1;
-        let mut lit = (token >> 4) as usize;
-        if lit == 15 {
-            lit = more(&mut i, lit)?;
-        }
-        if out.len().checked_add(lit)? > size {
-            return None;
-        }
-        out.extend_from_slice(src.get(i..i.checked_add(lit)?)?);
-        i += lit;
-        if i >= src.len() || out.len() >= size {
-            break; // the last sequence has literals only
-        }
-        let offset = u16_at(src, i)? as usize;
-        i += 2;
-        let mut len = (token & 15) as usize;
-        if len == 15 {
-            len = more(&mut i, len)?;
-        }
-        len = len.checked_add(4)?;
-        if offset == 0 || offset > out.len() || out.len().checked_add(len)? > size {
-            return None;
-        }
-        let from = out.len() - offset;
-        for k in 0..len {
-            out.push(out[from + k]); // may overlap what it writes
-        }
-    }
-    (out.len() == size).then_some(out)
+    let mut out = vec![0u8; size];
+    let n = lz4_flex::block::decompress_into(src, &mut out).ok()?;
+    (n == size).then_some(out)
 }
 
 pub(crate) fn u16_at(b: &[u8], off: usize) -> Option<u16> {
@@ -509,8 +532,15 @@ fn elf_symbols(b: &[u8]) -> Result<Symbols, &'static str> {
     const STT_FUNC: u8 = 2;
     /// `st_other` of a kernel's symbol (a device function's lacks it).
     const STO_CUDA_ENTRY: u8 = 0x10;
-    for i in 0..shnum {
+    for (i, name) in names.iter().enumerate() {
         let s = sh(i)?;
+        if name.starts_with(".text.") {
+            let size = u64_at(s, 32).ok_or(UNREADABLE)?;
+            out.code = out
+                .code
+                .checked_add(size)
+                .ok_or("whose code sections' sizes overflow")?;
+        }
         if is_variable_section(i) {
             let size = u64_at(s, 32).ok_or(UNREADABLE)?;
             out.sections = out
@@ -549,35 +579,35 @@ fn elf_symbols(b: &[u8]) -> Result<Symbols, &'static str> {
 }
 
 /// PTX text without its comments (`// ...` to the end of the line, `/* ... */`), which may
-/// hold braces and semicolons that are not the module's.
+/// hold braces and semicolons that are not the module's. One pass over the text: the CUDA 13
+/// libraries' PTX entries run to megabytes with a comment on most lines (cuBLASLt 13's), which
+/// searching the rest of the text for each kind of comment at every comment made quadratic
+/// (minutes of a first PyTorch 2.15 matmul under libcuvisor).
 fn strip_ptx_comments(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
-    loop {
-        let line = rest.find("//");
-        let block = rest.find("/*");
-        match (line, block) {
-            (Some(l), b) if b.is_none_or(|b| l < b) => {
-                out.push_str(&rest[..l]);
-                match rest[l..].find('\n') {
-                    Some(n) => rest = &rest[l + n..],
-                    None => return out,
-                }
+    while let Some(at) = rest.find('/') {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        if tail.starts_with("//") {
+            // To the end of the line; the newline stays.
+            match tail.find('\n') {
+                Some(n) => rest = &tail[n..],
+                None => return out,
             }
-            (_, Some(b)) => {
-                out.push_str(&rest[..b]);
-                out.push(' ');
-                match rest[b + 2..].find("*/") {
-                    Some(n) => rest = &rest[b + 2 + n + 2..],
-                    None => return out,
-                }
+        } else if let Some(body) = tail.strip_prefix("/*") {
+            out.push(' ');
+            match body.find("*/") {
+                Some(n) => rest = &body[n + 2..],
+                None => return out,
             }
-            _ => {
-                out.push_str(rest);
-                return out;
-            }
+        } else {
+            out.push('/');
+            rest = &tail[1..];
         }
     }
+    out.push_str(rest);
+    out
 }
 
 /// Kernels and module-scope `.global` / `.const` variables of PTX text (see the module doc).

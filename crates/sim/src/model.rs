@@ -83,8 +83,10 @@ pub struct Device {
     pub nvlink_version: u32,
     /// The remote end of each NVLink, in link order.
     pub links: Vec<LinkPeer>,
-    /// Device memory a context takes that no allocation call shows (the real driver's is a few
-    /// hundred MiB; presets use 0 so that tests can reason in round numbers, config files may set it).
+    /// Device memory a context takes that no allocation call shows: charged while the context
+    /// lives (a primary context while retained). Default [`context_memory_for`] its SM count
+    /// (a few hundred MiB, as the real driver's); model files may set it (`context_memory`, 0
+    /// for none).
     pub context_memory: u64,
     // ---- added by i17-device: the board's published figures (see [`Specs`]) ----
     pub specs: Specs,
@@ -365,6 +367,34 @@ fn make_uuid(machine: &str, index: usize) -> String {
     format_uuid(&b)
 }
 
+// ---- context memory (i17-torch) -------------------------------------------------------------
+// What a bare context takes on a real GPU, with CUDA 12.2+ drivers (lazy module loading on by
+// default on Linux since 12.2: NVIDIA developer forums, "How to enable the CUDA's lazy module
+// loading", https://forums.developer.nvidia.com/t/290090; before 11.7 a context also held every
+// kernel of every library loaded, ">1000MB" for PyTorch: ptrblck, pytorch/pytorch#107667; here
+// module images charge their own code and variables as they load instead).
+//
+// Public measurements of a bare primary context (cudaMemGetInfo, or nvidia-smi's per-process
+// memory, before any allocation):
+//   - RTX 4060 Ti (34 SMs) 107 MiB, RTX PRO 6000 Blackwell (188 SMs) 555 MiB, "the cost scales
+//     with SM count" (ggml-org/llama.cpp#23604, 2026);
+//   - "120-550 MB depending on GPU" (ggml-org/llama.cpp#20595, 2026);
+//   - H100 (132 SMs): "each primary context costs ~534 MiB" (meta-pytorch/torchcomms#777, 2026);
+//   - RTX 3090 (82 SMs): "a flat 256 MiB", PyTorch 2.7.1, driver 610 (invoke-ai/InvokeAI#9413);
+//   - A100 (108 SMs): its CUDA stack alone "216MB" (arcs-skku/EMDC_llvm#13); "~300MB" per
+//     PyTorch context with lazy loading (ptrblck, pytorch/pytorch#107667, 2023).
+// The two llama.cpp points give 8 MiB + 2.9 MiB per SM (the per-SM part being mostly each SM's
+// share of the stack and local memory); it puts an A100 at 322 MiB (measured ~300), an RTX 3090
+// at 246 (256), an H100 at 392 (534: Hopper takes more per SM than the fit). Rounded up to 2 MiB.
+//   V100 (80 SMs) 240 MiB, A10 (72 SMs) 218 MiB, A100 (108 SMs) 322 MiB.
+
+/// The device memory a bare context takes on a GPU of `sms` SMs (see the block above).
+pub fn context_memory_for(sms: u32) -> u64 {
+    const MIB: u64 = 1 << 20;
+    let tenths = 80 + 29 * sms as u64; // 8 MiB + 2.9 MiB per SM, in tenths of MiB
+    tenths.div_ceil(10).next_multiple_of(2) * MIB
+}
+
 struct Gpu {
     name: &'static str,
     memory: u64,
@@ -436,7 +466,7 @@ fn machine(name: &str, gpu: &Gpu, n: usize, place: impl Fn(usize) -> (u32, u32, 
                 pcie_root: root,
                 nvlink_version: gpu.nvlink,
                 links: Vec::new(),
-                context_memory: 0,
+                context_memory: context_memory_for(gpu.sm),
                 specs: gpu.specs,
             }
         })
@@ -642,6 +672,7 @@ impl ModelFile {
             }
             if let Some(s) = f.sm_count {
                 d.sm_count = s;
+                d.context_memory = context_memory_for(s);
             }
             if let Some(cc) = &f.compute_capability {
                 let (a, b) = cc
@@ -892,6 +923,39 @@ mod tests {
         assert_eq!(p.pcie_level(0, 3), PcieLevel::Multiple);
         assert_eq!(p.pcie_level(0, 4), PcieLevel::System);
         assert_eq!(p.nvlink_bandwidth_links(0, 1), 0);
+    }
+
+    #[test]
+    fn contexts_take_the_cited_memory_per_gpu() {
+        const MIB: u64 = 1 << 20;
+        // The fit's own measurement points (see "context memory" above), then the presets.
+        assert_eq!(
+            context_memory_for(34),
+            108 * MIB,
+            "RTX 4060 Ti, measured 107 MiB"
+        );
+        assert_eq!(
+            context_memory_for(188),
+            554 * MIB,
+            "RTX PRO 6000, measured 555 MiB"
+        );
+        for (name, mib) in [
+            ("single", 322),
+            ("dgx-a100", 322),
+            ("dgx1-v100", 240),
+            ("pcie-8", 218),
+        ] {
+            for d in preset(name).unwrap().devices {
+                assert_eq!(d.context_memory, mib * MIB, "{name}: {}", d.name);
+            }
+        }
+        let f: ModelFile = toml::from_str(
+            "[[device]]\nmemory = \"8Gi\"\nsm_count = 40\n[[device]]\nmemory = \"8Gi\"\ncontext_memory = 0\n",
+        )
+        .unwrap();
+        let m = f.into_model("test").unwrap();
+        assert_eq!(m.devices[0].context_memory, 124 * MIB, "from its SM count");
+        assert_eq!(m.devices[1].context_memory, 0, "as the file says");
     }
 
     #[test]

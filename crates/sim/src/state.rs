@@ -530,6 +530,13 @@ impl Shared {
         {
             return false;
         }
+        self.charge_memory(slot, d, bytes, capacity)
+    }
+
+    /// As [`Shared::charge`], for memory that is no allocation (a context's own): injected
+    /// allocation failures ("the next N allocations fail") do not apply to it.
+    pub fn charge_memory(&self, slot: usize, d: usize, bytes: u64, capacity: u64) -> bool {
+        let dev = &self.layout.devices[d];
         let mine = &self.layout.procs[slot].mem[d];
         mine.fetch_add(bytes, AcqRel);
         let ok = dev

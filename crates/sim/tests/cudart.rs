@@ -161,13 +161,16 @@ fn runs_on(v: &Value, model: &Model, runtime_version: u64) {
         let m = at(v, k);
         (u(&m[1]), u(&m[2]))
     };
-    assert_eq!(mem("cudaMemGetInfo"), (dev.memory, dev.memory));
+    // Free: the GPU's memory less what the program's context takes.
+    let idle = dev.memory - dev.context_memory;
+    assert!(dev.context_memory > 0, "the preset's contexts take memory");
+    assert_eq!(mem("cudaMemGetInfo"), (idle, dev.memory));
     assert!(at(v, "cudaMalloc")[1].as_bool().unwrap());
     assert_eq!(
         mem("cudaMemGetInfo_after_malloc"),
-        (dev.memory - (64 << 20), dev.memory)
+        (idle - (64 << 20), dev.memory)
     );
-    assert_eq!(mem("cudaMemGetInfo_after_free"), (dev.memory, dev.memory));
+    assert_eq!(mem("cudaMemGetInfo_after_free"), (idle, dev.memory));
     // cudaErrorMemoryAllocation, and not sticky: cudaGetLastError reports it once.
     assert_eq!(u(&at(v, "cudaMalloc_too_large")[0]), 2);
     assert_eq!(u(&at(v, "cudaGetLastError")[0]), 2);
@@ -175,12 +178,12 @@ fn runs_on(v: &Value, model: &Model, runtime_version: u64) {
     assert!(at(v, "cudaMallocAsync")[1].as_bool().unwrap());
     let (free_async, _) = mem("cudaMemGetInfo_after_malloc_async");
     assert!(
-        free_async <= dev.memory - (16 << 20),
+        free_async <= idle - (16 << 20),
         "the pool holds the allocation"
     );
     assert_eq!(
         mem("cudaMemGetInfo_after_free_async"),
-        (dev.memory, dev.memory),
+        (idle, dev.memory),
         "freed and synchronized, a pool with release threshold 0 gives it back"
     );
 
@@ -196,7 +199,7 @@ fn runs_on(v: &Value, model: &Model, runtime_version: u64) {
         inner - 1.0 <= ms && ms <= outer + 1.0,
         "elapsed {ms} ms, records {inner}..{outer} ms apart"
     );
-    python::allocators_counted(v, dev.memory, &ALLOCATORS, false);
+    python::allocators_counted(v, dev.memory, idle, &ALLOCATORS, false);
 }
 
 #[test]
@@ -270,7 +273,7 @@ fn sees_the_quota(test: &str, venv: &Path, lib: &Path, model: &str) {
     assert_eq!((u(&m[1]), u(&m[2])), (quota - (64 << 20), quota));
     // 13 GiB: within the GPU, beyond the quota.
     assert_eq!(u(&at(&v, "cudaMalloc_too_large")[0]), 2);
-    python::allocators_counted(&v, quota, &ALLOCATORS, true);
+    python::allocators_counted(&v, quota, quota, &ALLOCATORS, true);
 }
 
 /// What probe.py's allocators beyond cudaMalloc answered.

@@ -88,12 +88,13 @@ fn memory(program: &Path, tag: &str, run: &[&str]) -> Value {
     python::json_of(cmd.arg("memory"), &state)
 }
 
-/// What `runtime memory` saw on a GPU of `total` bytes: all of it free and totalGlobalMem, each
+/// What `runtime memory` saw on a GPU of `total` bytes: `idle` of it free (the total less the
+/// context's memory, on the plain simulator) and `total` as totalGlobalMem, each
 /// allocator's 64 MiB taken and given back, more than is free refused with
 /// cudaErrorMemoryAllocation (2), reported once by cudaGetLastError, and the allocator working
 /// again afterwards; a 50 ms kernel timed by events; nothing left at the end.
 /// `refuses_managed`: see [`python::allocators_counted`].
-fn saw(v: &Value, total: u64, refuses_managed: bool) {
+fn saw(v: &Value, total: u64, idle: u64, refuses_managed: bool) {
     let free = |k: &str| {
         let m = at(v, k);
         assert_eq!(
@@ -103,10 +104,10 @@ fn saw(v: &Value, total: u64, refuses_managed: bool) {
         );
         u(&m[1])
     };
-    assert_eq!(free("cudaMemGetInfo"), total);
+    assert_eq!(free("cudaMemGetInfo"), idle);
     let props = at(v, "cudaGetDeviceProperties");
     assert_eq!((u(&props[0]), u(&props[1])), (0, total), "totalGlobalMem");
-    python::allocators_counted(v, total, &ALLOCATORS, refuses_managed);
+    python::allocators_counted(v, total, idle, &ALLOCATORS, refuses_managed);
     assert!(u(&v["pitch"]) >= 4096, "a pitch of at least the row");
     assert_eq!(u(&at(v, "launch")[0]), 0, "the <<<>>> launch");
     assert_eq!(u(&at(v, "cudaEventSynchronize")[0]), 0);
@@ -119,7 +120,7 @@ fn saw(v: &Value, total: u64, refuses_managed: bool) {
     );
     assert_eq!(
         free("cudaMemGetInfo_at_end"),
-        total,
+        idle,
         "nothing held at the end"
     );
 }
@@ -141,8 +142,10 @@ fn an_nvcc_built_program_runs_on_the_simulator() {
         return;
     };
     let _one = serial();
-    let gpu = Model::load("single").unwrap().devices[0].memory;
-    saw(&memory(&program, test, &[]), gpu, false);
+    let gpu = &Model::load("single").unwrap().devices[0];
+    assert!(gpu.context_memory > 0, "the preset's contexts take memory");
+    let idle = gpu.memory - gpu.context_memory;
+    saw(&memory(&program, test, &[]), gpu.memory, idle, false);
 }
 
 /// Under `cuvisor run --memory 6Gi`: 6 GiB is the GPU, and each allocator's 13 GiB (within the
@@ -155,7 +158,7 @@ fn an_nvcc_built_program_under_cuvisor_run_sees_and_keeps_to_its_quota() {
     };
     let _one = serial();
     let v = memory(&program, test, python::QUOTA);
-    saw(&v, python::QUOTA_BYTES, true);
+    saw(&v, python::QUOTA_BYTES, python::QUOTA_BYTES, true);
 }
 
 /// One `cuvisor run ... -- runtime busy`: a container of its own on the simulated GPU.
@@ -393,12 +396,12 @@ fn an_nvcc_built_program_with_a_device_array_beyond_its_quota_gets_cuda_error_me
 
     let (out, _) = run_device_array(&big, "device-array-plain", &[]);
     assert_eq!(step(&out, "cudaGetSymbolAddress"), "0 cudaSuccess", "{out}");
-    let gpu = Model::load("single").unwrap().devices[0].memory;
+    let gpu = &Model::load("single").unwrap().devices[0];
     // The simulator loads a library into a context at its first use (as the real driver does
-    // under lazy loading): taken by the end.
+    // under lazy loading): taken by the end, beside the context's own memory.
     assert_eq!(
         step(&out, "free_after"),
-        (gpu - (1280 << 20)).to_string(),
+        (gpu.memory - gpu.context_memory - (1280 << 20)).to_string(),
         "{out}"
     );
 }

@@ -137,11 +137,13 @@ fn defines_what_it_says(image: &[u8], kernels: &[&str]) {
     setup();
     let before = free_mem();
     let m = load(image);
-    // Two variables of 256 and 16 bytes, each rounded up to the allocation granule (512 B).
+    // Two variables of 256 and 16 bytes, each rounded up to the allocation granule (512 B),
+    // and the image's code (a cubin's `.text.*` sections; none for PTX), rounded so too.
+    let code = cuvisor_image::from_bytes(image).code_bytes();
     assert_eq!(
-        before - free_mem(),
-        1024,
-        "the variables' memory, taken at load"
+        (before - free_mem()) as u64,
+        1024 + code.div_ceil(512) * 512,
+        "the variables' and code's memory, taken at load"
     );
     for k in kernels {
         function(m, k).unwrap_or_else(|e| panic!("{k}: {e:?}"));
@@ -208,6 +210,8 @@ fn a_ptx_image_defines_its_entries_and_variables() {
 fn a_cubin_defines_its_kernels_and_variables() {
     in_child!("a_cubin_defines_its_kernels_and_variables");
     let elf = cubin(&["sim_busy", "_Z8sim_busyy"], &[("g", 256)], &[("c", 16)]);
+    // Its code: two `.text.<kernel>` sections of 128 bytes (crates/image's `make::cubin`).
+    assert_eq!(cuvisor_image::from_bytes(&elf).code_bytes(), 256);
     defines_what_it_says(&elf, &["sim_busy", "_Z8sim_busyy"]);
 }
 

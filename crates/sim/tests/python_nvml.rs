@@ -83,8 +83,11 @@ fn pair(v: &Value, key: &str) -> (u64, u64) {
 /// as used in both and as the process's in NVML's list; the allocation beyond `total` is
 /// CUDA_ERROR_OUT_OF_MEMORY and the next one works; the 300 ms kernel shows as the process's
 /// utilization, and temperature and power sit between idle and what 30 % of the last second
-/// gives.
-fn saw(v: &Value, total: u64) {
+/// gives. `ctx`: what one context takes in the memory the process is shown (the preset's
+/// `context_memory` on the plain simulator; 0 under libcuvisor, whose ledger does not count
+/// contexts yet); `listed_ctx`: what one context adds to the process's usedGpuMemory in NVML's
+/// process list (the simulator's, which libcuvisor passes through).
+fn saw(v: &Value, total: u64, ctx: u64, listed_ctx: u64) {
     let m = Model::load("single").unwrap();
     let dev = &m.devices[0];
     let pid = u(&v["pid"]);
@@ -97,11 +100,13 @@ fn saw(v: &Value, total: u64) {
     assert_eq!(u(&ok(v, "cuDeviceTotalMem")[0]), total);
     ok(v, "cuDevicePrimaryCtxRetain");
     ok(v, "cuCtxSetCurrent_primary");
-    assert_eq!(pair(v, "cuMemGetInfo_primary"), (total, total));
+    assert_eq!(pair(v, "cuMemGetInfo_primary"), (total - ctx, total));
     ok(v, "cuCtxCreate");
-    assert_eq!(pair(v, "cuMemGetInfo"), (total, total));
+    // Two contexts now: the primary one and the created one.
+    let idle = total - 2 * ctx;
+    assert_eq!(pair(v, "cuMemGetInfo"), (idle, total));
     ok(v, "cuMemAlloc");
-    assert_eq!(pair(v, "cuMemGetInfo_after_alloc"), (total - HELD, total));
+    assert_eq!(pair(v, "cuMemGetInfo_after_alloc"), (idle - HELD, total));
     assert_eq!(
         code(v, "cuMemAlloc_beyond"),
         2,
@@ -110,7 +115,7 @@ fn saw(v: &Value, total: u64) {
     );
     ok(v, "cuMemAlloc_after_oom");
     ok(v, "cuMemFree_after_oom");
-    assert_eq!(pair(v, "cuMemGetInfo_after_oom"), (total - HELD, total));
+    assert_eq!(pair(v, "cuMemGetInfo_after_oom"), (idle - HELD, total));
     for call in [
         "cuModuleLoadData",
         "cuModuleGetFunction",
@@ -120,7 +125,7 @@ fn saw(v: &Value, total: u64) {
         ok(v, call);
     }
     ok(v, "cuMemFree");
-    assert_eq!(pair(v, "cuMemGetInfo_after_free"), (total, total));
+    assert_eq!(pair(v, "cuMemGetInfo_after_free"), (idle, total));
     ok(v, "cuCtxDestroy");
     ok(v, "cuDevicePrimaryCtxRelease");
 
@@ -133,11 +138,12 @@ fn saw(v: &Value, total: u64) {
     assert_eq!(ok(v, "nvmlDeviceGetName")[0], dev.name.as_str());
     assert_eq!(ok(v, "nvmlDeviceGetUUID")[0], dev.uuid.as_str());
     let mem: Vec<u64> = ok(v, "nvmlDeviceGetMemoryInfo").iter().map(u).collect();
-    assert_eq!(mem, [total, HELD, total - HELD], "total, used, free");
+    let used = HELD + 2 * ctx;
+    assert_eq!(mem, [total, used, total - used], "total, used, free");
     let mem: Vec<u64> = ok(v, "nvmlDeviceGetMemoryInfo_v2").iter().map(u).collect();
     assert_eq!(
         mem,
-        [total, HELD, total - HELD, 0],
+        [total, used, total - used, 0],
         "total, used, free, reserved"
     );
     let procs = ok(v, "nvmlDeviceGetComputeRunningProcesses");
@@ -147,7 +153,11 @@ fn saw(v: &Value, total: u64) {
         .iter()
         .map(|p| p.as_array().unwrap().iter().map(u).collect())
         .collect();
-    assert_eq!(procs, [vec![pid, HELD]], "the probe and what it holds");
+    assert_eq!(
+        procs,
+        [vec![pid, HELD + 2 * listed_ctx]],
+        "the probe and what it holds, its two contexts included"
+    );
 
     // 300 ms of kernel just before: at most 30 % of the last second, more than none.
     let util = ok(v, "nvmlDeviceGetUtilizationRates");
@@ -195,10 +205,11 @@ fn pynvml_and_cuda_bindings_on_the_simulator() {
     let Some(venv) = venv(test, CUDA_BINDINGS13) else {
         return;
     };
-    let gpu = Model::load("single").unwrap().devices[0].memory;
+    let dev = &Model::load("single").unwrap().devices[0];
+    assert!(dev.context_memory > 0, "the preset's contexts take memory");
     // Beyond the 16 GiB GPU.
-    let v = probe(&venv, test, gpu + GIB, &[]);
-    saw(&v, gpu);
+    let v = probe(&venv, test, dev.memory + GIB, &[]);
+    saw(&v, dev.memory, dev.context_memory, dev.context_memory);
 }
 
 #[test]
@@ -207,7 +218,8 @@ fn pynvml_and_cuda_bindings_under_cuvisor_run_see_the_quota() {
     let Some(venv) = venv(test, CUDA_BINDINGS13) else {
         return;
     };
-    saw(&probe_with_quota(&venv, test), QUOTA);
+    let ctx = Model::load("single").unwrap().devices[0].context_memory;
+    saw(&probe_with_quota(&venv, test), QUOTA, 0, ctx);
 }
 
 /// cuda-bindings 12.x resolves the driver's entry points at CUDA 12 versions; the simulator's
@@ -218,7 +230,8 @@ fn cuda_bindings12_plain_and_under_cuvisor_run() {
     let Some(venv) = venv(test, CUDA_BINDINGS12) else {
         return;
     };
-    let gpu = Model::load("single").unwrap().devices[0].memory;
-    saw(&probe(&venv, test, gpu + GIB, &[]), gpu);
-    saw(&probe_with_quota(&venv, test), QUOTA);
+    let dev = &Model::load("single").unwrap().devices[0];
+    let (gpu, ctx) = (dev.memory, dev.context_memory);
+    saw(&probe(&venv, test, gpu + GIB, &[]), gpu, ctx, ctx);
+    saw(&probe_with_quota(&venv, test), QUOTA, 0, ctx);
 }

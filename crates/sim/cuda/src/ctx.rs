@@ -123,7 +123,7 @@ fn activate(h: usize) -> Res {
         && !d
             .sim
             .shared
-            .charge(d.slot, c.dev, overhead, d.sim.model.devices[c.dev].memory)
+            .charge_memory(d.slot, c.dev, overhead, d.sim.model.devices[c.dev].memory)
     {
         return Err(err::OUT_OF_MEMORY);
     }

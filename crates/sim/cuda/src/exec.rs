@@ -46,7 +46,8 @@ struct Module {
     /// What the image defines, where the simulator can read it.
     image: Image,
     funcs: Mutex<HashMap<String, usize>>,
-    /// The device memory behind each variable, per context: (context, name) → address.
+    /// The device memory behind each variable, per context: (context, name) → address; the name
+    /// "" is the module's code (`module_code`).
     globals: Mutex<HashMap<(usize, String), u64>>,
     /// Each kernel's registers and memory, per architecture of the machine's GPUs (`occupancy`).
     resources: occupancy::PerArch,
@@ -501,7 +502,29 @@ fn load_module_of(
             return Err(e);
         }
     }
+    if let Err(e) = module_code(&m) {
+        let _ = unload_module(h);
+        return Err(e);
+    }
     write(module, h as CUmodule)
+}
+
+/// The module's code in the current context: device memory of its code sections' size
+/// (`Image::code_bytes`), held with its variables (under the name "", which no symbol has) and
+/// given back with them when the module is unloaded or the context goes. The real driver
+/// copies a module's code into device memory when it loads it (cuModuleLoad*, which load
+/// eagerly; a library's code is loaded into a context at first use under lazy loading, which
+/// the simulator does not charge).
+fn module_code(m: &Module) -> Res {
+    let size = m.image.code_bytes();
+    if size == 0 {
+        return Ok(());
+    }
+    let (ch, _) = ctx::current()?;
+    let addr = mem::alloc_module_global(size)?;
+    let mut g = m.globals.lock().unwrap_or_else(|e| e.into_inner());
+    g.insert((ch, String::new()), addr);
+    Ok(())
 }
 
 /// Unloads a module and the functions got from it.

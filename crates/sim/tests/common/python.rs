@@ -98,7 +98,9 @@ pub fn json_of(cmd: &mut Command, state: &Path) -> serde_json::Value {
 }
 
 /// What a runtime probe (cudart/probe.py, cudart/runtime.cu) saw of its allocators `names`, on
-/// a GPU whose memory info says `total`: each took its 64 MiB out of `total` and gave it back;
+/// a GPU whose memory info says `total`, of which `idle` is free while nothing is allocated
+/// (the total less what the process's context takes, on the plain simulator): each took its
+/// 64 MiB out of `idle` and gave it back;
 /// more than is free was cudaErrorMemoryAllocation (2), reported once by cudaGetLastError, and
 /// the allocator worked again after it (managed memory on the plain simulator takes nothing until
 /// touched). `refuses_managed`: whether managed memory beyond the free memory is
@@ -108,6 +110,7 @@ pub fn json_of(cmd: &mut Command, state: &Path) -> serde_json::Value {
 pub fn allocators_counted(
     v: &serde_json::Value,
     total: u64,
+    idle: u64,
     names: &[&str],
     refuses_managed: bool,
 ) {
@@ -125,7 +128,7 @@ pub fn allocators_counted(
             u(&m[1])
         };
         assert_eq!(u(&at(v, name)[0]), 0, "{name}: {:?}", at(v, name));
-        let taken = total - free("_taken");
+        let taken = idle - free("_taken");
         if *name == "cudaMallocManaged" && !refuses_managed {
             // Untouched managed memory is on no device (cuMemAllocManaged populates nothing;
             // see crates/sim/cuda/src/managed.rs). libcuvisor's quota counts all of it at once
@@ -141,7 +144,7 @@ pub fn allocators_counted(
             );
         }
         assert_eq!(u(&at(v, &key("_freed"))[0]), 0);
-        assert_eq!(free("_after_free"), total, "{name}: given back");
+        assert_eq!(free("_after_free"), idle, "{name}: given back");
         if *name == "cudaMallocManaged" && !refuses_managed {
             continue;
         }
