@@ -110,6 +110,17 @@ impl Device {
     pub fn uuid_bytes(&self) -> [u8; 16] {
         parse_uuid(&self.uuid).unwrap_or_default()
     }
+    /// The PCIe generation of the GPU's host interface (an x16 link): Gen3 on Volta (Tesla V100
+    /// whitepaper, "PCIe Gen 3"), Gen4 on Ampere (A100 whitepaper and A10 datasheet, "PCIe
+    /// Gen4"), Gen5 from Hopper on (an H100's `nvidia-smi -q`: "Max 5"). What NVML's link
+    /// generation queries answer, and so what the device plugin's PCIe bandwidth is.
+    pub fn pcie_generation(&self) -> u32 {
+        match self.cc.0 {
+            ..=7 => 3,
+            8 => 4,
+            _ => 5,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -112,8 +112,9 @@ fn while_busy(v: &Value, key: &str) -> bool {
     busy
 }
 
-/// What the tools showed of `model`, with `total` the memory of GPU 0 (the GPU's, or the quota).
-fn tools_saw(v: &Value, model: &Model, total: u64) {
+/// What the tools showed of `model`: GPU 0's memory `total` and `used` (the GPU's, or under
+/// `cuvisor run` the quota and the ledger's count) and the probe's own `proc_used`.
+fn tools_saw(v: &Value, model: &Model, total: u64, used: u64, proc_used: u64) {
     let pid = u(&v["pid"]);
     let dev0 = &model.devices[0];
 
@@ -137,11 +138,11 @@ fn tools_saw(v: &Value, model: &Model, total: u64) {
     }
     let g = &gpus[0];
     assert_eq!(u(&g["memory.total"]), total / MIB, "{g}");
-    assert_eq!(u(&g["memory.used"]), HELD / MIB, "{g}");
+    assert_eq!(u(&g["memory.used"]), used / MIB, "{g}");
     let procs = g["processes"].as_array().unwrap();
     assert_eq!(procs.len(), 1, "{g}");
     assert_eq!(u(&procs[0]["pid"]), pid);
-    assert_eq!(u(&procs[0]["gpu_memory_usage"]), HELD / MIB);
+    assert_eq!(u(&procs[0]["gpu_memory_usage"]), proc_used / MIB);
     if while_busy(v, "gpustat") {
         assert!(u(&g["utilization.gpu"]) >= 90, "{g}");
         assert!(u(&g["temperature.gpu"]) > 33, "warmer than idle: {g}");
@@ -176,8 +177,8 @@ fn tools_saw(v: &Value, model: &Model, total: u64) {
     }
     let s = &snaps[0];
     assert_eq!(u(&s["memory_total"]), total, "{s}");
-    assert_eq!(u(&s["memory_used"]), HELD, "{s}");
-    assert_eq!(s["processes"], serde_json::json!([[pid, HELD]]), "{s}");
+    assert_eq!(u(&s["memory_used"]), used, "{s}");
+    assert_eq!(s["processes"], serde_json::json!([[pid, proc_used]]), "{s}");
     if while_busy(v, "nvitop") {
         assert!(u(&s["gpu_utilization"]) >= 90, "{s}");
     }
@@ -188,7 +189,7 @@ fn tools_saw(v: &Value, model: &Model, total: u64) {
         text.contains(&format!("Driver Version: {}", model.driver_release)),
         "{text}"
     );
-    let usage = format!("256.0MiB / {}", human(total));
+    let usage = format!("{:.1}MiB / {}", used as f64 / MIB as f64, human(total));
     assert!(text.contains(&usage), "{usage} in\n{text}");
     assert!(text.contains(&format!(" {pid} ")), "pid {pid} in\n{text}");
     assert!(
@@ -267,7 +268,9 @@ fn gpustat_nvitop_and_pynvml_example_show_the_model() {
     let Some(venv) = venv(test) else { return };
     let model = Model::load("dgx-a100").unwrap();
     let v = probe(&venv, "dgx-a100", test, &[]);
-    tools_saw(&v, &model, model.devices[0].memory);
+    // The probe's context takes the model's context memory beside what it allocates.
+    let held = HELD + model.devices[0].context_memory;
+    tools_saw(&v, &model, model.devices[0].memory, held, held);
 }
 
 #[test]
@@ -276,7 +279,10 @@ fn under_cuvisor_run_the_tools_show_the_quota() {
     let Some(venv) = venv(test) else { return };
     let model = Model::load("single").unwrap();
     let v = probe(&venv, "single", test, &["--memory", "4Gi"]);
-    tools_saw(&v, &model, 4 << 30);
+    // libcuvisor's NVML answers the ledger, which does not count contexts yet (the issue
+    // "Today's stacks held to their quotas"); the process list passes the simulator's through.
+    let ctx = model.devices[0].context_memory;
+    tools_saw(&v, &model, 4 << 30, HELD, HELD + ctx);
 }
 
 // ---- the device plugin's queries, in C -----------------------------------------------------------

@@ -6,7 +6,7 @@ pub mod cdi;
 pub mod kubelet;
 pub mod pods;
 
-use cuvisor_device_plugin::topology::model::DEFAULT_PCIE_LINK_GBPS;
+use cuvisor_device_plugin::topology::model::{pcie_lane_gbps, DEFAULT_PCIE_LINK_GBPS};
 use cuvisor_device_plugin::topology::{Gpu, Link, Memory, NvLink, PcieLevel, Topology};
 use cuvisor_sim::model::{self, Model};
 
@@ -49,7 +49,15 @@ pub fn from_model(m: &Model) -> Topology {
                 .collect()
         })
         .collect();
-    Topology::new(gpus, links, DEFAULT_PCIE_LINK_GBPS).expect("a valid model")
+    // The slowest GPU's x16 link, as the plugin reads it from NVML (the simulator answers each
+    // GPU's generation from the model: `Device::pcie_generation`).
+    let pcie = m
+        .devices
+        .iter()
+        .map(|d| pcie_lane_gbps(d.pcie_generation()) * 16.0)
+        .reduce(f64::min)
+        .unwrap_or(DEFAULT_PCIE_LINK_GBPS);
+    Topology::new(gpus, links, pcie).expect("a valid model")
 }
 
 /// `t` less what `nvidia-smi topo -m` cannot show: identities (UUID, bus id, minor), memory, NVLink generations, and

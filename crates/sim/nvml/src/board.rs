@@ -141,17 +141,6 @@ pub fn vbios_version(d: &Device) -> String {
     format!("{family:02X}.00.00.00.01")
 }
 
-/// The PCIe generation of the GPU's host interface: Gen3 on Volta (Tesla V100 whitepaper,
-/// "PCIe Gen 3"), Gen4 on Ampere (A100 whitepaper and A10 datasheet, "PCIe Gen4"), Gen5 from
-/// Hopper on (the H100's nvidia-smi -q above: "Max 5").
-pub fn pcie_generation(d: &Device) -> u32 {
-    match d.cc.0 {
-        ..=7 => 3,
-        8 => 4,
-        _ => 5,
-    }
-}
-
 /// The lowest SM clock the board runs at, MHz: what `nvidia-smi -q -d SUPPORTED_CLOCKS` lists
 /// last (UNVERIFIED: 210 MHz on Ampere and Hopper, 135 MHz on Volta, as recalled from such
 /// listings; no stored output found).
@@ -376,13 +365,13 @@ export! {
     // P0 keeps it (an idle H100's nvidia-smi -q: "PCIe Generation Max 5, Current 5, Device
     // Max 5, Host Max 5; Link Width Max 16x, Current 16x"). The host side is taken to match.
     fn nvmlDeviceGetMaxPcieLinkGeneration(device: nvmlDevice_t, generation: *mut c_uint) {
-        write(generation, pcie_generation(model_dev(device)?.2))
+        write(generation, model_dev(device)?.2.pcie_generation())
     }
     fn nvmlDeviceGetGpuMaxPcieLinkGeneration(device: nvmlDevice_t, generation: *mut c_uint) {
-        write(generation, pcie_generation(model_dev(device)?.2))
+        write(generation, model_dev(device)?.2.pcie_generation())
     }
     fn nvmlDeviceGetCurrPcieLinkGeneration(device: nvmlDevice_t, generation: *mut c_uint) {
-        write(generation, pcie_generation(model_dev(device)?.2))
+        write(generation, model_dev(device)?.2.pcie_generation())
     }
     fn nvmlDeviceGetMaxPcieLinkWidth(device: nvmlDevice_t, width: *mut c_uint) {
         dev(device)?;
