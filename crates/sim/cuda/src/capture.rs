@@ -11,7 +11,7 @@
 use crate::exec::{self, Dims};
 use crate::graph::*;
 use crate::stream::{self, Stream};
-use crate::{ctx, drv, export, mem, read, write, Res};
+use crate::{drv, export, mem, read, write, Res};
 use cuvisor_cuda_abi::cuda::*;
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
@@ -129,10 +129,7 @@ fn implicit(s: &Stream, invalidate: bool) -> Res {
         return Ok(());
     }
     let ch = s.ctx_handle();
-    let Ok(c) = ctx::get(ch as CUcontext) else {
-        return Ok(());
-    };
-    if !std::ptr::eq(s, &*c.legacy) {
+    if !s.is_legacy() {
         return Ok(());
     }
     let mut hit = false;
@@ -423,7 +420,7 @@ static NEXT_CAPTURE_ID: AtomicU64 = AtomicU64::new(1);
 fn begin(h: CUstream, mode: i32, pt: bool, graph: Option<(usize, Vec<usize>)>) -> Res {
     let s = stream::stream(h, pt)?;
     // cuStreamBeginCapture: "Capture may not be initiated if stream is CU_STREAM_LEGACY".
-    if Arc::ptr_eq(&s, &ctx::current()?.1.legacy) {
+    if s.is_legacy() {
         return Err(err::STREAM_CAPTURE_UNSUPPORTED);
     }
     if !(CAPTURE_MODE_GLOBAL..=CAPTURE_MODE_RELAXED).contains(&mode) {

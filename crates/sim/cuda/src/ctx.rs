@@ -1,8 +1,9 @@
-//! Contexts (device queries are in `device`): primary contexts, cuCtxCreate v2..v4, the per-thread
-//! stack of current contexts.
+//! Contexts, the registry every chapter builds on (device queries are in `device`): context
+//! objects and their handles, primary contexts, cuCtxCreate v2..v4, the per-thread stack of
+//! current contexts. It knows no other chapter: what ending or synchronizing a context asks of
+//! them (streams, memory, pools, capture, the runtime's private table) is `ctx_end`'s.
 
-use crate::stream::Stream;
-use crate::{drv, export, mem, pool, write, Registry, Res};
+use crate::{drv, export, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::{err, CUcontext, CUdevice, CUresult, CU_CTX_FLAGS_MASK};
 use std::cell::RefCell;
 use std::ffi::{c_uint, c_void};
@@ -15,8 +16,6 @@ pub(crate) struct Context {
     /// Whether the context can do work: a created one until it is destroyed, a primary one while
     /// it is retained. A primary context's handle exists before and after (see [`primary_handle`]).
     pub alive: AtomicBool,
-    /// The context's legacy default stream (NULL / CU_STREAM_LEGACY).
-    pub legacy: Arc<Stream>,
     /// When the last work queued in this context ends (what cuCtxSynchronize waits for).
     pub work_tail: Arc<AtomicU64>,
     /// Device memory the context itself takes while alive (the model's `context_memory`).
@@ -36,13 +35,13 @@ thread_local! {
     static STACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
-struct Primary {
-    handle: usize,
-    refs: u32,
-    flags: u32,
+pub(crate) struct Primary {
+    pub handle: usize,
+    pub refs: u32,
+    pub flags: u32,
 }
 
-fn primaries() -> &'static [Mutex<Primary>] {
+pub(crate) fn primaries() -> &'static [Mutex<Primary>] {
     static P: OnceLock<Vec<Mutex<Primary>>> = OnceLock::new();
     P.get_or_init(|| {
         (0..cuvisor_sim::model::MAX_DEVICES)
@@ -101,7 +100,6 @@ fn register(dev: usize, flags: u32) -> usize {
         dev,
         flags: AtomicU32::new(flags),
         alive: AtomicBool::new(false),
-        legacy: Stream::new_legacy(dev, work_tail.clone()),
         work_tail,
         overhead: AtomicU64::new(0),
         id: {
@@ -109,9 +107,7 @@ fn register(dev: usize, flags: u32) -> usize {
             NEXT.fetch_add(1, Relaxed)
         },
     };
-    let (h, c) = contexts().insert(ctx);
-    c.legacy.set_ctx(h);
-    h
+    contexts().insert(ctx).0
 }
 
 /// Charges the context's own memory and lets it work.
@@ -132,11 +128,15 @@ fn activate(h: usize) -> Res {
     Ok(())
 }
 
-/// Frees what the context holds (its allocations, its own memory); it can no longer work.
-fn deactivate(h: usize) -> Res {
+/// The context can no longer work (`ctx_end` frees what the chapters hold for it first).
+pub(crate) fn stop(h: usize) -> Res {
+    contexts().get(h)?.alive.store(false, Release);
+    Ok(())
+}
+
+/// Gives the context's own memory back.
+pub(crate) fn release_own_memory(h: usize) -> Res {
     let c = contexts().get(h)?;
-    c.alive.store(false, Release);
-    teardown(h, c.dev);
     let overhead = c.overhead.swap(0, AcqRel);
     if overhead > 0 {
         let d = drv()?;
@@ -155,18 +155,23 @@ fn create(dev: usize, flags: u32) -> Result<usize, CUresult> {
     Ok(h)
 }
 
-fn destroy(h: usize) -> Res {
-    contexts().get(h)?;
-    // What the runtime stored in the context goes first, while the context still answers.
-    crate::export_table::context_gone(h);
-    deactivate(h)?;
+/// A destroyed context leaves the registry and every thread's stack (this thread's at least).
+pub(crate) fn forget(h: usize) -> Res {
     contexts().remove(h)?;
-    // A destroyed context leaves every thread's stack; this thread's at least.
     STACK.with(|s| s.borrow_mut().retain(|&x| x != h));
     Ok(())
 }
 
-fn check_flags(flags: c_uint) -> Res {
+/// Whether `h` is device `dev`'s primary context.
+pub(crate) fn is_primary(h: usize, dev: usize) -> bool {
+    primaries()[dev]
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .handle
+        == h
+}
+
+pub(crate) fn check_flags(flags: c_uint) -> Res {
     if flags & !CU_CTX_FLAGS_MASK != 0 {
         return Err(err::INVALID_VALUE);
     }
@@ -234,8 +239,6 @@ export! {
         write(pctx, h as CUcontext)
     }
 
-    fn cuDevicePrimaryCtxRelease(dev: CUdevice) { primary_release(dev) }
-    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) { primary_release(dev) }
 
     fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut i32) {
         let (i, _) = device(dev)?;
@@ -246,8 +249,6 @@ export! {
 
     fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) { primary_set_flags(dev, flags, false) }
     fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) { primary_set_flags(dev, flags, true) }
-    fn cuDevicePrimaryCtxReset(dev: CUdevice) { primary_reset(dev) }
-    fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) { primary_reset(dev) }
 
     fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) {
         create_and_push(pctx, flags, dev)
@@ -294,18 +295,6 @@ export! {
         Err(UNSUPPORTED_EXEC_AFFINITY)
     }
 
-    fn cuCtxDestroy_v2(ctx: CUcontext) {
-        drv()?;
-        if ctx.is_null() {
-            return Err(err::INVALID_VALUE);
-        }
-        let c = get(ctx)?;
-        let is_primary = primaries()[c.dev].lock().unwrap_or_else(|e| e.into_inner()).handle == ctx as usize;
-        if is_primary {
-            return Err(err::INVALID_CONTEXT);
-        }
-        destroy(ctx as usize)
-    }
 
     fn cuCtxPushCurrent_v2(ctx: CUcontext) {
         drv()?;
@@ -397,34 +386,7 @@ export! {
         Ok(())
     }
 
-    fn cuCtxSynchronize() {
-        let (h, c) = current()?;
-        crate::capture::refuse_ctx_sync(h)?;
-        synchronize(&c);
-        Ok(())
-    }
 
-    /// CUDA 13.0: waits for the work of `ctx`, NULL meaning the current context.
-    fn cuCtxSynchronize_v2(ctx: CUcontext) {
-        let (h, c) = given_or_current(ctx)?;
-        crate::capture::refuse_ctx_sync(h)?;
-        synchronize(&c);
-        Ok(())
-    }
-}
-
-/// Frees what context `h` on device `dev` owned; its teardown waits for its work, as a context
-/// synchronization does, so the pools it allocated from release what exceeds their threshold.
-fn teardown(h: usize, dev: usize) {
-    for d in mem::free_context(h, dev) {
-        pool::trim_pools_at_sync(d);
-    }
-}
-
-/// Waits for all work queued in the context; a synchronization point for its pools.
-fn synchronize(c: &Context) {
-    crate::stream::sync_device_work(c);
-    pool::trim_pools_at_sync(c.dev);
 }
 
 /// The primary context of device `i`, made (not retained, so unable to work) on first need. Its
@@ -444,30 +406,6 @@ pub(crate) fn primary_handle(dev: CUdevice) -> Result<usize, CUresult> {
     Ok(primary_object(i, &mut p))
 }
 
-fn primary_release(dev: CUdevice) -> Res {
-    let (i, _) = device(dev)?;
-    let h = {
-        let mut p = primaries()[i].lock().unwrap_or_else(|e| e.into_inner());
-        match p.refs {
-            0 => return Err(err::INVALID_CONTEXT),
-            1 => p.handle,
-            _ => {
-                p.refs -= 1;
-                return Ok(());
-            }
-        }
-    };
-    // The last reference: what the runtime stored in the context goes first, outside the lock
-    // (its destructors may call the driver back), while the context still answers.
-    crate::export_table::context_gone(h);
-    let mut p = primaries()[i].lock().unwrap_or_else(|e| e.into_inner());
-    p.refs = p.refs.saturating_sub(1);
-    if p.refs == 0 {
-        deactivate(h)?;
-    }
-    Ok(())
-}
-
 fn primary_set_flags(dev: CUdevice, flags: c_uint, v2: bool) -> Res {
     check_flags(flags)?;
     let (i, _) = device(dev)?;
@@ -479,22 +417,6 @@ fn primary_set_flags(dev: CUdevice, flags: c_uint, v2: bool) -> Res {
     p.flags = flags;
     if p.handle != 0 {
         contexts().get(p.handle)?.flags.store(flags, Relaxed);
-    }
-    Ok(())
-}
-
-/// Frees every allocation of the primary context and drops what the runtime stored in it (its
-/// destructors run, as a reset tears down the context's state); the context itself stays
-/// retained.
-fn primary_reset(dev: CUdevice) -> Res {
-    let (i, _) = device(dev)?;
-    let h = {
-        let p = primaries()[i].lock().unwrap_or_else(|e| e.into_inner());
-        (p.refs > 0).then_some(p.handle)
-    };
-    if let Some(h) = h {
-        crate::export_table::context_gone(h);
-        teardown(h, i);
     }
     Ok(())
 }

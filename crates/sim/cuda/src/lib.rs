@@ -6,7 +6,8 @@
 //! duration the caller picks (`sim_busy*` kernels: their first u64 parameter, in ns).
 //!
 //! Layout, by chapter of the driver API: the C boundary's helpers and the export macro here;
-//! `device` device queries and attributes; `ctx` contexts, `ctx_config` their limits, cache
+//! `device` device queries and attributes; `ctx` contexts (the registry the rest builds on),
+//! `ctx_end` what ending or synchronizing one asks of the others, `ctx_config` their limits, cache
 //! preference and whole-context events, `peer` peer access; `mem` the allocation table, classic
 //! allocation and graph memory; `pointer` page-locked host memory and pointer attributes; `pool`
 //! stream-ordered pools; `vmm` virtual memory management; `ipc` IPC memory handles; `managed`
@@ -26,6 +27,7 @@ mod capture;
 mod copy;
 mod ctx;
 mod ctx_config;
+mod ctx_end;
 mod device;
 mod event;
 mod exec;

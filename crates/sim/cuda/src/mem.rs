@@ -391,7 +391,6 @@ pub(crate) fn free_context(ch: usize, dev: usize) -> Vec<usize> {
     // The context's graph memory goes with it: its live graph allocations were freed above, and
     // what the device's graph memory pool still reserves is released (nothing runs any more).
     graph_trim(dev);
-    crate::array::free_context(ch);
     devs
 }
 

@@ -87,8 +87,12 @@ impl Stream {
             attrs: Mutex::new(HashMap::new()),
         }
     }
+    /// Whether this is a context's legacy (NULL) stream.
+    pub(crate) fn is_legacy(&self) -> bool {
+        self.legacy
+    }
     /// A context's legacy default stream.
-    pub fn new_legacy(dev: usize, ctx_tail: Arc<AtomicU64>) -> Arc<Stream> {
+    fn new_legacy(dev: usize, ctx_tail: Arc<AtomicU64>) -> Arc<Stream> {
         let mut s = Stream::new(dev, 0, 0, ctx_tail);
         s.legacy = true;
         enlist(Arc::new(s))
@@ -316,6 +320,30 @@ thread_local! {
     static PER_THREAD: RefCell<HashMap<usize, Arc<Stream>>> = RefCell::new(HashMap::new());
 }
 
+/// Each context's legacy (NULL) stream, by context handle, made at its first use: streams know
+/// their context, contexts know no streams (`ctx` is the registry the chapters build on).
+fn legacy_streams() -> &'static Mutex<HashMap<usize, Arc<Stream>>> {
+    static L: OnceLock<Mutex<HashMap<usize, Arc<Stream>>>> = OnceLock::new();
+    L.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Context `ch`'s legacy stream.
+pub(crate) fn legacy_stream(ch: usize, c: &Context) -> Arc<Stream> {
+    lock(legacy_streams())
+        .entry(ch)
+        .or_insert_with(|| {
+            let s = Stream::new_legacy(c.dev, c.work_tail.clone());
+            s.set_ctx(ch);
+            s
+        })
+        .clone()
+}
+
+/// A destroyed context's legacy stream goes with it (its handle may name a new context).
+pub(crate) fn forget_context(ch: usize) {
+    lock(legacy_streams()).remove(&ch);
+}
+
 /// Resolves a stream argument. `per_thread`: the entry point is a `_ptsz`/`_ptds` variant, for
 /// which NULL means the per-thread default stream rather than the legacy one.
 pub(crate) fn stream(h: CUstream, per_thread: bool) -> Result<Arc<Stream>, CUresult> {
@@ -324,7 +352,7 @@ pub(crate) fn stream(h: CUstream, per_thread: bool) -> Result<Arc<Stream>, CUres
     if legacy || h == CU_STREAM_PER_THREAD || h == 0 {
         let (ch, c) = ctx::current()?;
         if legacy {
-            return Ok(c.legacy.clone());
+            return Ok(legacy_stream(ch, &c));
         }
         return Ok(PER_THREAD.with(|m| {
             m.borrow_mut()
