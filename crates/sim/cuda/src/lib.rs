@@ -31,6 +31,7 @@ mod ctx_end;
 mod device;
 mod event;
 mod exec;
+mod export_record;
 mod export_table;
 mod graph;
 mod graph_exec;

@@ -9,7 +9,7 @@
 
 use crate::mem::{self, charge, free, location_device, uncharge, Alloc, Kind, GRANULARITY};
 use crate::stream;
-use crate::{ctx, drv, export, read, write, Registry, Res};
+use crate::{ctx, drv, export, export_record, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::arena::{round_up, Arena, ALIGN};
 use std::collections::HashMap;
@@ -56,7 +56,7 @@ pub(crate) struct Pool {
 
 /// The shared memory of an IPC-capable or imported pool.
 struct Region {
-    /// Over a memfd sized to the pool's reach, with the export record after it (`RECORD_LEN`);
+    /// Over a memfd sized to the pool's reach, with the export record after it (`export_record`);
     /// each allocation holds it too (see `mem::alloc_in`), so it outlives the pool until the
     /// last of them is freed.
     arena: Arc<Arena>,
@@ -335,9 +335,6 @@ fn pinned_device(location: *mut CUmemLocation, kind: c_int) -> Result<usize, CUr
 
 /// First word of the data cuMemPoolExportPointer makes.
 const POOL_PTR_MAGIC: u64 = 0x4356_5053_5054_0001;
-/// Length of the export record that follows an IPC-capable pool's memory in its file.
-const RECORD_LEN: usize = 96;
-
 /// A memfd for an IPC-capable pool that can reach `reach` bytes (sparse: it costs what is
 /// written), mapped as the pool's arena; its export record goes after `reach`.
 fn new_region(reach: u64) -> Result<Region, CUresult> {
@@ -347,7 +344,13 @@ fn new_region(reach: u64) -> Result<Region, CUresult> {
         return Err(err::OUT_OF_MEMORY);
     }
     // SAFETY: sizing our own new memfd.
-    if unsafe { libc::ftruncate(fd, (reach + RECORD_LEN as u64) as libc::off_t) } != 0 {
+    if unsafe {
+        libc::ftruncate(
+            fd,
+            (reach + export_record::RECORD_LEN as u64) as libc::off_t,
+        )
+    } != 0
+    {
         // SAFETY: closing our own fd.
         unsafe { libc::close(fd) };
         return Err(err::OUT_OF_MEMORY);
@@ -362,63 +365,18 @@ fn new_region(reach: u64) -> Result<Region, CUresult> {
 
 /// Writes the record an importer reads: device, reach, shared entry and its generation.
 fn write_record(r: &Region, dev: usize, i: usize, generation: u64) -> Res {
-    let mut rec = format!(
-        "cuvisor-sim-pool {dev} {} {i} {generation}\n",
-        r.arena.size()
-    )
-    .into_bytes();
-    rec.resize(RECORD_LEN, 0);
-    // SAFETY: writing our own buffer to the pool's own fd, after its memory.
-    let n = unsafe {
-        libc::pwrite(
-            r.arena.fd(),
-            rec.as_ptr() as *const c_void,
-            RECORD_LEN,
-            r.arena.size() as libc::off_t,
-        )
-    };
-    if n != RECORD_LEN as isize {
-        return Err(err::OUT_OF_MEMORY);
-    }
-    Ok(())
+    let reach = r.arena.size();
+    let fields = [dev as i64, reach as i64, i as i64, generation as i64];
+    export_record::write(r.arena.fd(), reach, "cuvisor-sim-pool", fields)
 }
 
 /// (device, reach, entry, generation) from an exported pool's descriptor.
 fn read_record(fd: c_int) -> Result<(usize, u64, usize, u64), CUresult> {
-    // SAFETY: fstat into our own zeroed struct.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat of the caller's descriptor into our own buffer.
-    if fd < 0 || unsafe { libc::fstat(fd, &mut st) } != 0 || (st.st_size as u64) < RECORD_LEN as u64
-    {
+    let ([dev, reach, i, generation], at) = export_record::read(fd, "cuvisor-sim-pool")?;
+    if dev < 0 || reach as u64 != at || i < 0 {
         return Err(err::INVALID_VALUE);
     }
-    let at = st.st_size as u64 - RECORD_LEN as u64;
-    let mut buf = [0u8; RECORD_LEN];
-    // SAFETY: reading at most RECORD_LEN bytes into our own buffer.
-    let n = unsafe {
-        libc::pread(
-            fd,
-            buf.as_mut_ptr() as *mut c_void,
-            RECORD_LEN,
-            at as libc::off_t,
-        )
-    };
-    let text = std::str::from_utf8(&buf[..n.max(0) as usize]).map_err(|_| err::INVALID_VALUE)?;
-    let mut parts = text.split('\n').next().unwrap_or("").split(' ');
-    if parts.next() != Some("cuvisor-sim-pool") {
-        return Err(err::INVALID_VALUE);
-    }
-    let mut num = || {
-        parts
-            .next()
-            .and_then(|x| x.parse::<u64>().ok())
-            .ok_or(err::INVALID_VALUE)
-    };
-    let (dev, reach, i, generation) = (num()?, num()?, num()?, num()?);
-    if reach != at {
-        return Err(err::INVALID_VALUE);
-    }
-    Ok((dev as usize, reach, i as usize, generation))
+    Ok((dev as usize, at, i as usize, generation as u64))
 }
 
 export! {

@@ -8,7 +8,7 @@ use crate::mem::{
     charge, contiguous_range, location_device, open_share, ref_share, table, uncharge, unref_share,
     va_arena, Alloc, Kind, GRANULARITY,
 };
-use crate::{ctx, drv, export, read, write, Registry, Res};
+use crate::{ctx, drv, export, export_record, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_int, c_uint, c_void};
@@ -29,7 +29,7 @@ struct Phys {
     /// (index, generation), which holds the charge instead of this process.
     share: Mutex<Option<(usize, u64)>>,
     /// The handle's file once exported (and for every import): a memfd holding its bytes,
-    /// followed by the export record (`RECORD_LEN`). Every mapping of the handle, in this
+    /// followed by the export record (`export_record`). Every mapping of the handle, in this
     /// process or another, maps it, so all see the same bytes; exports hand out duplicates.
     export_fd: Mutex<c_int>,
     /// The CUmemAllocationProp it was made with (cuMemGetAllocationPropertiesFromHandle), less
@@ -129,19 +129,10 @@ fn phys_drop_if_unused(h: usize, p: &Phys) {
     }
 }
 
-const RECORD_LEN: usize = 96;
-
 /// A memfd for handle `p` naming shared entry (i, generation): its bytes, then the record an
 /// importer reads (SCM_RIGHTS and pidfd_getfd carry it). The bytes this process already wrote
 /// through its mappings of the handle move into it, and those mappings now map it.
 fn export_file(h: usize, p: &Phys, i: usize, generation: u64) -> Result<c_int, CUresult> {
-    let mut record = format!(
-        "cuvisor-sim-vmm {} {} {i} {generation}\n",
-        p.dev.map(|d| d as i64).unwrap_or(-1),
-        p.size
-    )
-    .into_bytes();
-    record.resize(RECORD_LEN, 0);
     // SAFETY: memfd_create with a static NUL-terminated name; we own the returned fd.
     let fd = unsafe { libc::memfd_create(c"cuvisor-sim-vmm".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
@@ -152,17 +143,16 @@ fn export_file(h: usize, p: &Phys, i: usize, generation: u64) -> Result<c_int, C
         unsafe { libc::close(fd) };
         Err(e)
     };
-    // SAFETY: sizing and writing our own new memfd from our own buffer.
-    let ok = unsafe {
-        libc::ftruncate(fd, (p.size + RECORD_LEN as u64) as libc::off_t) == 0
-            && libc::pwrite(
-                fd,
-                record.as_ptr() as *const c_void,
-                RECORD_LEN,
-                p.size as libc::off_t,
-            ) == RECORD_LEN as isize
+    let dev = p.dev.map(|d| d as i64).unwrap_or(-1);
+    let fields = [dev, p.size as i64, i as i64, generation as i64];
+    // SAFETY: sizing our own new memfd.
+    let sized = unsafe {
+        libc::ftruncate(
+            fd,
+            (p.size + export_record::RECORD_LEN as u64) as libc::off_t,
+        ) == 0
     };
-    if !ok {
+    if !sized || export_record::write(fd, p.size, "cuvisor-sim-vmm", fields).is_err() {
         return close(err::UNKNOWN);
     }
     let mine: Vec<(u64, u64, bool)> = {
@@ -193,40 +183,11 @@ fn export_file(h: usize, p: &Phys, i: usize, generation: u64) -> Result<c_int, C
 
 /// (device or -1, size, entry, generation) from an exported handle's descriptor.
 fn read_record(fd: c_int) -> Result<(i64, u64, usize, u64), CUresult> {
-    // SAFETY: a zeroed stat is a valid value to fill.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat of the caller's descriptor into our own buffer.
-    if fd < 0 || unsafe { libc::fstat(fd, &mut st) } != 0 || (st.st_size as u64) < RECORD_LEN as u64
-    {
+    let ([dev, size, i, generation], at) = export_record::read(fd, "cuvisor-sim-vmm")?;
+    if size as u64 != at || i < 0 {
         return Err(err::INVALID_VALUE);
     }
-    let at = st.st_size as u64 - RECORD_LEN as u64;
-    let mut buf = [0u8; RECORD_LEN];
-    // SAFETY: reading at most RECORD_LEN bytes into our own buffer from the caller's fd.
-    let n = unsafe {
-        libc::pread(
-            fd,
-            buf.as_mut_ptr() as *mut c_void,
-            RECORD_LEN,
-            at as libc::off_t,
-        )
-    };
-    let text = std::str::from_utf8(&buf[..n.max(0) as usize]).map_err(|_| err::INVALID_VALUE)?;
-    let mut parts = text.split('\n').next().unwrap_or("").split(' ');
-    if parts.next() != Some("cuvisor-sim-vmm") {
-        return Err(err::INVALID_VALUE);
-    }
-    let mut num = || {
-        parts
-            .next()
-            .and_then(|x| x.parse::<i64>().ok())
-            .ok_or(err::INVALID_VALUE)
-    };
-    let (dev, size, i, generation) = (num()?, num()?, num()?, num()?);
-    if size as u64 != at {
-        return Err(err::INVALID_VALUE);
-    }
-    Ok((dev, size as u64, i as usize, generation as u64))
+    Ok((dev, at, i as usize, generation as u64))
 }
 
 fn reservations() -> &'static Mutex<BTreeMap<u64, u64>> {
