@@ -20,7 +20,7 @@
 # JAX is changed in one place: it looks for /dev/nvidia0 or /dev/nvidiactl before it tries its
 # CUDA plugin, and the simulator has no device files, so the probe answers that check (a NOTE row).
 # On 2026-12-01 every row passed (or is a NOTE), cuBLAS matmuls included, and on 2026-12-02 every
-# TensorFlow row; see the README.
+# TensorFlow row; see docs/frameworks.md.
 # Prints one table (client, check, PASS/FAIL/NOTE, what was measured), then what the simulator
 # logged as unsupported (its 'cuvisor-sim' lines); exit 0 iff no row is FAIL.
 #
