@@ -74,22 +74,7 @@ enum { L_STACK, L_PRINTF, L_HEAP, L_SYNC_DEPTH, L_PENDING, L_L2_FETCH, L_PERSIST
        L_CIG_FALLBACK, L_PER_BLOCK, L_MAX };
 #define ATTR_MAX_PERSISTING_L2 108
 
-static int failures;
-#define EXPECT(call, want)                                                                  \
-    do {                                                                                    \
-        CUresult r_ = (call);                                                               \
-        if (r_ != (want)) {                                                                 \
-            printf("FAIL line %d: %s = %d, want %d\n", __LINE__, #call, r_, (int)(want));   \
-            failures++;                                                                     \
-        }                                                                                   \
-    } while (0)
-#define CHECK(cond)                                                                         \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            printf("FAIL line %d: %s\n", __LINE__, #cond);                                  \
-            failures++;                                                                     \
-        }                                                                                   \
-    } while (0)
+#include "expect.h"
 
 static void sleep_ms(void *ms) { usleep((useconds_t)(uintptr_t)ms * 1000); }
 

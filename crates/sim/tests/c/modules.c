@@ -70,22 +70,7 @@ CUresult cuLinkDestroy(CUlinkState);
 enum { JIT_WALL_TIME = 2, JIT_INFO_LOG_BUFFER = 3, JIT_INFO_LOG_BUFFER_SIZE_BYTES = 4 };
 enum { IN_CUBIN = 0, IN_PTX = 1, IN_FATBINARY = 2, IN_OBJECT = 3 };
 
-static int failures;
-#define EXPECT(call, want)                                                                  \
-    do {                                                                                    \
-        CUresult r_ = (call);                                                               \
-        if (r_ != (want)) {                                                                 \
-            printf("FAIL line %d: %s = %d, want %d\n", __LINE__, #call, r_, (int)(want));   \
-            failures++;                                                                     \
-        }                                                                                   \
-    } while (0)
-#define CHECK(cond)                                                                         \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            printf("FAIL line %d: %s\n", __LINE__, #cond);                                  \
-            failures++;                                                                     \
-        }                                                                                   \
-    } while (0)
+#include "expect.h"
 
 static const char ptx[] =
     ".version 8.8\n.target sm_80\n.address_size 64\n"

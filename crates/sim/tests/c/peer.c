@@ -31,22 +31,7 @@ CUresult cuCtxDisablePeerAccess(CUcontext);
 #define PEER_ACCESS_ALREADY_ENABLED 704
 #define PEER_ACCESS_NOT_ENABLED 705
 
-static int failures;
-#define EXPECT(call, want)                                                                  \
-    do {                                                                                    \
-        CUresult r_ = (call);                                                               \
-        if (r_ != (want)) {                                                                 \
-            printf("FAIL line %d: %s = %d, want %d\n", __LINE__, #call, r_, (int)(want));   \
-            failures++;                                                                     \
-        }                                                                                   \
-    } while (0)
-#define CHECK(cond)                                                                         \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            printf("FAIL line %d: %s\n", __LINE__, #cond);                                  \
-            failures++;                                                                     \
-        }                                                                                   \
-    } while (0)
+#include "expect.h"
 
 int main(void) {
     const char *preset = getenv("CUVISOR_SIM");

@@ -55,22 +55,7 @@ enum { A_CONTEXT = 1, A_MEMORY_TYPE, A_DEVICE_POINTER, A_HOST_POINTER, A_P2P_TOK
 #define MEMORYTYPE_HOST 1
 #define MEMORYTYPE_DEVICE 2
 
-static int failures;
-#define EXPECT(call, want)                                                                  \
-    do {                                                                                    \
-        CUresult r_ = (call);                                                               \
-        if (r_ != (want)) {                                                                 \
-            printf("FAIL line %d: %s = %d, want %d\n", __LINE__, #call, r_, (int)(want));   \
-            failures++;                                                                     \
-        }                                                                                   \
-    } while (0)
-#define CHECK(cond)                                                                         \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            printf("FAIL line %d: %s\n", __LINE__, #cond);                                  \
-            failures++;                                                                     \
-        }                                                                                   \
-    } while (0)
+#include "expect.h"
 
 static CUcontext ctx;
 

@@ -37,22 +37,7 @@ enum { CLASS_AUTO = 0, CLASS_SMALL, CLASS_LARGE };
 #define INVALID_VALUE 1
 #define INVALID_CONTEXT 201
 
-static int failures;
-#define EXPECT(call, want)                                                                  \
-    do {                                                                                    \
-        CUresult r_ = (call);                                                               \
-        if (r_ != (want)) {                                                                 \
-            printf("FAIL line %d: %s = %d, want %d\n", __LINE__, #call, r_, (int)(want));   \
-            failures++;                                                                     \
-        }                                                                                   \
-    } while (0)
-#define CHECK(cond)                                                                         \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            printf("FAIL line %d: %s\n", __LINE__, #cond);                                  \
-            failures++;                                                                     \
-        }                                                                                   \
-    } while (0)
+#include "expect.h"
 
 static CUtensorMap map;
 static void *base;
