@@ -97,24 +97,10 @@ fn modules_under_eager_loading() {
 }
 
 /// nvcc and what it needs (the versions cudart_nvcc.rs installs, so the venv is shared).
-const WHEELS: &[(&str, &str)] = &[
-    ("nvidia-cuda-nvcc", "13.5.37"),
-    ("nvidia-nvvm", "13.5.37"),
-    ("nvidia-cuda-crt", "13.5.37"),
-    ("nvidia-cuda-runtime", "13.5.37"),
-];
-
 /// `cudart/module_kernels.cu` built by nvcc 13.5 with `flags` into `out_name` in the profile
 /// directory; None (after a SKIPPED line, or a failure under CI) where the wheels cannot be had.
 fn nvcc_image(test: &str, flags: &[&str], out_name: &str) -> Option<PathBuf> {
-    use cuvisor_testkit::wheels::{venv, Deps};
-    let venv = venv(test, "nvcc-13.5.37", WHEELS, Deps::None)?;
-    let cu13 = std::fs::read_dir(venv.join("lib"))
-        .expect("venv/lib")
-        .flatten()
-        .map(|py| py.path().join("site-packages/nvidia/cu13"))
-        .find(|p| p.join("bin/nvcc").exists())
-        .expect("nvidia/cu13/bin/nvcc in the venv");
+    let cu13 = cuvisor_testkit::wheels::nvcc_13_5(test)?;
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cudart/module_kernels.cu");
     let out =
         cuvisor_testkit::profile_dir_of_test().join(format!("{out_name}-{}", std::process::id()));

@@ -31,13 +31,6 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 /// nvcc and what it needs, at the version of the CUDA 13 runtime the cudart tests use.
-const WHEELS: &[(&str, &str)] = &[
-    ("nvidia-cuda-nvcc", "13.5.37"),
-    ("nvidia-nvvm", "13.5.37"),
-    ("nvidia-cuda-crt", "13.5.37"),
-    ("nvidia-cuda-runtime", "13.5.37"),
-];
-
 /// The timed tests run one at a time, and not beside the others, so that they do not compete
 /// for the CPU on small machines.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -52,14 +45,7 @@ fn program(test: &str) -> Option<PathBuf> {
     static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
     BUILT
         .get_or_init(|| {
-            use cuvisor_testkit::wheels::{venv, Deps};
-            let venv = venv(test, "nvcc-13.5.37", WHEELS, Deps::None)?;
-            let cu13 = std::fs::read_dir(venv.join("lib"))
-                .expect("venv/lib")
-                .flatten()
-                .map(|py| py.path().join("site-packages/nvidia/cu13"))
-                .find(|p| p.join("bin/nvcc").exists())
-                .expect("nvidia/cu13/bin/nvcc in the venv");
+            let cu13 = cuvisor_testkit::wheels::nvcc_13_5(test)?;
             let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cudart/runtime.cu");
             let out = cuvisor_testkit::profile_dir_of_test()
                 .join(format!("cudart-runtime-{}", std::process::id()));
@@ -287,14 +273,7 @@ fn nvcc_built_loops_of_shares_1_and_3_get_25_and_75_percent() {
 /// `-DBIG=...`), into the profile directory. None (after a SKIPPED line) where the wheels
 /// cannot be had.
 fn device_array(test: &str, bytes: u64) -> Option<PathBuf> {
-    use cuvisor_testkit::wheels::{venv, Deps};
-    let venv = venv(test, "nvcc-13.5.37", WHEELS, Deps::None)?;
-    let cu13 = std::fs::read_dir(venv.join("lib"))
-        .expect("venv/lib")
-        .flatten()
-        .map(|py| py.path().join("site-packages/nvidia/cu13"))
-        .find(|p| p.join("bin/nvcc").exists())
-        .expect("nvidia/cu13/bin/nvcc in the venv");
+    let cu13 = cuvisor_testkit::wheels::nvcc_13_5(test)?;
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cudart/device_array.cu");
     let out = cuvisor_testkit::profile_dir_of_test().join(format!(
         "cudart-device-array-{bytes}-{}",

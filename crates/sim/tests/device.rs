@@ -15,13 +15,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-const WHEELS: &[(&str, &str)] = &[
-    ("nvidia-cuda-nvcc", "13.5.37"),
-    ("nvidia-nvvm", "13.5.37"),
-    ("nvidia-cuda-crt", "13.5.37"),
-    ("nvidia-cuda-runtime", "13.5.37"),
-];
-
 /// What ptxas allocated to one kernel for one architecture.
 #[derive(Clone, Copy, Debug, Default)]
 struct Ptxas {
@@ -73,14 +66,7 @@ fn parse_ptxas(text: &str, out: &mut HashMap<(u32, String), Ptxas>) {
 fn built() -> Option<&'static Built> {
     static B: OnceLock<Option<Built>> = OnceLock::new();
     B.get_or_init(|| {
-        use cuvisor_testkit::wheels::{venv, Deps};
-        let venv = venv("device_chapter", "nvcc-13.5.37", WHEELS, Deps::None)?;
-        let cu13 = std::fs::read_dir(venv.join("lib"))
-            .expect("venv/lib")
-            .flatten()
-            .map(|py| py.path().join("site-packages/nvidia/cu13"))
-            .find(|p| p.join("bin/nvcc").exists())
-            .expect("nvidia/cu13/bin/nvcc in the venv");
+        let cu13 = cuvisor_testkit::wheels::nvcc_13_5("device_chapter")?;
         let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
         let out = std::env::temp_dir().join(format!("cuvisor-device-{}", std::process::id()));
         std::fs::create_dir_all(&out).unwrap();

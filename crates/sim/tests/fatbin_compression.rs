@@ -19,13 +19,6 @@ use std::ffi::{c_void, CString};
 use std::path::{Path, PathBuf};
 use std::ptr::null_mut;
 
-const WHEELS: &[(&str, &str)] = &[
-    ("nvidia-cuda-nvcc", "13.5.37"),
-    ("nvidia-nvvm", "13.5.37"),
-    ("nvidia-cuda-crt", "13.5.37"),
-    ("nvidia-cuda-runtime", "13.5.37"),
-];
-
 /// (file tag, nvcc arguments, how its entries must be stored).
 const BUILDS: &[(&str, &[&str], Stored)] = &[
     (
@@ -142,14 +135,7 @@ fn stored(e: &[(u16, u64)]) -> Stored {
 
 /// Builds every fat binary of [`BUILDS`] into a fresh directory. None after SKIPPED.
 fn build() -> Option<PathBuf> {
-    use cuvisor_testkit::wheels::{venv, Deps};
-    let venv = venv("fatbin_compression", "nvcc-13.5.37", WHEELS, Deps::None)?;
-    let cu13 = std::fs::read_dir(venv.join("lib"))
-        .expect("venv/lib")
-        .flatten()
-        .map(|py| py.path().join("site-packages/nvidia/cu13"))
-        .find(|p| p.join("bin/nvcc").exists())
-        .expect("nvidia/cu13/bin/nvcc in the venv");
+    let cu13 = cuvisor_testkit::wheels::nvcc_13_5("fatbin_compression")?;
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cudart/fatbin_vars.cu");
     let dir =
         cuvisor_testkit::profile_dir_of_test().join(format!("fatbins-{}", std::process::id()));

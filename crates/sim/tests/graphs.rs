@@ -14,25 +14,9 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const WHEELS: &[(&str, &str)] = &[
-    ("nvidia-cuda-nvcc", "13.5.37"),
-    ("nvidia-nvvm", "13.5.37"),
-    ("nvidia-cuda-crt", "13.5.37"),
-    ("nvidia-cuda-runtime", "13.5.37"),
-];
-
 /// `nvidia/cu13` of the nvcc venv (bin/nvcc, include/cuda.h), or None after a SKIPPED line.
 fn cu13(test: &str) -> Option<PathBuf> {
-    use cuvisor_testkit::wheels::{venv, Deps};
-    let venv = venv(test, "nvcc-13.5.37", WHEELS, Deps::None)?;
-    Some(
-        std::fs::read_dir(venv.join("lib"))
-            .expect("venv/lib")
-            .flatten()
-            .map(|py| py.path().join("site-packages/nvidia/cu13"))
-            .find(|p| p.join("bin/nvcc").exists())
-            .expect("nvidia/cu13/bin/nvcc in the venv"),
-    )
+    cuvisor_testkit::wheels::nvcc_13_5(test)
 }
 
 fn run_on_sim(exe: &Path, tag: &str) {

@@ -7,24 +7,9 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The same pinned wheels as tests/cudart_nvcc.rs (one venv serves both).
-const WHEELS: &[(&str, &str)] = &[
-    ("nvidia-cuda-nvcc", "13.5.37"),
-    ("nvidia-nvvm", "13.5.37"),
-    ("nvidia-cuda-crt", "13.5.37"),
-    ("nvidia-cuda-runtime", "13.5.37"),
-];
-
 /// CUDA 13.5's include directory (cuda.h), or None after a SKIPPED line.
 fn cuda_include(test: &str) -> Option<PathBuf> {
-    use cuvisor_testkit::wheels::{venv, Deps};
-    let venv = venv(test, "nvcc-13.5.37", WHEELS, Deps::None)?;
-    let inc = std::fs::read_dir(venv.join("lib"))
-        .expect("venv/lib")
-        .flatten()
-        .map(|py| py.path().join("site-packages/nvidia/cu13/include"))
-        .find(|p| p.join("cuda.h").exists())
-        .expect("nvidia/cu13/include/cuda.h in the venv");
+    let inc = cuvisor_testkit::wheels::nvcc_13_5(test)?.join("include");
     Some(inc)
 }
 

@@ -47,24 +47,10 @@ fn the_stream_and_event_chapters_from_c() {
 }
 
 /// nvcc and what it needs (the versions cudart_nvcc.rs installs, so the venv is shared).
-const WHEELS: &[(&str, &str)] = &[
-    ("nvidia-cuda-nvcc", "13.5.37"),
-    ("nvidia-nvvm", "13.5.37"),
-    ("nvidia-cuda-crt", "13.5.37"),
-    ("nvidia-cuda-runtime", "13.5.37"),
-];
-
 /// `cudart/NAME.cu` built for the simulated A100 (sm_80); None (after a SKIPPED line) where the
 /// wheels cannot be had.
 fn nvcc_built(test: &str, name: &str) -> Option<PathBuf> {
-    use cuvisor_testkit::wheels::{venv, Deps};
-    let venv = venv(test, "nvcc-13.5.37", WHEELS, Deps::None)?;
-    let cu13 = std::fs::read_dir(venv.join("lib"))
-        .expect("venv/lib")
-        .flatten()
-        .map(|py| py.path().join("site-packages/nvidia/cu13"))
-        .find(|p| p.join("bin/nvcc").exists())
-        .expect("nvidia/cu13/bin/nvcc in the venv");
+    let cu13 = cuvisor_testkit::wheels::nvcc_13_5(test)?;
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/cudart/{name}.cu"));
     let out = cuvisor_testkit::profile_dir_of_test()
         .join(format!("cudart-{name}-{}", std::process::id()));

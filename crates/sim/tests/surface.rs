@@ -39,12 +39,6 @@ fn repo() -> PathBuf {
 }
 
 /// nvcc 13.5's venv holds cuda.h and cudaTypedefs.h (the `nvidia-cuda-crt` wheel).
-const CUDA_WHEELS: &[(&str, &str)] = &[
-    ("nvidia-cuda-nvcc", "13.5.37"),
-    ("nvidia-nvvm", "13.5.37"),
-    ("nvidia-cuda-crt", "13.5.37"),
-    ("nvidia-cuda-runtime", "13.5.37"),
-];
 /// nvml.h: the newest `nvidia-nvml-dev` on PyPI when this was written (13.4.92; no 13.5 yet).
 const NVML_WHEELS: &[(&str, &str)] = &[("nvidia-nvml-dev", "13.4.92")];
 
@@ -60,7 +54,12 @@ fn include_dir(test: &str, venv: &str, wheels: &[(&str, &str)], file: &str) -> O
 }
 
 fn cuda_include(test: &str) -> Option<PathBuf> {
-    include_dir(test, "nvcc-13.5.37", CUDA_WHEELS, "cuda.h")
+    include_dir(
+        test,
+        "nvcc-13.5.37",
+        cuvisor_testkit::wheels::NVCC_13_5,
+        "cuda.h",
+    )
 }
 
 fn nvml_include(test: &str) -> Option<PathBuf> {

@@ -86,3 +86,27 @@ fn run(cmd: &mut Command) -> Result<(), String> {
         ))
     }
 }
+
+/// nvcc 13.5 and CUDA 13.5's headers and static runtime, from PyPI (pinned; about 350 MB
+/// installed in target/ci-tools/nvcc-13.5.37).
+pub const NVCC_13_5: &[(&str, &str)] = &[
+    ("nvidia-cuda-nvcc", "13.5.37"),
+    ("nvidia-nvvm", "13.5.37"),
+    ("nvidia-cuda-crt", "13.5.37"),
+    ("nvidia-cuda-runtime", "13.5.37"),
+];
+
+/// `site-packages/nvidia/cu13` of the nvcc 13.5 venv (`bin/nvcc`, `include/cuda.h`,
+/// `include/cudaTypedefs.h`), installed on first use; None after a SKIPPED line where it cannot
+/// be installed (a failure under CI, see [`venv`]).
+pub fn nvcc_13_5(test: &str) -> Option<PathBuf> {
+    let venv = venv(test, "nvcc-13.5.37", NVCC_13_5, Deps::None)?;
+    Some(
+        std::fs::read_dir(venv.join("lib"))
+            .expect("venv/lib")
+            .flatten()
+            .map(|py| py.path().join("site-packages/nvidia/cu13"))
+            .find(|p| p.join("bin/nvcc").exists())
+            .expect("nvidia/cu13/bin/nvcc in the nvcc venv"),
+    )
+}
