@@ -156,3 +156,10 @@ fn nvcc_built_cubin_fatbin_and_ptx_count_enumerate_and_link() {
         }
     }
 }
+
+/// Error log management: callbacks register and unregister, the empty log's iterator and dumps,
+/// and the codes cuda.h 13.5 documents (`tests/c/logs.c`).
+#[test]
+fn error_logs_register_callbacks_iterate_and_dump_an_empty_log() {
+    chapter("logs", "single");
+}

@@ -13,13 +13,12 @@
 //! stream-ordered pools; `vmm` virtual memory management; `ipc` IPC memory handles; `managed`
 //! unified memory; `array` CUDA arrays, texture and surface objects; `copy` copies and memsets;
 //! `stream` streams, host functions, memory operations and the profiler switches; `event` events
-//! and IPC events; `exec` modules and launches, `module_info` what modules and libraries are
-//! asked, `link` JIT linking; `graph` graphs and their nodes, `graph_exec` executable graphs,
-//! `capture` stream capture; `tensor_map` tensor maps; `occupancy` function attributes and the
-//! occupancy calculator;
-//! `procaddr` cuGetProcAddress; `export_table` cuGetExportTable, the private tables NVIDIA's
-//! runtime asks for; `unsupported` the entry points it does not model (generated from cuda.h by
-//! `tests/surface.rs`).
+//! and IPC events; `exec` modules and launches, `module_info` what modules and libraries are asked,
+//! `link` JIT linking; `graph` graphs and their nodes, `graph_exec` executable graphs, `capture`
+//! stream capture; `tensor_map` tensor maps; `logs` error log management; `occupancy` function
+//! attributes and the occupancy calculator; `procaddr` cuGetProcAddress; `export_table`
+//! cuGetExportTable, the private tables NVIDIA's runtime asks for; `unsupported` the entry points
+//! it does not model (generated from cuda.h by `tests/surface.rs`).
 #![allow(clippy::missing_safety_doc)]
 
 mod array;
@@ -37,6 +36,7 @@ mod graph;
 mod graph_exec;
 mod ipc;
 mod link;
+mod logs;
 mod managed;
 mod mem;
 mod module_info;

@@ -158,11 +158,6 @@ unsupported! {
     cuLogicalEndpointImport => NOT_SUPPORTED,
     cuLogicalEndpointQuery => NOT_SUPPORTED,
     cuLogicalEndpointUnbind => NOT_SUPPORTED,
-    cuLogsCurrent => INVALID_VALUE, // documented: SUCCESS INVALID_VALUE
-    cuLogsDumpToFile => INVALID_VALUE, // documented: SUCCESS INVALID_VALUE
-    cuLogsDumpToMemory => INVALID_VALUE, // documented: SUCCESS INVALID_VALUE
-    cuLogsRegisterCallback => INVALID_VALUE, // documented: SUCCESS INVALID_VALUE
-    cuLogsUnregisterCallback => INVALID_VALUE, // documented: SUCCESS INVALID_VALUE
     cuMemAllocHost => INVALID_VALUE, // documented: SUCCESS DEINITIALIZED NOT_INITIALIZED INVALID_CONTEXT INVALID_VALUE OUT_OF_MEMORY EXTERNAL_DEVICE
     cuMemBatchDecompressAsync => INVALID_VALUE, // documented: SUCCESS DEINITIALIZED NOT_INITIALIZED INVALID_CONTEXT INVALID_VALUE INVALID_HANDLE
     cuMemBatchDecompressAsync_ptsz => INVALID_VALUE, // documented: SUCCESS DEINITIALIZED NOT_INITIALIZED INVALID_CONTEXT INVALID_VALUE INVALID_HANDLE
