@@ -124,6 +124,57 @@ impl Arena {
         addr >= self.base && addr < self.base + self.size
     }
 
+    /// Whether [addr, addr + size) lies inside the arena.
+    fn holds(&self, addr: u64, size: u64) -> bool {
+        self.contains(addr)
+            && addr
+                .checked_add(size)
+                .is_some_and(|e| e <= self.base + self.size)
+    }
+
+    /// Maps `size` bytes of file `fd` from `offset` over [addr, addr + size) of the arena,
+    /// shared: what other processes mapping the file see (VMM handles and IPC allocations
+    /// exported as files). False, with nothing changed, where the range is not the arena's or
+    /// the mapping fails.
+    pub fn map_file_over(&self, addr: u64, size: u64, fd: i32, offset: u64) -> bool {
+        if !self.holds(addr, size) {
+            return false;
+        }
+        // SAFETY: [addr, addr + size) lies inside this arena's own reservation; MAP_FIXED
+        // replaces those pages in place and nothing outside the arena is touched.
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                fd,
+                offset as libc::off_t,
+            )
+        };
+        p != libc::MAP_FAILED
+    }
+
+    /// Gives [addr, addr + size), mapped over by [`Arena::map_file_over`], its private
+    /// anonymous memory back before the range is handed out again.
+    pub fn unmap_file(&self, addr: u64, size: u64) {
+        if !self.holds(addr, size) {
+            return;
+        }
+        // SAFETY: the range lies inside this arena's own reservation and is no longer handed
+        // out; it becomes private, unreserved memory again, as the arena made it.
+        unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+    }
+
     /// A block of `size` bytes (already rounded by the caller to ALIGN), or None when the
     /// address space is exhausted.
     pub fn alloc(&self, size: u64) -> Option<u64> {

@@ -12,7 +12,7 @@
 //! allocations are opened as memory of the importer's own (not modelled: their bytes).
 
 use crate::mem::{
-    alloc_on, free, open_share, ref_share, set_on_release, table, unref_share, Kind, PAGE,
+    alloc_on, arena_of, free, open_share, ref_share, set_on_release, table, unref_share, Kind, PAGE,
 };
 use crate::{ctx, drv, export, write, Res};
 use cuvisor_cuda_abi::cuda::*;
@@ -51,19 +51,7 @@ fn file_mapped() -> &'static Mutex<HashSet<u64>> {
 
 /// Maps `size` bytes of `fd` at `addr` (page-aligned, inside one of our arenas), shared.
 fn map_shared(addr: u64, size: u64, fd: c_int) -> bool {
-    // SAFETY: [addr, addr + size) is an allocation of ours inside an arena's reservation,
-    // replaced in place by the entry's file.
-    let p = unsafe {
-        libc::mmap(
-            addr as *mut c_void,
-            size as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_FIXED,
-            fd,
-            0,
-        )
-    };
-    p != libc::MAP_FAILED
+    arena_of(addr).is_some_and(|a| a.map_file_over(addr, size, fd, 0))
 }
 
 /// Puts an exported allocation's bytes into the file of entry (i, generation) and maps it
@@ -114,17 +102,9 @@ fn unmap_bytes(addr: u64, size: u64) {
     {
         return;
     }
-    // SAFETY: the range was our file mapping inside an arena and is being given back to it.
-    unsafe {
-        libc::mmap(
-            addr as *mut c_void,
-            size as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
-            -1,
-            0,
-        )
-    };
+    if let Some(a) = arena_of(addr) {
+        a.unmap_file(addr, size);
+    }
 }
 
 /// Opened IPC handles of this process: (entry, generation, context) -> (pointer, references).

@@ -450,14 +450,20 @@ pub(crate) fn memop_target(addr: u64, n: u64) -> Res {
 
 /// Whether `addr` lies in the simulator's device address space (any arena), allocated or not.
 pub(crate) fn in_any_arena(addr: u64) -> bool {
-    let d = match drv() {
-        Ok(d) => d,
-        Err(_) => return false,
-    };
-    (0..d.sim.model.devices.len()).any(|i| arena(i).map(|a| a.contains(addr)).unwrap_or(false))
-        || low_arena().map(|a| a.contains(addr)).unwrap_or(false)
-        || va_arena().map(|a| a.contains(addr)).unwrap_or(false)
-        || managed_arena().map(|a| a.contains(addr)).unwrap_or(false)
+    arena_of(addr).is_some()
+}
+
+/// The arena whose address space holds `addr`, allocated or not.
+pub(crate) fn arena_of(addr: u64) -> Option<&'static Arena> {
+    let d = drv().ok()?;
+    (0..d.sim.model.devices.len())
+        .filter_map(|i| arena(i).ok())
+        .chain(
+            [low_arena(), va_arena(), managed_arena()]
+                .into_iter()
+                .flatten(),
+        )
+        .find(|a| a.contains(addr))
 }
 
 // ---- graph memory ----------------------------------------------------------------------------

@@ -58,38 +58,18 @@ fn access() -> &'static Mutex<BTreeMap<u64, HashMap<usize, c_int>>> {
 
 /// Maps `size` bytes of file `fd` from `offset` at `addr` (inside the VA arena), shared.
 fn map_file(addr: u64, size: u64, fd: c_int, offset: u64) -> Res {
-    // SAFETY: [addr, addr + size) is a mapping of ours inside the VA arena's reservation (checked
-    // by cuMemMap), replaced in place; the file is the handle's own.
-    let p = unsafe {
-        libc::mmap(
-            addr as *mut c_void,
-            size as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_FIXED,
-            fd,
-            offset as libc::off_t,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(err::OUT_OF_MEMORY);
+    if va_arena()?.map_file_over(addr, size, fd, offset) {
+        Ok(())
+    } else {
+        Err(err::OUT_OF_MEMORY)
     }
-    Ok(())
 }
 
 /// Gives [addr, addr + size) back to the VA arena's anonymous reservation (after an unmap).
 fn unmap_file(addr: u64, size: u64) {
-    // SAFETY: the range was a file mapping of ours inside the VA arena and is no longer handed
-    // out; it becomes the arena's private, unreserved memory again.
-    unsafe {
-        libc::mmap(
-            addr as *mut c_void,
-            size as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
-            -1,
-            0,
-        )
-    };
+    if let Ok(a) = va_arena() {
+        a.unmap_file(addr, size);
+    }
 }
 
 fn phys() -> &'static Registry<Phys> {
