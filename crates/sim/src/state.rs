@@ -521,13 +521,7 @@ impl Shared {
 
     /// Charges `bytes` of device `d` to process slot `slot`, if the device has room.
     pub fn charge(&self, slot: usize, d: usize, bytes: u64, capacity: u64) -> bool {
-        let dev = &self.layout.devices[d];
-        if dev.fail_allocs.load(Relaxed) > 0
-            && dev
-                .fail_allocs
-                .fetch_update(AcqRel, Relaxed, |n| n.checked_sub(1))
-                .is_ok()
-        {
+        if self.injected_failure(d) {
             return false;
         }
         self.charge_memory(slot, d, bytes, capacity)
@@ -536,19 +530,34 @@ impl Shared {
     /// As [`Shared::charge`], for memory that is no allocation (a context's own): injected
     /// allocation failures ("the next N allocations fail") do not apply to it.
     pub fn charge_memory(&self, slot: usize, d: usize, bytes: u64, capacity: u64) -> bool {
-        let dev = &self.layout.devices[d];
         let mine = &self.layout.procs[slot].mem[d];
         mine.fetch_add(bytes, AcqRel);
-        let ok = dev
-            .mem_used
-            .fetch_update(AcqRel, Acquire, |used| {
-                used.checked_add(bytes).filter(|&u| u <= capacity)
-            })
-            .is_ok();
+        let ok = self.take_device_memory(d, bytes, capacity);
         if !ok {
             mine.fetch_sub(bytes, AcqRel);
         }
         ok
+    }
+
+    /// Device `d`'s next allocation fails by fault injection ("the next N allocations fail"):
+    /// consumes one of them.
+    fn injected_failure(&self, d: usize) -> bool {
+        let dev = &self.layout.devices[d];
+        dev.fail_allocs.load(Relaxed) > 0
+            && dev
+                .fail_allocs
+                .fetch_update(AcqRel, Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+    }
+
+    /// Adds `bytes` to device `d`'s memory in use if it stays within `capacity`.
+    fn take_device_memory(&self, d: usize, bytes: u64, capacity: u64) -> bool {
+        self.layout.devices[d]
+            .mem_used
+            .fetch_update(AcqRel, Acquire, |used| {
+                used.checked_add(bytes).filter(|&u| u <= capacity)
+            })
+            .is_ok()
     }
 
     /// Charges `bytes` more to shared entry `i`, which this process holds, if its device has
@@ -558,21 +567,10 @@ impl Shared {
             return false;
         };
         let d = (e.dev.load(Acquire) as usize).min(MAX_DEVICES - 1);
-        let dev = &self.layout.devices[d];
-        if dev.fail_allocs.load(Relaxed) > 0
-            && dev
-                .fail_allocs
-                .fetch_update(AcqRel, Relaxed, |n| n.checked_sub(1))
-                .is_ok()
-        {
+        if self.injected_failure(d) {
             return false;
         }
-        let ok = dev
-            .mem_used
-            .fetch_update(AcqRel, Acquire, |used| {
-                used.checked_add(bytes).filter(|&u| u <= capacity)
-            })
-            .is_ok();
+        let ok = self.take_device_memory(d, bytes, capacity);
         if ok {
             e.bytes.fetch_add(bytes, AcqRel);
         }
