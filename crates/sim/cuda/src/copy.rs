@@ -640,15 +640,10 @@ fn peer(
 
 // ---- batches (CUDA 12.8) ------------------------------------------------------------------------
 
-/// The stream of a batch: "hStream - The stream to enqueue the operations in. Must not be
-/// legacy NULL stream" (cuMemcpyBatchAsync): NULL without the per-thread flag, and
-/// CU_STREAM_LEGACY, are CUDA_ERROR_INVALID_VALUE.
+/// The stream of a batch (`stream::not_legacy`); a batch would be a node kind the graphs do not
+/// model, so it is refused under capture.
 fn batch_stream(s: CUstream, pt: bool) -> Res {
-    let h = s as usize;
-    if h == CU_STREAM_LEGACY || (h == 0 && !pt) {
-        return Err(err::INVALID_VALUE);
-    }
-    // A batch would be a node kind the graphs do not model: refused under capture.
+    stream::not_legacy(s, pt)?;
     match captured(On::Stream(s, pt), || Captured::Unsupported) {
         Some(Err(e)) => Err(e),
         _ => Ok(()),

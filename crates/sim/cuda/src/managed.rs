@@ -405,14 +405,6 @@ fn range_attribute(
     }
 }
 
-/// The batch forms' stream "must not be legacy NULL stream" (cuda.h 13.5).
-fn batch_stream(s: CUstream, pt: bool) -> Res {
-    if s.is_null() || s as usize == 1 {
-        return Err(err::INVALID_VALUE);
-    }
-    stream::stream(s, pt).map(|_| ())
-}
-
 /// The (pointer, size) pairs of a batch.
 fn batch(
     dptrs: *const CUdeviceptr,
@@ -442,7 +434,7 @@ fn prefetch_batch(
     pt: bool,
 ) -> Res {
     drv()?;
-    batch_stream(s, pt)?;
+    stream::not_legacy(s, pt)?;
     let ops = batch(dptrs, sizes, count)?;
     if flags != 0 || nlocs == 0 || nlocs > count {
         return Err(err::INVALID_VALUE);
@@ -485,7 +477,7 @@ fn discard_batch(
     pt: bool,
 ) -> Res {
     drv()?;
-    batch_stream(s, pt)?;
+    stream::not_legacy(s, pt)?;
     let ops = batch(dptrs, sizes, count)?;
     if flags != 0 {
         return Err(err::INVALID_VALUE);

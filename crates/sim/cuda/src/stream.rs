@@ -344,6 +344,18 @@ pub(crate) fn forget_context(ch: usize) {
     lock(legacy_streams()).remove(&ch);
 }
 
+/// A stream argument that must not be the legacy NULL stream ("hStream - The stream to enqueue
+/// the operations in. Must not be legacy NULL stream", cuda.h 13.5 on the batched copies and
+/// prefetches): NULL without the per-thread flag, and CU_STREAM_LEGACY, are
+/// CUDA_ERROR_INVALID_VALUE; NULL through a `_ptsz` entry point is the per-thread stream.
+pub(crate) fn not_legacy(h: CUstream, per_thread: bool) -> Result<Arc<Stream>, CUresult> {
+    let v = h as usize;
+    if v == CU_STREAM_LEGACY || (v == 0 && !per_thread) {
+        return Err(err::INVALID_VALUE);
+    }
+    stream(h, per_thread)
+}
+
 /// Resolves a stream argument. `per_thread`: the entry point is a `_ptsz`/`_ptds` variant, for
 /// which NULL means the per-thread default stream rather than the legacy one.
 pub(crate) fn stream(h: CUstream, per_thread: bool) -> Result<Arc<Stream>, CUresult> {
