@@ -144,7 +144,7 @@ pub struct Hook {
 /// (`cuvisor_cuda_abi::ffi::catch`): a bug in cuvisor becomes an error code with one line on
 /// stderr, never an unwind into the program.
 pub fn guard<R: Copy>(on_panic: R, f: impl FnOnce() -> R) -> R {
-    cuvisor_cuda_abi::ffi::catch(None, || Some(f())).unwrap_or_else(|| {
+    cuvisor_cuda_abi::ffi::catch(f, || {
         crate::log::error("internal error in a wrapped call (refused; please report)");
         on_panic
     })

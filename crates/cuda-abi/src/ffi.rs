@@ -42,16 +42,16 @@ impl Api for Nvml {
     const INTERNAL: u32 = crate::nvml::ret::ERROR_UNKNOWN;
 }
 
-/// Runs `f`; a panic becomes `on_panic` instead of an unwind into C (which would abort the
-/// program, or worse).
-pub fn catch<R>(on_panic: R, f: impl FnOnce() -> R) -> R {
-    std::panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or(on_panic)
+/// Runs `f`; a panic answers what `on_panic` makes (where a library may also report it) instead
+/// of an unwind into C (which would abort the program, or worse).
+pub fn catch<R>(f: impl FnOnce() -> R, on_panic: impl FnOnce() -> R) -> R {
+    std::panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| on_panic())
 }
 
 /// The body of an exported function: `Ok` is the API's success, `Err(code)` that code, a panic
 /// its internal error.
 pub fn guard<A: Api>(f: impl FnOnce() -> Result<(), u32>) -> u32 {
-    catch(A::INTERNAL, || f().err().unwrap_or(A::SUCCESS))
+    catch(|| f().err().unwrap_or(A::SUCCESS), || A::INTERNAL)
 }
 
 /// Defines exported entry points of API `$api` ([`Cuda`] or [`Nvml`]). Each body returns
