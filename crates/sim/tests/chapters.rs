@@ -104,19 +104,7 @@ fn nvcc_image(test: &str, flags: &[&str], out_name: &str) -> Option<PathBuf> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cudart/module_kernels.cu");
     let out =
         cuvisor_testkit::profile_dir_of_test().join(format!("{out_name}-{}", std::process::id()));
-    let ran = Command::new(cu13.join("bin/nvcc"))
-        .args(flags)
-        .arg("-o")
-        .arg(&out)
-        .arg(&src)
-        .output()
-        .expect("run nvcc");
-    assert!(
-        ran.status.success(),
-        "nvcc {flags:?}: {}\n{}",
-        ran.status,
-        String::from_utf8_lossy(&ran.stderr)
-    );
+    cuvisor_testkit::wheels::nvcc(&cu13, flags, &src, &out);
     Some(out)
 }
 

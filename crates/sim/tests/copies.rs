@@ -121,18 +121,7 @@ fn an_nvcc_built_program_copies_2d_into_arrays_and_makes_surface_objects() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cudart/copies.cu");
     let exe = cuvisor_testkit::profile_dir_of_test()
         .join(format!("cudart-copies-{}", std::process::id()));
-    let built = Command::new(cu13.join("bin/nvcc"))
-        .args(["-arch=sm_80", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("run nvcc");
-    assert!(
-        built.status.success(),
-        "nvcc {}: {}",
-        src.display(),
-        String::from_utf8_lossy(&built.stderr)
-    );
+    cuvisor_testkit::wheels::nvcc(&cu13, &["-arch=sm_80"], &src, &exe);
     let (ok, out, err) = run_on_sim(&exe, "single", "cudart-copies", &[]);
     let _ = std::fs::remove_file(&exe);
     assert!(ok, "{out}\n{err}");

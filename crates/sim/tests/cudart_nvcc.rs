@@ -49,19 +49,7 @@ fn program(test: &str) -> Option<PathBuf> {
             let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cudart/runtime.cu");
             let out = cuvisor_testkit::profile_dir_of_test()
                 .join(format!("cudart-runtime-{}", std::process::id()));
-            let ran = std::process::Command::new(cu13.join("bin/nvcc"))
-                .args(["-arch=sm_80", "-o"])
-                .arg(&out)
-                .arg(&src)
-                .output()
-                .expect("run nvcc");
-            assert!(
-                ran.status.success(),
-                "nvcc {}: {}\n{}",
-                src.display(),
-                ran.status,
-                String::from_utf8_lossy(&ran.stderr)
-            );
+            cuvisor_testkit::wheels::nvcc(&cu13, &["-arch=sm_80"], &src, &out);
             Some(out)
         })
         .clone()
@@ -279,19 +267,8 @@ fn device_array(test: &str, bytes: u64) -> Option<PathBuf> {
         "cudart-device-array-{bytes}-{}",
         std::process::id()
     ));
-    let ran = std::process::Command::new(cu13.join("bin/nvcc"))
-        .args(["-arch=sm_80", &format!("-DBIG={bytes}ull"), "-o"])
-        .arg(&out)
-        .arg(&src)
-        .output()
-        .expect("run nvcc");
-    assert!(
-        ran.status.success(),
-        "nvcc {}: {}\n{}",
-        src.display(),
-        ran.status,
-        String::from_utf8_lossy(&ran.stderr)
-    );
+    let big = format!("-DBIG={bytes}ull");
+    cuvisor_testkit::wheels::nvcc(&cu13, &["-arch=sm_80", &big], &src, &out);
     Some(out)
 }
 

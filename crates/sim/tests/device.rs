@@ -72,18 +72,8 @@ fn built() -> Option<&'static Built> {
         std::fs::create_dir_all(&out).unwrap();
         let mut ptxas = HashMap::new();
         let nvcc = |args: &[&str], to: &Path| {
-            let ran = Command::new(cu13.join("bin/nvcc"))
-                .args(args)
-                .arg("--resource-usage")
-                .arg("-o")
-                .arg(to)
-                .arg(here.join("device_kernels.cu"))
-                .output()
-                .expect("run nvcc");
-            let text = String::from_utf8_lossy(&ran.stderr).to_string()
-                + &String::from_utf8_lossy(&ran.stdout);
-            assert!(ran.status.success(), "nvcc {args:?}: {text}");
-            text
+            let args: Vec<&str> = args.iter().copied().chain(["--resource-usage"]).collect();
+            cuvisor_testkit::wheels::nvcc(&cu13, &args, &here.join("device_kernels.cu"), to)
         };
         let cubin80 = out.join("k80.cubin");
         parse_ptxas(&nvcc(&["-cubin", "-arch=sm_80"], &cubin80), &mut ptxas);

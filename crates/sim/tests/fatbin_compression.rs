@@ -142,20 +142,10 @@ fn build() -> Option<PathBuf> {
     std::fs::create_dir_all(&dir).unwrap();
     for (tag, args, _) in BUILDS {
         let out = dir.join(format!("{tag}.fatbin"));
-        let ran = std::process::Command::new(cu13.join("bin/nvcc"))
-            .arg("-fatbin")
-            .args(*args)
-            .arg("-o")
-            .arg(&out)
-            .arg(&src)
-            .output()
-            .expect("run nvcc");
-        assert!(
-            ran.status.success(),
-            "nvcc {args:?}: {}\n{}",
-            ran.status,
-            String::from_utf8_lossy(&ran.stderr)
-        );
+        let args: Vec<&str> = std::iter::once("-fatbin")
+            .chain(args.iter().copied())
+            .collect();
+        cuvisor_testkit::wheels::nvcc(&cu13, &args, &src, &out);
     }
     Some(dir)
 }

@@ -67,18 +67,6 @@ fn an_nvcc_built_graph_with_a_memory_node_and_a_host_node_runs() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cudart/graph.cu");
     let exe =
         cuvisor_testkit::profile_dir_of_test().join(format!("cudart-graph-{}", std::process::id()));
-    let ran = Command::new(cu13.join("bin/nvcc"))
-        .args(["-arch=sm_80", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("run nvcc");
-    assert!(
-        ran.status.success(),
-        "nvcc {}: {}\n{}",
-        src.display(),
-        ran.status,
-        String::from_utf8_lossy(&ran.stderr)
-    );
+    cuvisor_testkit::wheels::nvcc(&cu13, &["-arch=sm_80"], &src, &exe);
     run_on_sim(&exe, "graph-cu");
 }

@@ -54,19 +54,7 @@ fn nvcc_built(test: &str, name: &str) -> Option<PathBuf> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/cudart/{name}.cu"));
     let out = cuvisor_testkit::profile_dir_of_test()
         .join(format!("cudart-{name}-{}", std::process::id()));
-    let ran = Command::new(cu13.join("bin/nvcc"))
-        .args(["-arch=sm_80", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .output()
-        .expect("run nvcc");
-    assert!(
-        ran.status.success(),
-        "nvcc {}: {}\n{}",
-        src.display(),
-        ran.status,
-        String::from_utf8_lossy(&ran.stderr)
-    );
+    cuvisor_testkit::wheels::nvcc(&cu13, &["-arch=sm_80"], &src, &out);
     Some(out)
 }
 

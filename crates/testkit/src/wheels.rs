@@ -110,3 +110,29 @@ pub fn nvcc_13_5(test: &str) -> Option<PathBuf> {
             .expect("nvidia/cu13/bin/nvcc in the nvcc venv"),
     )
 }
+
+/// Runs nvcc of `cu13` ([`nvcc_13_5`]) on `src` with `args`, writing `out`; panics with nvcc's
+/// output when it fails. Returns what it printed (ptxas's `--resource-usage` report goes there).
+pub fn nvcc(
+    cu13: &std::path::Path,
+    args: &[&str],
+    src: &std::path::Path,
+    out: &std::path::Path,
+) -> String {
+    let ran = Command::new(cu13.join("bin/nvcc"))
+        .args(args)
+        .arg("-o")
+        .arg(out)
+        .arg(src)
+        .output()
+        .expect("run nvcc");
+    let text =
+        String::from_utf8_lossy(&ran.stderr).into_owned() + &String::from_utf8_lossy(&ran.stdout);
+    assert!(
+        ran.status.success(),
+        "nvcc {args:?} {}: {}\n{text}",
+        src.display(),
+        ran.status
+    );
+    text
+}
