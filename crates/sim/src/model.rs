@@ -307,6 +307,46 @@ impl Model {
         h
     }
 
+    /// The machine's interconnect, for timing copies and planning rings (`cuvisor_fabric`):
+    /// each GPU's PCIe generation and place, its NVLinks (direct, or into NVSwitches) and its
+    /// memory bandwidth (from its memory clock and bus width, as CUDA's deviceQuery computes it).
+    pub fn fabric(&self) -> cuvisor_fabric::Fabric {
+        let gpus = self
+            .devices
+            .iter()
+            .map(|d| cuvisor_fabric::Gpu {
+                pcie_gen: d.pcie_generation(),
+                numa_node: d.numa_node,
+                pcie_switch: d.pcie_switch,
+                pcie_root: d.pcie_root,
+                nvlink_gen: d.nvlink_version,
+                switch_links: d
+                    .links
+                    .iter()
+                    .filter(|p| matches!(p, LinkPeer::Switch(_)))
+                    .count() as u32,
+                // kHz x 2 (double data rate) x bus bytes.
+                memory_gbps: d.specs.memory_clock_khz as f64
+                    * 1e3
+                    * 2.0
+                    * (d.specs.memory_bus_width / 8) as f64
+                    / 1e9,
+            })
+            .collect();
+        let mut links = Vec::new();
+        for a in 0..self.devices.len() {
+            for b in a + 1..self.devices.len() {
+                let n = self.direct_links(a, b);
+                if n > 0 {
+                    links.push((a, b, n));
+                }
+            }
+        }
+        // Built from a checked model: at most MAX_DEVICES (16) devices, links between distinct
+        // devices, so the fabric's own checks cannot fail.
+        cuvisor_fabric::Fabric::new(gpus, &links).expect("a checked model is a valid fabric")
+    }
+
     /// The matrix `nvidia-smi topo -m` prints, with the same legend, straight from the model.
     pub fn topo_matrix(&self) -> String {
         render_topo_matrix(

@@ -8,9 +8,13 @@
 //! - [`Allocator`] ([`alloc`]): the best group for a request, by exact search, scored by
 //!   [`score`]'s four weighted terms, planning for the next request among equals.
 //!
+//! - [`fabric::fabric`]: the topology as the interconnect model (`cuvisor_fabric`) sees it, for
+//!   all-reduce times and topology loss.
+//!
 //! Nothing here speaks gRPC; the device-plugin server builds on it.
 
 pub mod alloc;
+pub mod fabric;
 pub mod model;
 pub mod nvml;
 pub mod parse;
