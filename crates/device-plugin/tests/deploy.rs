@@ -3,7 +3,7 @@
 //! (The manifests themselves are rendered and checked by scripts/check-deploy.sh, in .ci/run.)
 
 use cuvisor_device_plugin::config::Config;
-use cuvisor_device_plugin::metrics::{render, Histogram};
+use cuvisor_device_plugin::metrics::{render, TopologyFigures};
 use std::path::Path;
 
 fn deploy(p: &str) -> String {
@@ -59,7 +59,7 @@ fn the_unprivileged_component_only_turns_the_ledger_tmpfs_off() {
 fn the_dashboard_queries_served_metrics() {
     let dash = deploy("grafana/cuvisor-dashboard.json");
     let v: serde_json::Value = serde_json::from_str(&dash).unwrap();
-    let served = render(&[], &Default::default(), &Histogram::default(), None);
+    let served = render(&[], &Default::default(), &TopologyFigures::default(), None);
     let mut n = 0;
     for p in v["panels"].as_array().unwrap() {
         for t in p["targets"].as_array().unwrap() {
