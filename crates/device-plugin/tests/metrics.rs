@@ -643,8 +643,9 @@ fn gpu_alloc(root: &Path, id: &str, m: &cuvisor_sim::model::Model, gpus: &[usize
 /// two NVLinks, 2 x 25 GB/s per direction, Volta whitepaper; 0 and 5 none, and sit on different
 /// sockets, so their copies go through host memory at PCIe Gen3 x16, 15.75 GB/s). {0, 3} is as
 /// good as a pair gets there: efficiency 50 GB/s, loss 0; {0, 5}: 15.75 GB/s, loss
-/// 1 - 15.75/50 = 0.685. Each allocation's gauges are there while it lives and go with it; the
-/// histogram counts each allocation once; a single-GPU allocation has no series.
+/// 1 - 15.75/50 = 0.685; memory units spanning GPUs 4 and 5 (one link): 25 GB/s, loss 0.5.
+/// Each allocation's gauges are there while it lives and go with it; the histogram counts
+/// each allocation once; a single-GPU allocation has no series.
 #[test]
 fn multi_gpu_allocations_show_their_comm_efficiency_and_topology_loss_until_they_go() {
     use cuvisor_device_plugin::metrics::comm::CommModel;
@@ -727,13 +728,31 @@ fn multi_gpu_allocations_show_their_comm_efficiency_and_topology_loss_until_they
         .2;
     assert!((sum - loss).abs() < 1e-9, "{sum}");
 
-    // The allocation goes (the sweeper found its container gone): so do its series; the
+    // Memory units that had to span GPUs 4 and 5 (one NVLink 2 link between them: 25 GB/s per
+    // direction) are a multi-GPU allocation too: loss 1 - 25/50.
+    let mut span = gpu_alloc(&root, "span", &m, &[4, 5]);
+    span.kind = Kind::Memory;
+    span.resource = "cuvisor.io/gpu-memory".into();
+    span.device_ids = vec!["m-4-0".into(), "m-5-0".into()];
+    for g in &mut span.gpus {
+        g.units = 1;
+        g.quota = Some(GIB);
+    }
+    reg.insert(span).unwrap();
+    let s = scrape();
+    let eff = sample_where(&s, EFF, "allocation", "span").expect("span's efficiency");
+    assert!((eff - 25e9).abs() < 1e3, "{eff}");
+    assert_eq!(sample_where(&s, LOSS, "allocation", "span"), Some(0.5));
+    assert_eq!(count(&s), 3.0);
+
+    // The allocations go (the sweeper found their containers gone): so do their series; the
     // histogram keeps what it counted.
     reg.remove("far").unwrap();
+    reg.remove("span").unwrap();
     let s = scrape();
     for name in [EFF, PEAK, LOSS] {
         assert_eq!(s.iter().filter(|(n, ..)| n == name).count(), 0, "{name}");
     }
-    assert_eq!(count(&s), 2.0);
+    assert_eq!(count(&s), 3.0);
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -61,8 +61,11 @@ pub struct CommModel {
     modelled: AtomicU64,
 }
 
-/// n choose k, saturating.
+/// n choose k, saturating (0 for k > n).
 fn choose(n: u64, k: u64) -> u64 {
+    if k > n {
+        return 0;
+    }
     (0..k).fold(1u64, |acc, i| acc.saturating_mul(n - i) / (i + 1))
 }
 
@@ -151,7 +154,7 @@ impl CommModel {
         }
         let n = self.fabric.len();
         let groups = choose(n as u64, size as u64);
-        let rings = groups.saturating_mul((1..size as u64).product::<u64>());
+        let rings = (1..size as u64).fold(groups, u64::saturating_mul);
         let mut best: Option<(Vec<usize>, AllReduce)> = None;
         let mut consider = |g: &[usize]| {
             let a = self.allreduce(g);
@@ -285,6 +288,7 @@ mod tests {
         seen.dedup();
         assert_eq!(seen.len(), 10);
         assert_eq!(choose(16, 8), 12870);
+        assert_eq!(choose(3, 5), 0);
     }
 
     #[test]
