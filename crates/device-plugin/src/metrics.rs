@@ -253,10 +253,10 @@ impl Metrics {
         let mut out = BTreeMap::new();
         if let Some(model) = &self.comm_model {
             for a in allocs {
-                let uuids: Vec<String> = a.gpus.iter().map(|g| g.uuid.clone()).collect();
                 let figures = match st.by_id.get(&a.id) {
                     Some(f) => *f,
                     None => {
+                        let uuids: Vec<String> = a.gpus.iter().map(|g| g.uuid.clone()).collect();
                         let f = model.of_uuids(&uuids);
                         if let Some(c) = &f {
                             st.losses.observe(c.loss);
