@@ -38,8 +38,13 @@ pub fn interconnect(m: &Model) -> String {
 }
 
 fn memory(bytes: u64) -> String {
-    // f64's Display writes 16.0 as "16" and 1.5 as "1.5".
-    format!("{} GiB", bytes as f64 / GIB as f64)
+    // Whole GiB as "16 GiB"; others to one decimal, as nvidia-smi's 143771 MiB is "140.4 GiB".
+    let gib = bytes as f64 / GIB as f64;
+    if bytes.is_multiple_of(GIB) {
+        format!("{gib} GiB")
+    } else {
+        format!("{gib:.1} GiB")
+    }
 }
 
 pub fn presets() -> Result<String> {
@@ -128,5 +133,12 @@ mod tests {
         assert!(line("pcie-8").contains("PCIe only"));
         assert!(line("single *").contains("16 GiB"));
         assert!(line("dgx-a100").contains("80 GiB"));
+        let h200 = line("h200");
+        assert!(h200.contains("NVIDIA H200"), "{h200}");
+        assert!(h200.contains("140.4 GiB"), "143771 MiB: {h200}");
+        assert!(
+            h200.contains("NVSwitch (4 switches, 18 NVLinks per GPU), 2 NUMA nodes"),
+            "{h200}"
+        );
     }
 }

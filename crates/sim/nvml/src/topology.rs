@@ -10,8 +10,6 @@ use std::sync::atomic::Ordering;
 
 /// CPUs per simulated NUMA node (see `cuvisor_sim::model::cpu_affinity`).
 const CPUS_PER_NODE: u32 = 16;
-/// PCI device id of an A100-generation NVSwitch, as NVML reports the remote end of its links.
-const NVSWITCH_PCI_DEVICE_ID: u32 = 0x1af1_10de;
 
 export! {
     /// The model's PCIe/CPU distance; a device with itself is NVML_TOPOLOGY_INTERNAL.
@@ -164,9 +162,9 @@ export! {
                 pci_info(p.pci_domain, p.pci_bus, p.pci_device, p.pci_device_id)
             }
             LinkPeer::Switch(s) => {
-                let id = sim.model.nvswitches.get(*s).map(|w| w.pci_bus_id.as_str()).unwrap_or("");
-                let (domain, bus, device) = parse_bus_id(id).ok_or(ret::ERROR_UNKNOWN)?;
-                pci_info(domain, bus, device, NVSWITCH_PCI_DEVICE_ID)
+                let sw = sim.model.nvswitches.get(*s).ok_or(ret::ERROR_UNKNOWN)?;
+                let (domain, bus, device) = parse_bus_id(&sw.pci_bus_id).ok_or(ret::ERROR_UNKNOWN)?;
+                pci_info(domain, bus, device, sw.pci_device_id)
             }
         };
         write(pci, info)
