@@ -55,10 +55,16 @@ pub fn presets() -> Result<String> {
         .map(|m| m.devices[0].name.len())
         .max()
         .unwrap_or(0);
+    let mem_w = models
+        .iter()
+        .map(|m| memory(m.devices[0].memory).len())
+        .max()
+        .unwrap_or(0)
+        .max("MEMORY".len());
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<name_w$}{:>4}  {:<gpu_w$}  {:>7}  INTERCONNECT",
+        "{:<name_w$}{:>4}  {:<gpu_w$}  {:>mem_w$}  INTERCONNECT",
         "PRESET", "GPUS", "GPU", "MEMORY"
     );
     for m in &models {
@@ -70,7 +76,7 @@ pub fn presets() -> Result<String> {
         };
         let _ = writeln!(
             out,
-            "{name:<name_w$}{:>4}  {:<gpu_w$}  {:>7}  {}",
+            "{name:<name_w$}{:>4}  {:<gpu_w$}  {:>mem_w$}  {}",
             m.devices.len(),
             d.name,
             memory(d.memory),

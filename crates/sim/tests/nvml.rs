@@ -483,6 +483,8 @@ fn h200_preset_through_nvml_wrapper() {
             assert_eq!(g.name().unwrap(), "NVIDIA H200");
             assert_eq!(g.memory_info().unwrap().total, 143_771 * model::MIB);
             assert_eq!(g.pci_info().unwrap().pci_device_id, 0x2335_10de);
+            // An H200 SXM's nvidia-smi: "700W" power cap.
+            assert_eq!(g.power_management_limit().unwrap(), 700_000);
             let mut per_switch = [0; 4];
             for l in 0..18 {
                 let link = g.link_wrapper_for(l);
