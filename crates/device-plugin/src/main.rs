@@ -65,7 +65,7 @@ struct Args {
     /// The plugin's configuration file (TOML); without it, the defaults.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Run on the simulated GPU: a preset (single, dgx1-v100, dgx-a100, pcie-8) or a machine file.
+    /// Run on the simulated GPU: a preset (single, dgx1-v100, dgx-a100, h200, pcie-8) or a machine file.
     #[arg(long)]
     sim: Option<String>,
 }

@@ -50,7 +50,8 @@ const IDLE_POWER_NUM: u32 = 3;
 const IDLE_POWER_DEN: u32 = 20;
 
 /// Board power (TDP) in milliwatts for the GPUs the presets model, from NVIDIA's product
-/// datasheets: A100 PCIe 250 W, A100 SXM4 400 W, V100 SXM2 300 W, A10 150 W. The model has no
+/// datasheets: A100 PCIe 250 W, A100 SXM4 400 W, V100 SXM2 300 W, A10 150 W, H200 SXM 700 W (an
+/// H200's nvidia-smi -q: "Default Power Limit: 700.00 W"). The model has no
 /// power field, so the board is recognised by its PCI device id (high 16 bits of
 /// `pciDeviceId`); a model file's device keeps the A100 PCIe id unless it is one of these, and so
 /// gets 250 W.
@@ -59,6 +60,7 @@ pub fn board_power_mw(d: &Device) -> u32 {
         0x20b2 => 400_000, // A100-SXM4-80GB
         0x1db1 => 300_000, // V100-SXM2-16GB
         0x2236 => 150_000, // A10
+        0x2335 => 700_000, // H200 SXM
         _ => 250_000,      // A100 PCIe (0x20f1) and anything else
     }
 }
