@@ -1,0 +1,276 @@
+/* Copies that take time over the modelled interconnect (crates/sim/cuda/src/copy_engine.rs),
+ * measured as a program measures them: with events around the copy (cuEventElapsedTime), or with
+ * the wall clock around a synchronous copy and cuCtxSynchronize. Built against CUDA 13.5's
+ * cuda.h, linked with the simulated libcuda. Prints "name value" lines (milliseconds unless
+ * the name says otherwise) for tests/timed_copies.rs to judge, FAIL lines for broken checks, and
+ * "OK" last when none failed.
+ *
+ *   timed_copies dgx1            on dgx1-v100: PCIe, NVLink, staged peer copies, sharing, overlap
+ *   timed_copies a100            on dgx-a100: a peer copy through NVSwitch
+ *   timed_copies bytes           any preset with 2 GPUs: the bytes copies leave, written or not
+ *   timed_copies share T MiB     at CLOCK_MONOTONIC T (ns): a staged copy GPU 0 -> 5 of MiB
+ *                                MiB, then cuCtxSynchronize; prints when it was done, from T */
+#include <cuda.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "expect.h"
+
+#define OK(call) EXPECT(call, CUDA_SUCCESS)
+#define MIB (1024ull * 1024ull)
+
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static CUcontext ctx[8];
+
+static CUdeviceptr alloc_on(int d, size_t n) {
+    CUdeviceptr p = 0;
+    OK(cuCtxSetCurrent(ctx[d]));
+    OK(cuMemAlloc(&p, n));
+    return p;
+}
+
+/* ms between two events recorded around `copy` on stream s. */
+static float elapsed(CUevent a, CUevent b) {
+    float ms = -1;
+    OK(cuEventSynchronize(b));
+    OK(cuEventElapsedTime(&ms, a, b));
+    return ms;
+}
+
+static void contexts(int n) {
+    for (int d = 0; d < n; d++) {
+        CUdevice dev;
+        OK(cuDeviceGet(&dev, d));
+        OK(cuDevicePrimaryCtxRetain(&ctx[d], dev));
+    }
+    OK(cuCtxSetCurrent(ctx[0]));
+}
+
+/* One peer copy 0 -> `to` of n bytes on stream s of context 0, timed by events. */
+static float peer_ms(CUstream s, CUdeviceptr dst, int to, CUdeviceptr src, size_t n) {
+    CUevent a, b;
+    OK(cuCtxSetCurrent(ctx[0]));
+    OK(cuEventCreate(&a, 0));
+    OK(cuEventCreate(&b, 0));
+    OK(cuEventRecord(a, s));
+    OK(cuMemcpyPeerAsync(dst, ctx[to], src, ctx[0], n, s));
+    OK(cuEventRecord(b, s));
+    float ms = elapsed(a, b);
+    OK(cuEventDestroy(a));
+    OK(cuEventDestroy(b));
+    return ms;
+}
+
+static void dgx1(void) {
+    contexts(8);
+    CUstream s, s2, k;
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    OK(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    OK(cuStreamCreate(&k, CU_STREAM_NON_BLOCKING));
+    CUevent a, b, c;
+    OK(cuEventCreate(&a, 0));
+    OK(cuEventCreate(&b, 0));
+    OK(cuEventCreate(&c, 0));
+
+    /* Host memory copies move real bytes, which takes this machine's memcpy time inside the
+     * call; a real program hides that behind device work, and so does this one: each copy is
+     * queued behind a 400 ms kernel on its stream (the bytes move while the kernel runs) and
+     * timed from an event recorded between the two, so the events see the modelled copy. */
+    CUmodule mod;
+    CUfunction busy;
+    OK(cuModuleLoadData(&mod, "sim"));
+    OK(cuModuleGetFunction(&busy, mod, "sim_busy_kernel"));
+    unsigned long long hide = 400000000ull;
+    void *hide_args[] = {&hide};
+
+    /* Pinned host to device, 256 MiB, over GPU 0's PCIe Gen3 x16 link. */
+    size_t big = 256 * MIB;
+    void *pinned = NULL;
+    OK(cuMemAllocHost(&pinned, big));
+    memset(pinned, 0x5a, big);
+    CUdeviceptr d0 = alloc_on(0, big);
+    OK(cuCtxSetCurrent(ctx[0]));
+    OK(cuMemsetD8(d0, 1, big));
+    OK(cuCtxSynchronize());
+    OK(cuLaunchKernel(busy, 1, 1, 1, 1, 1, 1, 0, s, hide_args, NULL));
+    OK(cuEventRecord(a, s));
+    OK(cuMemcpyHtoDAsync(d0, pinned, big, s));
+    OK(cuEventRecord(b, s));
+    printf("h2d_pinned_256mib %.4f\n", elapsed(a, b));
+
+    /* Pageable, 64 MiB (staged by the driver: slower per byte), against pinned. */
+    size_t mid = 64 * MIB;
+    void *pageable = malloc(mid);
+    CHECK(pageable != NULL);
+    memset(pageable, 0x5a, mid);
+    OK(cuLaunchKernel(busy, 1, 1, 1, 1, 1, 1, 0, s, hide_args, NULL));
+    OK(cuEventRecord(a, s));
+    OK(cuMemcpyHtoDAsync(d0, pageable, mid, s));
+    OK(cuEventRecord(b, s));
+    printf("h2d_pageable_64mib %.4f\n", elapsed(a, b));
+    OK(cuLaunchKernel(busy, 1, 1, 1, 1, 1, 1, 0, s, hide_args, NULL));
+    OK(cuEventRecord(a, s));
+    OK(cuMemcpyHtoDAsync(d0, pinned, mid, s));
+    OK(cuEventRecord(b, s));
+    printf("h2d_pinned_64mib %.4f\n", elapsed(a, b));
+    free(pageable);
+    OK(cuMemFreeHost(pinned));
+    OK(cuMemFree(d0));
+
+    /* Peer copies of 256 MiB from GPU 0 (never written: no bytes move, time still taken). */
+    CUdeviceptr src = alloc_on(0, big), d1 = alloc_on(1, big), d3 = alloc_on(3, big),
+                d4 = alloc_on(4, big), d5 = alloc_on(5, big);
+    OK(cuCtxSetCurrent(ctx[0]));
+    printf("peer_0_3_no_access %.4f\n", peer_ms(s, d3, 3, src, big));
+    OK(cuCtxEnablePeerAccess(ctx[3], 0));
+    OK(cuCtxEnablePeerAccess(ctx[4], 0));
+    OK(cuCtxEnablePeerAccess(ctx[1], 0));
+    EXPECT(cuCtxEnablePeerAccess(ctx[5], 0), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+    printf("peer_0_3 %.4f\n", peer_ms(s, d3, 3, src, big));
+    printf("peer_0_5 %.4f\n", peer_ms(s, d5, 5, src, big));
+    /* The same with cuMemcpyDtoDAsync across devices (unified addressing). */
+    OK(cuEventRecord(a, s));
+    OK(cuMemcpyDtoDAsync(d3, src, big, s));
+    OK(cuEventRecord(b, s));
+    printf("dtod_0_3 %.4f\n", elapsed(a, b));
+
+    /* Two copies at once on two streams: over one link (0->3 twice), over two (0->3, 0->4). */
+    OK(cuStreamSynchronize(s));
+    OK(cuEventRecord(a, s));
+    OK(cuMemcpyPeerAsync(d3, ctx[3], src, ctx[0], big, s));
+    OK(cuMemcpyPeerAsync(d3, ctx[3], src, ctx[0], big, s2));
+    OK(cuEventRecord(b, s));
+    OK(cuEventRecord(c, s2));
+    float x = elapsed(a, b), y = elapsed(a, c);
+    printf("two_on_one_link %.4f\n", x > y ? x : y);
+    OK(cuStreamSynchronize(s2));
+    OK(cuEventRecord(a, s));
+    OK(cuMemcpyPeerAsync(d3, ctx[3], src, ctx[0], big, s));
+    OK(cuMemcpyPeerAsync(d4, ctx[4], src, ctx[0], big, s2));
+    OK(cuEventRecord(b, s));
+    OK(cuEventRecord(c, s2));
+    x = elapsed(a, b), y = elapsed(a, c);
+    printf("two_on_two_links %.4f\n", x > y ? x : y);
+    OK(cuStreamSynchronize(s2));
+
+    /* A 20 ms kernel on one stream, a 256 MiB NVLink copy (about 5.4 ms) on another: they
+     * overlap (copy engines beside the SMs), so both are done about 20 ms after the start. */
+    unsigned long long ns = 20000000ull;
+    void *args[] = {&ns};
+    OK(cuEventRecord(a, k));
+    OK(cuStreamWaitEvent(s, a, 0));
+    OK(cuLaunchKernel(busy, 1, 1, 1, 1, 1, 1, 0, k, args, NULL));
+    OK(cuMemcpyPeerAsync(d3, ctx[3], src, ctx[0], big, s));
+    OK(cuEventRecord(b, k));
+    OK(cuEventRecord(c, s));
+    x = elapsed(a, b), y = elapsed(a, c);
+    printf("kernel_alone %.4f\n", x);
+    printf("kernel_and_copy %.4f\n", x > y ? x : y);
+
+    /* A synchronous device-to-device copy does not block the host; cuCtxSynchronize waits. */
+    uint64_t t0 = now_ns();
+    OK(cuMemcpyDtoD(d3, src, big));
+    uint64_t t1 = now_ns();
+    OK(cuCtxSynchronize());
+    uint64_t t2 = now_ns();
+    printf("sync_dtod_returned %.4f\n", (t1 - t0) / 1e6);
+    printf("sync_dtod_done %.4f\n", (t2 - t0) / 1e6);
+    (void)d1;
+}
+
+static void a100(void) {
+    contexts(2);
+    CUstream s;
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    size_t big = 256 * MIB;
+    CUdeviceptr src = alloc_on(0, big), d1 = alloc_on(1, big);
+    OK(cuCtxSetCurrent(ctx[0]));
+    OK(cuCtxEnablePeerAccess(ctx[1], 0));
+    printf("nvswitch_0_1 %.4f\n", peer_ms(s, d1, 1, src, big));
+}
+
+/* Bytes: a written source is copied exactly; a never-written one gives zeros, also over a
+ * destination that held something, at offsets that cut pages. */
+static void bytes(void) {
+    contexts(2);
+    size_t n = 3 * MIB;
+    unsigned char *h = malloc(n), *back = malloc(n);
+    for (size_t i = 0; i < n; i++) h[i] = (unsigned char)(i * 7 + 3);
+    CUdeviceptr a = alloc_on(0, n), b = alloc_on(1, n), clean = alloc_on(0, n);
+    OK(cuCtxSetCurrent(ctx[0]));
+    OK(cuMemcpyHtoD(a, h, n));
+    OK(cuMemcpyPeer(b, ctx[1], a, ctx[0], n));
+    OK(cuMemcpyDtoH(back, b, n));
+    CHECK(memcmp(h, back, n) == 0);
+    /* b holds the pattern; copy never-written memory over part of it. */
+    size_t off = 1000, len = 2 * MIB + 5000;
+    OK(cuMemcpyDtoD(b + off, clean + 77, len));
+    OK(cuCtxSynchronize());
+    OK(cuMemcpyDtoH(back, b, n));
+    int zeros = 1, kept = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (i >= off && i < off + len)
+            zeros &= back[i] == 0;
+        else
+            kept &= back[i] == h[i];
+    }
+    CHECK(zeros);
+    CHECK(kept);
+    /* And into host memory, and within one device. */
+    memset(back, 0xee, n);
+    OK(cuMemcpyDtoH(back, clean, n));
+    int host_zeros = 1;
+    for (size_t i = 0; i < n; i++) host_zeros &= back[i] == 0;
+    CHECK(host_zeros);
+    OK(cuMemcpyDtoD(clean, a, n)); /* now written */
+    OK(cuMemcpyDtoH(back, clean, n));
+    CHECK(memcmp(h, back, n) == 0);
+    printf("bytes_checked %zu\n", n);
+    free(h);
+    free(back);
+}
+
+static void share(uint64_t at, size_t mib) {
+    contexts(8);
+    size_t n = mib * MIB;
+    CUdeviceptr src = alloc_on(0, n), dst = alloc_on(5, n);
+    OK(cuCtxSetCurrent(ctx[0]));
+    while (now_ns() < at) {
+        struct timespec t = {0, 100000};
+        nanosleep(&t, NULL);
+    }
+    uint64_t t0 = now_ns();
+    OK(cuMemcpyDtoD(dst, src, n));
+    OK(cuCtxSynchronize());
+    uint64_t t1 = now_ns();
+    printf("share_started %.4f\n", (t0 - at) / 1e6);
+    printf("share_done %.4f\n", (t1 - at) / 1e6);
+}
+
+int main(int argc, char **argv) {
+    OK(cuInit(0));
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (!strcmp(mode, "dgx1"))
+        dgx1();
+    else if (!strcmp(mode, "a100"))
+        a100();
+    else if (!strcmp(mode, "bytes"))
+        bytes();
+    else if (!strcmp(mode, "share") && argc > 3)
+        share(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10));
+    else {
+        printf("FAIL unknown mode %s\n", mode);
+        return 2;
+    }
+    if (failures) return 1;
+    printf("OK\n");
+    return 0;
+}

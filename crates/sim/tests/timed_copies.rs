@@ -1,0 +1,211 @@
+//! Copies take time over the modelled interconnect (crates/sim/cuda/src/copy_engine.rs and
+//! `cuvisor_sim::state::Shared::reserve`), as a C program measures it (tests/c/timed_copies.c,
+//! built against CUDA 13.5's cuda.h and linked with the simulated libcuda): events around
+//! asynchronous copies, the wall clock around synchronous ones.
+//!
+//! Expected figures come from `cuvisor_fabric` (the one interconnect model): PCIe Gen3 x16
+//! 15.75 GB/s per direction, NVLink 2 25 GB/s per link (two links 0-3 on the DGX-1), A100's 12
+//! NVLinks to the NVSwitches 300 GB/s. Each test's sizes keep it to about a second or two.
+//!
+//! Needs the CUDA 13.5 wheels (cuda.h): where they cannot be installed the tests print SKIPPED,
+//! or fail when `CI` is set (see `cuvisor_testkit::wheels::venv`).
+mod common;
+#[path = "common/python.rs"]
+mod python;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+fn build(test: &str) -> Option<PathBuf> {
+    let cu13 = cuvisor_testkit::wheels::nvcc_13_5(test)?;
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/timed_copies.c");
+    let exe = std::env::temp_dir().join(format!("cuvisor-c-timed-{test}-{}", std::process::id()));
+    let built = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-I"])
+        .arg(cu13.join("include"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg("-L")
+        .arg(common::sim_dir())
+        .arg("-lcuda")
+        .output()
+        .expect("run cc");
+    assert!(
+        built.status.success(),
+        "cc {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&built.stderr)
+    );
+    Some(exe)
+}
+
+/// The program's "name value" lines, after checking it succeeded.
+fn figures(out: std::process::Output) -> HashMap<String, f64> {
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(
+        out.status.success() && stdout.lines().any(|l| l == "OK"),
+        "timed_copies failed:\n{stdout}\n{stderr}"
+    );
+    eprintln!("{stdout}");
+    stdout
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k.to_string(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn run(exe: &Path, preset: &str, state: &Path, args: &[&str]) -> HashMap<String, f64> {
+    let mut cmd = python::on_sim(exe, &[], preset, state);
+    figures(cmd.args(args).output().expect("run timed_copies"))
+}
+
+/// ms of `bytes` at `gbps` (10^9 bytes/s) after `latency_us`.
+fn ms(bytes: f64, gbps: f64, latency_us: f64) -> f64 {
+    bytes / gbps / 1e6 + latency_us / 1e3
+}
+
+fn near(what: &str, got: f64, want: f64, tolerance: f64) {
+    assert!(
+        (got - want).abs() <= want * tolerance,
+        "{what}: {got:.3} ms, the model says {want:.3} ms (+-{:.0} %)",
+        tolerance * 100.0
+    );
+}
+
+#[test]
+fn copies_take_the_time_of_their_links_on_a_dgx1() {
+    let test = "copies_take_the_time_of_their_links_on_a_dgx1";
+    let Some(exe) = build(test) else { return };
+    let state = common::state_file(test);
+    let f = run(&exe, "dgx1-v100", &state, &["dgx1"]);
+    python::remove_state(&state);
+    let big = 256.0 * MIB;
+    // 256 MiB pinned host to device: 256 MiB / 15.75 GB/s = 17.04 ms.
+    let pcie = 15.7536;
+    near(
+        "pinned H2D 256 MiB",
+        f["h2d_pinned_256mib"],
+        ms(big, pcie, 5.0),
+        0.10,
+    );
+    // Pageable host memory is staged: half the rate (copy_engine::PAGEABLE_RATE).
+    let per = f["h2d_pageable_64mib"] / f["h2d_pinned_64mib"];
+    assert!((1.8..2.2).contains(&per), "pageable / pinned time {per:.2}");
+    // Peer 0 -> 3: two NVLinks, 50 GB/s, once peer access is on; staged through the host
+    // (PCIe, 15.75 GB/s at best, 12 us) before.
+    near("peer 0->3", f["peer_0_3"], ms(big, 50.0, 2.0), 0.10);
+    near("DtoD 0->3", f["dtod_0_3"], ms(big, 50.0, 2.0), 0.10);
+    near(
+        "peer 0->3 staged",
+        f["peer_0_3_no_access"],
+        ms(big, pcie, 12.0),
+        0.10,
+    );
+    // 0 -> 5: no NVLink, other socket: staged even with every grant the program could get.
+    near("peer 0->5 staged", f["peer_0_5"], ms(big, pcie, 12.0), 0.10);
+    // Two copies at once: on one link they take it in turns, on two links side by side.
+    let one = ms(big, 50.0, 2.0);
+    near(
+        "two copies, one link",
+        f["two_on_one_link"],
+        2.0 * one,
+        0.10,
+    );
+    near("two copies, two links", f["two_on_two_links"], one, 0.10);
+    // A copy beside a 20 ms kernel (other stream) hides behind it.
+    near("kernel alone", f["kernel_alone"], 20.0, 0.02);
+    near("kernel and copy", f["kernel_and_copy"], 20.0, 0.02);
+    // A synchronous device-to-device copy returns at once; the context's synchronization
+    // waits for its modelled end.
+    assert!(
+        f["sync_dtod_returned"] < one / 2.0,
+        "cuMemcpyDtoD waited: {} ms",
+        f["sync_dtod_returned"]
+    );
+    assert!(f["sync_dtod_done"] >= one * 0.95, "{}", f["sync_dtod_done"]);
+}
+
+#[test]
+fn a_dgx_a100_peer_copy_runs_at_nvswitch_speed() {
+    let test = "a_dgx_a100_peer_copy_runs_at_nvswitch_speed";
+    let Some(exe) = build(test) else { return };
+    let state = common::state_file(test);
+    let f = run(&exe, "dgx-a100", &state, &["a100"]);
+    python::remove_state(&state);
+    // 12 NVLink 3 links into the NVSwitches, 25 GB/s each: 300 GB/s per direction.
+    near(
+        "NVSwitch 0->1",
+        f["nvswitch_0_1"],
+        ms(256.0 * MIB, 300.0, 2.0),
+        0.10,
+    );
+}
+
+/// Copies from memory that was never written move no bytes (zeros in, zeros out: the
+/// destination's pages are dropped instead), and written bytes are copied exactly.
+#[test]
+fn copies_keep_every_byte_written_or_not() {
+    let test = "copies_keep_every_byte_written_or_not";
+    let Some(exe) = build(test) else { return };
+    let state = common::state_file(test);
+    let f = run(&exe, "dgx1-v100", &state, &["bytes"]);
+    python::remove_state(&state);
+    assert_eq!(f["bytes_checked"], 3.0 * MIB);
+}
+
+/// Two processes copying over one PCIe link at once share it (the timelines live in the
+/// simulator's shared state): the second is done about one copy's time after the first.
+#[test]
+fn two_processes_share_one_pcie_link() {
+    let test = "two_processes_share_one_pcie_link";
+    let Some(exe) = build(test) else { return };
+    let mib = 512u64;
+    // One copy of 512 MiB staged GPU 0 -> 5 (PCIe up, switch, SMP, switch, PCIe down): 34 ms.
+    let one = ms(mib as f64 * MIB, 15.7536, 12.0);
+    let at = |delay_ms: u64| (cuvisor_sim::state::now_ns() + delay_ms * 1_000_000).to_string();
+    let state = common::state_file(test);
+    let alone = run(
+        &exe,
+        "dgx1-v100",
+        &state,
+        &["share", &at(1500), &mib.to_string()],
+    );
+    near("one process", alone["share_done"], one, 0.15);
+    let start = at(2500);
+    let spawn = || {
+        let mut c = python::on_sim(&exe, &[], "dgx1-v100", &state);
+        c.args(["share", &start, &mib.to_string()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start timed_copies")
+    };
+    let (a, b) = (spawn(), spawn());
+    let (fa, fb) = (
+        figures(a.wait_with_output().unwrap()),
+        figures(b.wait_with_output().unwrap()),
+    );
+    python::remove_state(&state);
+    for f in [&fa, &fb] {
+        assert!(
+            f["share_started"] < one / 2.0,
+            "a process started late, {} ms: the machine is too busy to tell",
+            f["share_started"]
+        );
+    }
+    let (first, last) = (
+        fa["share_done"].min(fb["share_done"]),
+        fa["share_done"].max(fb["share_done"]),
+    );
+    near("the first of two", first, one, 0.15);
+    near("the second of two", last, 2.0 * one, 0.15);
+}
