@@ -9,8 +9,12 @@
  *   timed_copies a100            on dgx-a100: a peer copy through NVSwitch
  *   timed_copies bytes           any preset with 2 GPUs: the bytes copies leave, written or not
  *   timed_copies share T MiB     at CLOCK_MONOTONIC T (ns): a staged copy GPU 0 -> 5 of MiB
- *                                MiB, then cuCtxSynchronize; prints when it was done, from T */
+ *                                MiB, then cuCtxSynchronize; prints when it was done, from T
+ *   timed_copies nvml            on dgx1-v100: what NVML (the simulated libnvidia-ml, opened
+ *                                with dlopen) sees of copies: PCIe throughput, NVLink counters,
+ *                                GPU utilization */
 #include <cuda.h>
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -255,6 +259,64 @@ static void share(uint64_t at, size_t mib) {
     printf("share_done %.4f\n", (t1 - at) / 1e6);
 }
 
+/* nvml.h's nvmlFieldValue_t (40 bytes). */
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    int valueType, nvmlReturn;
+    unsigned long long value;
+} FieldValue;
+
+static void nvml(void) {
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    CHECK(lib != NULL);
+    if (!lib) return;
+    int (*init)(void) = (int (*)(void))dlsym(lib, "nvmlInit_v2");
+    int (*handle)(unsigned, void **) = (int (*)(unsigned, void **))dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+    int (*pcie)(void *, unsigned, unsigned *) = (int (*)(void *, unsigned, unsigned *))dlsym(lib, "nvmlDeviceGetPcieThroughput");
+    int (*util)(void *, unsigned *) = (int (*)(void *, unsigned *))dlsym(lib, "nvmlDeviceGetUtilizationRates");
+    int (*fields)(void *, int, FieldValue *) = (int (*)(void *, int, FieldValue *))dlsym(lib, "nvmlDeviceGetFieldValues");
+    CHECK(init && handle && pcie && util && fields);
+    if (!(init && handle && pcie && util && fields)) return;
+    CHECK(init() == 0);
+    void *g0 = NULL, *g5 = NULL;
+    CHECK(handle(0, &g0) == 0 && handle(5, &g5) == 0);
+
+    contexts(8);
+    CUstream s;
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    size_t n = 512 * MIB;
+    CUdeviceptr src = alloc_on(0, n), dst = alloc_on(5, n), d3 = alloc_on(3, 256 * MIB);
+    OK(cuCtxSetCurrent(ctx[0]));
+    /* 256 MiB over the two NVLinks 0 -> 3. */
+    OK(cuCtxEnablePeerAccess(ctx[3], 0));
+    OK(cuMemcpyPeerAsync(d3, ctx[3], src, ctx[0], 256 * MIB, s));
+    OK(cuStreamSynchronize(s));
+    unsigned long long tx = 0;
+    for (unsigned l = 0; l < 6; l++) {
+        FieldValue f = {.fieldId = 138, .scopeId = l};
+        CHECK(fields(g0, 1, &f) == 0 && f.nvmlReturn == 0);
+        tx += f.value;
+    }
+    printf("nvlink_tx_kib %llu\n", tx);
+    /* Four staged copies 0 -> 5 of 512 MiB queued back to back: GPU 0's PCIe link sends for
+     * about 136 ms. Read NVML 60 ms in. */
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < 4; i++) OK(cuMemcpyDtoDAsync(dst, src, n, s));
+    while (now_ns() < t0 + 60000000ull) {
+        struct timespec t = {0, 1000000};
+        nanosleep(&t, NULL);
+    }
+    unsigned sent = 0, got = 0, u[2] = {99, 99};
+    CHECK(pcie(g0, 0, &sent) == 0);
+    CHECK(pcie(g5, 1, &got) == 0);
+    CHECK(util(g0, u) == 0);
+    printf("pcie_tx_gpu0_kbs %u\n", sent);
+    printf("pcie_rx_gpu5_kbs %u\n", got);
+    printf("gpu_util_gpu0 %u\n", u[0]);
+    OK(cuStreamSynchronize(s));
+}
+
 int main(int argc, char **argv) {
     OK(cuInit(0));
     const char *mode = argc > 1 ? argv[1] : "";
@@ -262,6 +324,8 @@ int main(int argc, char **argv) {
         dgx1();
     else if (!strcmp(mode, "a100"))
         a100();
+    else if (!strcmp(mode, "nvml"))
+        nvml();
     else if (!strcmp(mode, "bytes"))
         bytes();
     else if (!strcmp(mode, "share") && argc > 3)
