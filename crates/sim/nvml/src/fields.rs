@@ -103,7 +103,7 @@ fn field(
         FI_DEV_NVLINK_THROUGHPUT_DATA_TX..=FI_DEV_NVLINK_THROUGHPUT_RAW_RX
             if d.nvlink_version > 0 =>
         {
-            let tx = (id - FI_DEV_NVLINK_THROUGHPUT_DATA_TX) % 2 == 0;
+            let tx = (id - FI_DEV_NVLINK_THROUGHPUT_DATA_TX).is_multiple_of(2);
             match crate::sensors::nvlink_kib(sim, index, scope as usize, tx) {
                 Some(kib) if scope < links => ull(kib),
                 _ => Err(ret::ERROR_INVALID_ARGUMENT),
