@@ -1069,6 +1069,38 @@ mod tests {
         let _ = std::fs::remove_file(&s.path);
     }
 
+    /// Pageable host memory (rate 0.5) holds the link twice as long as pinned.
+    #[test]
+    fn a_slower_rate_holds_the_link_longer() {
+        let (m, s) = temp_state("link-rate");
+        let f = m.fabric();
+        let r = h2d(&f, 2);
+        let bytes = 15_750_000;
+        let one = cuvisor_fabric::specs::transfer_ns(bytes, f.capacity(r.hops[0]));
+        let half = cuvisor_fabric::specs::transfer_ns(bytes, f.capacity(r.hops[0]) * 0.5);
+        let t0 = now_ns() + 200_000_000;
+        let t = Transfer {
+            fabric: &f,
+            route: &r,
+            bytes,
+            rate: 0.5,
+            engine: None,
+        };
+        let (a0, a1) = s.reserve(&t, t0);
+        assert_eq!(a1 - a0, r.latency_ns + half);
+        assert!(
+            half >= 2 * one - 1 && half <= 2 * one + 1,
+            "{half} vs {one}"
+        );
+        let (b0, _) = s.reserve(&Transfer { rate: 1.0, ..t }, t0);
+        assert_eq!(
+            b0,
+            a0 + half,
+            "the link was held for the slower copy's whole time"
+        );
+        let _ = std::fs::remove_file(&s.path);
+    }
+
     #[test]
     fn pcie_traffic_is_spread_over_its_buckets() {
         let buckets: Vec<AtomicU64> = (0..16).map(|_| AtomicU64::new(0)).collect();

@@ -97,9 +97,10 @@ fn copies_take_the_time_of_their_links_on_a_dgx1() {
         ms(big, pcie, 5.0),
         0.10,
     );
-    // Pageable host memory is staged: half the rate (copy_engine::PAGEABLE_RATE). The copy
-    // blocks the host until it is done, so the event after it is recorded once the host thread
-    // wakes: up to a few ms late on a busy machine, never early.
+    // Pageable host memory is staged: half the rate (copy_engine::PAGEABLE_RATE), and the
+    // asynchronous copy blocks the host until it is done (behind the 300 ms kernel it was
+    // queued after). The event after it is recorded once the host thread wakes, so it may be
+    // late by the machine's scheduling delay (several ms on a busy 2-core box), never early.
     near(
         "pinned H2D 64 MiB",
         f["h2d_pinned_64mib"],
@@ -109,8 +110,13 @@ fn copies_take_the_time_of_their_links_on_a_dgx1() {
     let pageable = ms(64.0 * MIB, pcie / 2.0, 5.0);
     let got = f["h2d_pageable_64mib"];
     assert!(
-        got >= pageable * 0.95 && got <= pageable + 5.0,
+        got >= pageable * 0.95 && got <= pageable * 1.5,
         "pageable H2D 64 MiB: {got:.3} ms, the model says {pageable:.3} ms"
+    );
+    assert!(
+        f["h2d_pageable_call"] >= 300.0 + pageable * 0.95,
+        "a pageable cuMemcpyHtoDAsync returned after {} ms",
+        f["h2d_pageable_call"]
     );
     // Peer 0 -> 3: two NVLinks, 50 GB/s, once peer access is on; staged through the host
     // (PCIe, 15.75 GB/s at best, 12 us) before.
@@ -191,7 +197,12 @@ fn two_processes_share_one_pcie_link() {
         &state,
         &["share", &at(1500), &mib.to_string()],
     );
-    near("one process", alone["share_done"], one, 0.15);
+    near(
+        "one process",
+        alone["share_done"] - alone["share_started"],
+        one,
+        0.15,
+    );
     let start = at(2500);
     let spawn = || {
         let mut c = python::on_sim(&exe, &[], "dgx1-v100", &state);
@@ -207,19 +218,32 @@ fn two_processes_share_one_pcie_link() {
         figures(b.wait_with_output().unwrap()),
     );
     python::remove_state(&state);
-    for f in [&fa, &fb] {
-        assert!(
-            f["share_started"] < one / 2.0,
-            "a process started late, {} ms: the machine is too busy to tell",
-            f["share_started"]
-        );
-    }
-    let (first, last) = (
-        fa["share_done"].min(fb["share_done"]),
-        fa["share_done"].max(fb["share_done"]),
+    // Each process starts its copy at the agreed instant, give or take its scheduling: as long
+    // as the second starts before the first is done, the link is busy until the first's start
+    // plus two copies' time.
+    let started = fa["share_started"].min(fb["share_started"]);
+    let apart = (fa["share_started"] - fb["share_started"]).abs();
+    assert!(
+        apart < one * 0.8,
+        "the processes started {apart:.1} ms apart: too far to share the link (busy machine?)"
     );
-    near("the first of two", first, one, 0.15);
-    near("the second of two", last, 2.0 * one, 0.15);
+    let (first, last) = if fa["share_done"] < fb["share_done"] {
+        (&fa, &fb)
+    } else {
+        (&fb, &fa)
+    };
+    near(
+        "the first of two",
+        first["share_done"] - first["share_started"],
+        one,
+        0.15,
+    );
+    near(
+        "the second of two",
+        last["share_done"] - started,
+        2.0 * one,
+        0.15,
+    );
 }
 
 /// NVML sees copies as the real one does: PCIe throughput (KB/s over 20 ms) from the bytes

@@ -9,7 +9,7 @@
  *   timed_copies a100            on dgx-a100: a peer copy through NVSwitch
  *   timed_copies bytes           any preset with 2 GPUs: the bytes copies leave, written or not
  *   timed_copies share T MiB     at CLOCK_MONOTONIC T (ns): a staged copy GPU 0 -> 5 of MiB
- *                                MiB, then cuCtxSynchronize; prints when it was done, from T
+ *                                MiB; prints when it started and was done (events), from T
  *   timed_copies nvml            on dgx1-v100: what NVML (the simulated libnvidia-ml, opened
  *                                with dlopen) sees of copies: PCIe throughput, NVLink counters,
  *                                GPU utilization */
@@ -33,6 +33,7 @@ static uint64_t now_ns(void) {
 }
 
 static CUcontext ctx[8];
+static CUfunction busy; /* sim_busy_kernel: runs for its first parameter, in ns */
 
 static CUdeviceptr alloc_on(int d, size_t n) {
     CUdeviceptr p = 0;
@@ -56,6 +57,16 @@ static void contexts(int n) {
         OK(cuDevicePrimaryCtxRetain(&ctx[d], dev));
     }
     OK(cuCtxSetCurrent(ctx[0]));
+    CUmodule mod;
+    OK(cuModuleLoadData(&mod, "sim"));
+    OK(cuModuleGetFunction(&busy, mod, "sim_busy_kernel"));
+}
+
+/* Queues a kernel of `ns` on s: what follows on s starts when it ends, whatever the host does
+ * meanwhile (an event and a copy queued behind it start at the same instant). */
+static void hold(CUstream s, unsigned long long ns) {
+    void *args[] = {&ns};
+    OK(cuLaunchKernel(busy, 1, 1, 1, 1, 1, 1, 0, s, args, NULL));
 }
 
 /* One peer copy 0 -> `to` of n bytes on stream s of context 0, timed by events. */
@@ -64,6 +75,7 @@ static float peer_ms(CUstream s, CUdeviceptr dst, int to, CUdeviceptr src, size_
     OK(cuCtxSetCurrent(ctx[0]));
     OK(cuEventCreate(&a, 0));
     OK(cuEventCreate(&b, 0));
+    hold(s, 50000000ull);
     OK(cuEventRecord(a, s));
     OK(cuMemcpyPeerAsync(dst, ctx[to], src, ctx[0], n, s));
     OK(cuEventRecord(b, s));
@@ -86,14 +98,9 @@ static void dgx1(void) {
 
     /* Host memory copies move real bytes, which takes this machine's memcpy time inside the
      * call; a real program hides that behind device work, and so does this one: each copy is
-     * queued behind a 400 ms kernel on its stream (the bytes move while the kernel runs) and
-     * timed from an event recorded between the two, so the events see the modelled copy. */
-    CUmodule mod;
-    CUfunction busy;
-    OK(cuModuleLoadData(&mod, "sim"));
-    OK(cuModuleGetFunction(&busy, mod, "sim_busy_kernel"));
-    unsigned long long hide = 400000000ull;
-    void *hide_args[] = {&hide};
+     * queued behind a kernel on its stream (the bytes move while the kernel runs: 1 s covers
+     * 256 MiB into untouched pages on a busy 2-core machine) and timed from an event recorded
+     * between the two, so the events see the modelled copy. */
 
     /* Pinned host to device, 256 MiB, over GPU 0's PCIe Gen3 x16 link. */
     size_t big = 256 * MIB;
@@ -102,9 +109,7 @@ static void dgx1(void) {
     memset(pinned, 0x5a, big);
     CUdeviceptr d0 = alloc_on(0, big);
     OK(cuCtxSetCurrent(ctx[0]));
-    OK(cuMemsetD8(d0, 1, big));
-    OK(cuCtxSynchronize());
-    OK(cuLaunchKernel(busy, 1, 1, 1, 1, 1, 1, 0, s, hide_args, NULL));
+    hold(s, 1000000000ull);
     OK(cuEventRecord(a, s));
     OK(cuMemcpyHtoDAsync(d0, pinned, big, s));
     OK(cuEventRecord(b, s));
@@ -115,12 +120,16 @@ static void dgx1(void) {
     void *pageable = malloc(mid);
     CHECK(pageable != NULL);
     memset(pageable, 0x5a, mid);
-    OK(cuLaunchKernel(busy, 1, 1, 1, 1, 1, 1, 0, s, hide_args, NULL));
+    hold(s, 300000000ull);
     OK(cuEventRecord(a, s));
+    uint64_t called = now_ns();
     OK(cuMemcpyHtoDAsync(d0, pageable, mid, s));
+    uint64_t returned = now_ns();
     OK(cuEventRecord(b, s));
     printf("h2d_pageable_64mib %.4f\n", elapsed(a, b));
-    OK(cuLaunchKernel(busy, 1, 1, 1, 1, 1, 1, 0, s, hide_args, NULL));
+    /* Blocking: the call returns once the copy is done, behind the 300 ms kernel. */
+    printf("h2d_pageable_call %.4f\n", (returned - called) / 1e6);
+    hold(s, 300000000ull);
     OK(cuEventRecord(a, s));
     OK(cuMemcpyHtoDAsync(d0, pinned, mid, s));
     OK(cuEventRecord(b, s));
@@ -141,6 +150,7 @@ static void dgx1(void) {
     printf("peer_0_3 %.4f\n", peer_ms(s, d3, 3, src, big));
     printf("peer_0_5 %.4f\n", peer_ms(s, d5, 5, src, big));
     /* The same with cuMemcpyDtoDAsync across devices (unified addressing). */
+    hold(s, 50000000ull);
     OK(cuEventRecord(a, s));
     OK(cuMemcpyDtoDAsync(d3, src, big, s));
     OK(cuEventRecord(b, s));
@@ -148,7 +158,9 @@ static void dgx1(void) {
 
     /* Two copies at once on two streams: over one link (0->3 twice), over two (0->3, 0->4). */
     OK(cuStreamSynchronize(s));
+    hold(s, 50000000ull);
     OK(cuEventRecord(a, s));
+    OK(cuStreamWaitEvent(s2, a, 0));
     OK(cuMemcpyPeerAsync(d3, ctx[3], src, ctx[0], big, s));
     OK(cuMemcpyPeerAsync(d3, ctx[3], src, ctx[0], big, s2));
     OK(cuEventRecord(b, s));
@@ -156,7 +168,9 @@ static void dgx1(void) {
     float x = elapsed(a, b), y = elapsed(a, c);
     printf("two_on_one_link %.4f\n", x > y ? x : y);
     OK(cuStreamSynchronize(s2));
+    hold(s, 50000000ull);
     OK(cuEventRecord(a, s));
+    OK(cuStreamWaitEvent(s2, a, 0));
     OK(cuMemcpyPeerAsync(d3, ctx[3], src, ctx[0], big, s));
     OK(cuMemcpyPeerAsync(d4, ctx[4], src, ctx[0], big, s2));
     OK(cuEventRecord(b, s));
@@ -167,11 +181,10 @@ static void dgx1(void) {
 
     /* A 20 ms kernel on one stream, a 256 MiB NVLink copy (about 5.4 ms) on another: they
      * overlap (copy engines beside the SMs), so both are done about 20 ms after the start. */
-    unsigned long long ns = 20000000ull;
-    void *args[] = {&ns};
+    hold(k, 50000000ull);
     OK(cuEventRecord(a, k));
     OK(cuStreamWaitEvent(s, a, 0));
-    OK(cuLaunchKernel(busy, 1, 1, 1, 1, 1, 1, 0, k, args, NULL));
+    hold(k, 20000000ull);
     OK(cuMemcpyPeerAsync(d3, ctx[3], src, ctx[0], big, s));
     OK(cuEventRecord(b, k));
     OK(cuEventRecord(c, s));
@@ -251,12 +264,17 @@ static void share(uint64_t at, size_t mib) {
         struct timespec t = {0, 100000};
         nanosleep(&t, NULL);
     }
+    /* Timed by events on the legacy stream: from the copy's issue to its modelled end. */
+    CUevent a, b;
+    OK(cuEventCreate(&a, 0));
+    OK(cuEventCreate(&b, 0));
     uint64_t t0 = now_ns();
+    OK(cuEventRecord(a, NULL));
     OK(cuMemcpyDtoD(dst, src, n));
-    OK(cuCtxSynchronize());
-    uint64_t t1 = now_ns();
+    OK(cuEventRecord(b, NULL));
+    float ms = elapsed(a, b);
     printf("share_started %.4f\n", (t0 - at) / 1e6);
-    printf("share_done %.4f\n", (t1 - at) / 1e6);
+    printf("share_done %.4f\n", (t0 - at) / 1e6 + ms);
 }
 
 /* nvml.h's nvmlFieldValue_t (40 bytes). */
