@@ -156,6 +156,21 @@ static void dgx1(void) {
     OK(cuEventRecord(b, s));
     printf("dtod_0_3 %.4f\n", elapsed(a, b));
 
+    /* A captured copy becomes a graph memcpy node, timed as the stream's copies are. */
+    CUgraph g;
+    CUgraphExec gx;
+    OK(cuStreamBeginCapture(s2, CU_STREAM_CAPTURE_MODE_RELAXED));
+    OK(cuMemcpyDtoDAsync(d3, src, big, s2));
+    OK(cuStreamEndCapture(s2, &g));
+    OK(cuGraphInstantiate(&gx, g, 0));
+    hold(s, 50000000ull);
+    OK(cuEventRecord(a, s));
+    OK(cuGraphLaunch(gx, s));
+    OK(cuEventRecord(b, s));
+    printf("graph_dtod_0_3 %.4f\n", elapsed(a, b));
+    OK(cuGraphExecDestroy(gx));
+    OK(cuGraphDestroy(g));
+
     /* Two copies at once on two streams: over one link (0->3 twice), over two (0->3, 0->4). */
     OK(cuStreamSynchronize(s));
     hold(s, 50000000ull);
