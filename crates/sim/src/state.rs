@@ -683,6 +683,12 @@ impl Shared {
     /// finds its engine taken in between goes after the copy that took it. A hop's update may
     /// thus move a little past `start`, and the copy's end follows it: never earlier than the
     /// model allows, at worst a little later than a global order would have put it.
+    ///
+    /// What one word per timeline cannot do: fill gaps. Turns are taken in the order copies are
+    /// reserved, so a copy reserved for later (behind a long kernel) holds the timeline from
+    /// then on, and one reserved after it waits for it even if it would fit in the idle time
+    /// before. Bandwidth is conserved; programs that issue copies when they are due see none of
+    /// it.
     pub fn reserve(&self, t: &Transfer<'_>, not_before: u64) -> (u64, u64) {
         use cuvisor_fabric::{specs::transfer_ns, Resource};
         let f = t.fabric;

@@ -122,7 +122,12 @@ fn copies_take_the_time_of_their_links_on_a_dgx1() {
     // (PCIe, 15.75 GB/s at best, 12 us) before.
     near("peer 0->3", f["peer_0_3"], ms(big, 50.0, 2.0), 0.10);
     near("DtoD 0->3", f["dtod_0_3"], ms(big, 50.0, 2.0), 0.10);
-    near("graph DtoD 0->3", f["graph_dtod_0_3"], ms(big, 50.0, 2.0), 0.10);
+    near(
+        "graph DtoD 0->3",
+        f["graph_dtod_0_3"],
+        ms(big, 50.0, 2.0),
+        0.10,
+    );
     near(
         "peer 0->3 staged",
         f["peer_0_3_no_access"],

@@ -21,9 +21,10 @@
 //! force the driver to stage through an internal pinned buffer", and the same guide's
 //! bandwidthTest advice), so it is slower: [`PAGEABLE_RATE`].
 
-use crate::{ctx, drv, peer};
+use crate::{ctx, peer};
 use cuvisor_fabric::{specs, End, Fabric, Resource, Route, RouteKind};
 use cuvisor_sim::state::Transfer;
+use cuvisor_sim::Sim;
 use std::sync::OnceLock;
 
 /// Pageable host memory moves at this fraction of the link's rate. Published bandwidthTest-style
@@ -65,10 +66,12 @@ pub(crate) enum Cost {
     Memset { dev: usize, bytes: u64 },
 }
 
-/// The machine's fabric, built once per process from the model.
+/// The machine's fabric, built once per process from the model (the driver's `Sim`; read
+/// through `Sim::global` rather than `drv()`, which answers NOT_PERMITTED on a thread running a
+/// host function, so that a first copy there cannot leave the process without a fabric).
 pub(crate) fn fabric() -> Option<&'static Fabric> {
     static F: OnceLock<Option<Fabric>> = OnceLock::new();
-    F.get_or_init(|| drv().ok().map(|d| d.sim.model.fabric()))
+    F.get_or_init(|| Sim::global().ok().map(|s| s.model.fabric()))
         .as_ref()
 }
 
@@ -99,14 +102,13 @@ fn pageable(p: &Part) -> bool {
 /// context's for a synchronous copy), starting no earlier than `not_before`. Returns when it
 /// ends (`not_before` for no cost).
 pub(crate) fn charge(cost: &Cost, dev: usize, not_before: u64) -> u64 {
-    let (Some(f), Ok(d)) = (fabric(), drv()) else {
+    let (Some(f), Ok(sim)) = (fabric(), Sim::global()) else {
         return not_before;
     };
     match cost {
         Cost::None => not_before,
         Cost::Copies(parts) => {
-            let engines = d
-                .sim
+            let engines = sim
                 .model
                 .devices
                 .get(dev)
@@ -121,7 +123,7 @@ pub(crate) fn charge(cost: &Cost, dev: usize, not_before: u64) -> u64 {
                     rate: if pageable(p) { PAGEABLE_RATE } else { 1.0 },
                     engine: Some((dev, engines)),
                 };
-                at = at.max(d.sim.shared.reserve(&t, at).1);
+                at = at.max(sim.shared.reserve(&t, at).1);
             }
             at
         }
@@ -143,7 +145,7 @@ pub(crate) fn charge(cost: &Cost, dev: usize, not_before: u64) -> u64 {
                 rate: 1.0,
                 engine: None,
             };
-            d.sim.shared.reserve(&t, not_before).1
+            sim.shared.reserve(&t, not_before).1
         }
     }
 }
