@@ -17,9 +17,9 @@
 //! (<https://docs.nvidia.com/cuda/cuda-driver-api/api-sync-behavior.html>), quoted at
 //! [`sync_waits`] and [`async_waits`].
 //!
-//! Pageable host memory is staged through a pinned buffer by the driver ("pageable transfers
-//! force the driver to stage through an internal pinned buffer", and the same guide's
-//! bandwidthTest advice), so it is slower: [`PAGEABLE_RATE`].
+//! Pageable host memory is staged by the driver through a pinned buffer ("If pageable memory
+//! must first be staged to pinned memory", API synchronization behavior), so it is slower:
+//! [`PAGEABLE_RATE`].
 
 use crate::{ctx, peer};
 use cuvisor_fabric::{specs, End, Fabric, Resource, Route, RouteKind};
@@ -27,13 +27,13 @@ use cuvisor_sim::state::Transfer;
 use cuvisor_sim::Sim;
 use std::sync::OnceLock;
 
-/// Pageable host memory moves at this fraction of the link's rate. Published bandwidthTest-style
-/// runs put pageable at 0.44-0.97 of pinned depending on the host's memory bandwidth (a GTX 980
-/// Ti under CUDA 8: host to device 2.95 vs 3.03 GB/s, device to host 1.45 vs 3.26 GB/s, in a
-/// `pinned_data` benchmark's comment found with this project's code search; NVIDIA's "How to
-/// Optimize Data Transfers in CUDA C/C++" (Harris, 2012) shows pinned well ahead of pageable on
-/// every system it lists). Half is the middle of that range, one figure for every machine.
-pub(crate) const PAGEABLE_RATE: f64 = 0.5;
+/// Pageable host memory moves at this fraction of the link's rate. CUDA samples' bandwidthTest
+/// (32 MB transfers) on a DGX A100 (A100-SXM4-80GB): pinned 25.7 GB/s host to device and 25.8
+/// device to host, pageable 10.0 and 10.8 (0.39 and 0.42 of pinned); on a PCIe A100 80GB
+/// (Dell): pinned 17.3 and 24.6, pageable 3.3 and 8.5 (gengwg's notes "Using NVIDIA GPU P2P
+/// Benchmark tool", `--memory=pinned` / `--memory=pageable` runs, found with this project's code
+/// search). The host's memory bandwidth sets it; the DGX's 0.4 is taken for every machine.
+pub(crate) const PAGEABLE_RATE: f64 = 0.4;
 
 /// One side of a copy, for timing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
