@@ -128,6 +128,14 @@ fn copies_take_the_time_of_their_links_on_a_dgx1() {
         ms(big, 50.0, 2.0),
         0.10,
     );
+    // A memset writes its bytes at the device's memory bandwidth (V100: 877 MHz x 2 x 512 B =
+    // 898 GB/s), after a 2 us start.
+    near(
+        "memset 16 MiB (us)",
+        f["memset_16mib_us"],
+        1e3 * ms(16.0 * MIB, 877e6 * 2.0 * 512.0 / 1e9, 2.0),
+        0.10,
+    );
     near(
         "peer 0->3 staged",
         f["peer_0_3_no_access"],
