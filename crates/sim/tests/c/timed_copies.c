@@ -111,7 +111,9 @@ static void dgx1(void) {
     OK(cuCtxSetCurrent(ctx[0]));
     hold(s, 1000000000ull);
     OK(cuEventRecord(a, s));
+    uint64_t issued = now_ns();
     OK(cuMemcpyHtoDAsync(d0, pinned, big, s));
+    printf("h2d_pinned_call %.4f\n", (now_ns() - issued) / 1e6);
     OK(cuEventRecord(b, s));
     printf("h2d_pinned_256mib %.4f\n", elapsed(a, b));
 
