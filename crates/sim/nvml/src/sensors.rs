@@ -77,6 +77,57 @@ pub(crate) fn utilization(sim: &Sim, d: usize) -> u32 {
 }
 
 /// °C at `util` percent: linear from idle to idle + rise.
+/// The window nvmlDeviceGetPcieThroughput reports over: "This function is querying a byte
+/// counter over a 20ms interval and thus is the PCIe throughput over that interval" (nvml.h).
+/// The simulator reads the 20 ms just past instead of waiting for the next.
+pub const PCIE_WINDOW_NS: u64 = 20_000_000;
+
+/// KB/s (KiB, as NVML counts) device `d`'s PCIe link carried over the last 20 ms: received by
+/// the device (host to device, `rx`) or sent (device to host). The copies the simulated driver
+/// timed over the link (`cuvisor_sim::state::Shared::reserve`) fill these counters.
+pub(crate) fn pcie_throughput(sim: &Sim, d: usize, rx: bool) -> u32 {
+    sim.shared
+        .pcie_kib_per_s(d, rx, PCIE_WINDOW_NS)
+        .min(u32::MAX as u64) as u32
+}
+
+/// The machine's fabric, built once per process from the model.
+fn fabric(sim: &Sim) -> &'static cuvisor_fabric::Fabric {
+    static F: std::sync::OnceLock<cuvisor_fabric::Fabric> = std::sync::OnceLock::new();
+    F.get_or_init(|| sim.model.fabric())
+}
+
+/// KiB that NVLink `link` of device `d` ever carried, sent (`tx`) or received: the bytes the
+/// simulated driver timed over the resource the link is part of (the bonded links to one peer
+/// GPU, or the links into the NVSwitches), shared evenly by its links. None: no such link.
+pub(crate) fn nvlink_kib(sim: &Sim, d: usize, link: usize, tx: bool) -> Option<u64> {
+    use cuvisor_fabric::Resource;
+    use cuvisor_sim::model::LinkPeer;
+    let dev = sim.model.devices.get(d)?;
+    let f = fabric(sim);
+    let peer = dev.links.get(link)?;
+    let (r, n) = match *peer {
+        LinkPeer::Gpu(b) => {
+            let r = if tx {
+                Resource::NvLink(d, b)
+            } else {
+                Resource::NvLink(b, d)
+            };
+            (r, f.direct_links(d, b))
+        }
+        LinkPeer::Switch(_) => {
+            let r = if tx {
+                Resource::SwitchPortOut(d)
+            } else {
+                Resource::SwitchPortIn(d)
+            };
+            (r, f.gpus().get(d)?.switch_links)
+        }
+    };
+    let bytes = f.index(r).map_or(0, |i| sim.shared.link_bytes(i));
+    Some(bytes / n.max(1) as u64 / 1024)
+}
+
 pub fn temperature_at(util: u32) -> u32 {
     IDLE_TEMPERATURE_C + LOAD_TEMPERATURE_RISE_C * util.min(100) / 100
 }
