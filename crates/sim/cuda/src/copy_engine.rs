@@ -25,7 +25,6 @@ use crate::{ctx, peer};
 use cuvisor_fabric::{specs, End, Fabric, Resource, Route, RouteKind};
 use cuvisor_sim::state::Transfer;
 use cuvisor_sim::Sim;
-use std::sync::OnceLock;
 
 /// Pageable host memory moves at this fraction of the link's rate. CUDA samples' bandwidthTest
 /// (32 MB transfers) on a DGX A100 (A100-SXM4-80GB): pinned 25.7 GB/s host to device and 25.8
@@ -66,13 +65,11 @@ pub(crate) enum Cost {
     Memset { dev: usize, bytes: u64 },
 }
 
-/// The machine's fabric, built once per process from the model (the driver's `Sim`; read
-/// through `Sim::global` rather than `drv()`, which answers NOT_PERMITTED on a thread running a
-/// host function, so that a first copy there cannot leave the process without a fabric).
+/// The machine's fabric (the driver's `Sim`; read through `Sim::global` rather than `drv()`,
+/// which answers NOT_PERMITTED on a thread running a host function, so that a copy there is
+/// timed too).
 pub(crate) fn fabric() -> Option<&'static Fabric> {
-    static F: OnceLock<Option<Fabric>> = OnceLock::new();
-    F.get_or_init(|| Sim::global().ok().map(|s| s.model.fabric()))
-        .as_ref()
+    Sim::global().ok().map(|s| &s.fabric)
 }
 
 fn end_of(p: Place) -> End {

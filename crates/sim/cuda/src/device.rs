@@ -10,7 +10,6 @@ use cuvisor_cuda_abi::cuda::{err, CUdevice, CUresult, CUuuid};
 use cuvisor_fabric::{End, Fabric, RouteKind};
 use cuvisor_sim::model::{arch, Device, Model};
 use std::ffi::{c_char, c_uint};
-use std::sync::OnceLock;
 
 /// The device behind an ordinal, after cuInit.
 pub(crate) fn device(dev: CUdevice) -> Result<(usize, &'static Device), CUresult> {
@@ -224,27 +223,19 @@ pub struct CUdevprop {
 /// reference bound to linear memory" for 7.0 to 9.0).
 pub const TEXTURE1D_LINEAR_MAX: i32 = 1 << 28;
 
-/// The machine's interconnect (`Model::fabric`), built once per process: the one model every
-/// peer answer below comes from (and NVML's `nvmlDeviceGetP2PStatus`, built the same way from
-/// the same model, see crates/sim/nvml `topology::p2p`).
-pub(crate) fn fabric(m: &Model) -> &'static Fabric {
-    static FABRIC: OnceLock<Fabric> = OnceLock::new();
-    // The driver's model is the process's one `Sim::global()` model, so the first caller's is
-    // every caller's.
-    FABRIC.get_or_init(|| m.fabric())
-}
-
 /// Whether two distinct GPUs can map each other's memory: `Fabric::p2p_supported` (NVLink,
 /// direct or through NVSwitch, or PCIe under one root complex, PIX/PXB), as the real driver
 /// allows P2P.
-pub(crate) fn peer_access(m: &Model, a: usize, b: usize) -> bool {
-    fabric(m).p2p_supported(a, b)
+/// The one model every peer answer here comes from (and NVML's `nvmlDeviceGetP2PStatus`, see
+/// crates/sim/nvml `topology::p2p`): the `Sim`'s fabric.
+pub(crate) fn peer_access(f: &Fabric, a: usize, b: usize) -> bool {
+    f.p2p_supported(a, b)
 }
 
 /// What carries peer traffic between two GPUs once access is enabled: the kind of
 /// `Fabric::route(a, b, peer_enabled = true)`; `Staged` where there is no peer path.
-pub(crate) fn peer_link(m: &Model, a: usize, b: usize) -> RouteKind {
-    fabric(m).route(End::Gpu(a), End::Gpu(b), true).kind
+pub(crate) fn peer_link(f: &Fabric, a: usize, b: usize) -> RouteKind {
+    f.route(End::Gpu(a), End::Gpu(b), true).kind
 }
 
 /// NVLink carries the peer traffic (directly or through NVSwitches): where native peer atomics
@@ -388,7 +379,7 @@ export! {
     fn cuDeviceCanAccessPeer(can: *mut i32, dev: CUdevice, peer: CUdevice) {
         let (a, _) = device(dev)?;
         let (b, _) = device(peer)?;
-        write(can, peer_access(&drv()?.sim.model, a, b) as i32)
+        write(can, peer_access(&drv()?.sim.fabric, a, b) as i32)
     }
 
 
@@ -402,9 +393,10 @@ export! {
     /// 0 where there is no peer access. Native atomics and CUDA-array access over NVLink only:
     /// PCIe peer atomics are not native (UNVERIFIED for arrays).
     fn cuDeviceGetP2PAttribute(value: *mut i32, attrib: i32, src: CUdevice, dst: CUdevice) {
-        let (m, a, b) = peer_pair(src, dst)?;
-        let access = peer_access(m, a, b);
-        let kind = peer_link(m, a, b);
+        let (_, a, b) = peer_pair(src, dst)?;
+        let f = &drv()?.sim.fabric;
+        let access = peer_access(f, a, b);
+        let kind = peer_link(f, a, b);
         let nvlink = access && over_nvlink(kind);
         let v = match attrib {
             P2P_PERFORMANCE_RANK => (kind == RouteKind::PcieP2p) as i32,
@@ -438,8 +430,8 @@ export! {
 
     /// CUDA 13.0: per operation, what a link between two GPUs supports natively (NVLink).
     fn cuDeviceGetP2PAtomicCapabilities(caps: *mut c_uint, ops: *const u32, count: c_uint, src: CUdevice, dst: CUdevice) {
-        let (m, a, b) = peer_pair(src, dst)?;
-        atomic_caps(caps, ops, count, over_nvlink(peer_link(m, a, b)))
+        let (_, a, b) = peer_pair(src, dst)?;
+        atomic_caps(caps, ops, count, over_nvlink(peer_link(&drv()?.sim.fabric, a, b)))
     }
 
     /// CUDA 13.0: per operation, what the link to the host supports natively: nothing over PCIe

@@ -91,12 +91,6 @@ pub(crate) fn pcie_throughput(sim: &Sim, d: usize, rx: bool) -> u32 {
         .min(u32::MAX as u64) as u32
 }
 
-/// The machine's fabric, built once per process from the model.
-fn fabric(sim: &Sim) -> &'static cuvisor_fabric::Fabric {
-    static F: std::sync::OnceLock<cuvisor_fabric::Fabric> = std::sync::OnceLock::new();
-    F.get_or_init(|| sim.model.fabric())
-}
-
 /// KiB that NVLink `link` of device `d` ever carried, sent (`tx`) or received: the bytes the
 /// simulated driver timed over the resource the link is part of (the bonded links to one peer
 /// GPU, or the links into the NVSwitches), shared evenly by its links. None: no such link.
@@ -104,7 +98,7 @@ pub(crate) fn nvlink_kib(sim: &Sim, d: usize, link: usize, tx: bool) -> Option<u
     use cuvisor_fabric::Resource;
     use cuvisor_sim::model::LinkPeer;
     let dev = sim.model.devices.get(d)?;
-    let f = fabric(sim);
+    let f = &sim.fabric;
     let peer = dev.links.get(link)?;
     let (r, n) = match *peer {
         LinkPeer::Gpu(b) => {

@@ -4,11 +4,10 @@ use crate::device::{dev, handle, parse_bus_id, pci_info};
 use crate::{export, read, sim, write, write_array, Res};
 use cuvisor_cuda_abi::nvml::*;
 use cuvisor_fabric::{End, Fabric, RouteKind};
-use cuvisor_sim::model::{LinkPeer, Model};
+use cuvisor_sim::model::LinkPeer;
 use cuvisor_sim::Sim;
 use std::ffi::{c_int, c_uint, c_ulong};
 use std::sync::atomic::Ordering;
-use std::sync::OnceLock;
 
 /// CPUs per simulated NUMA node (see `cuvisor_sim::model::cpu_affinity`).
 const CPUS_PER_NODE: u32 = 16;
@@ -187,7 +186,7 @@ export! {
         if a == b {
             return Err(ret::ERROR_INVALID_ARGUMENT);
         }
-        let s = p2p(&sim.model, a, b, index).ok_or(ret::ERROR_INVALID_ARGUMENT)?;
+        let s = p2p(&sim.fabric, a, b, index).ok_or(ret::ERROR_INVALID_ARGUMENT)?;
         write(status, s)
     }
 
@@ -221,12 +220,6 @@ pub mod p2p_status {
     pub const NOT_SUPPORTED: u32 = 5;
 }
 
-/// The machine's interconnect (`Model::fabric`), built once per process from NVML's one model.
-fn fabric(m: &Model) -> &'static Fabric {
-    static FABRIC: OnceLock<Fabric> = OnceLock::new();
-    FABRIC.get_or_init(|| m.fabric())
-}
-
 /// What `nvmlDeviceGetP2PStatus` answers for two distinct GPUs, from the interconnect model
 /// (`cuvisor_fabric`), the same answers the simulated driver derives its peer queries from
 /// (crates/sim/cuda `device::peer_access`, `cuDeviceGetP2PAttribute`): peers are GPUs joined by
@@ -240,8 +233,8 @@ fn fabric(m: &Model) -> &'static Fabric {
 /// - PCI: peer traffic over PCIe alone: OK under one root complex, else CHIPSET_NOT_SUPPORTED.
 ///
 /// Links taken down by fault injection do not change the answers (nor cuDeviceCanAccessPeer's).
-pub(crate) fn p2p(m: &Model, a: usize, b: usize, index: u32) -> Option<u32> {
-    p2p_in(fabric(m), a, b, index)
+pub(crate) fn p2p(f: &Fabric, a: usize, b: usize, index: u32) -> Option<u32> {
+    p2p_in(f, a, b, index)
 }
 
 /// [`p2p`] on a given fabric.
