@@ -12,6 +12,7 @@ mod child;
 mod demo;
 mod fault;
 mod files;
+mod job;
 mod library;
 mod load;
 mod machine;
@@ -63,6 +64,7 @@ fn main() -> ExitCode {
             SimCommand::Reset => sim::reset(&cli.target).map(Done::Print),
             SimCommand::Fault(f) => fault::run(&cli.target, &f).map(Done::Print),
             SimCommand::Load(l) => load::run(&cli.target, &l).map(Done::Exit),
+            SimCommand::Job(j) => job::run(&cli.target, &j).map(Done::Exit),
         },
         Command::ProbeLibrary { file } => {
             let (said, code) = library::probe_main(&file);
