@@ -227,8 +227,9 @@ pub struct LoadArgs {
 
 #[derive(Args, Debug, Clone)]
 #[command(after_help = "Run it on the simulator, directly or under cuvisor:\n  \
-    cuvisor sim job --sim dgx1-v100 --kind nlp --gpus 0,3 --scale 0.05\n  \
+    cuvisor run --sim dgx1-v100 --memory 16Gi -- cuvisor sim job --kind nlp --gpus 0,3 --scale 0.05\n  \
     cuvisor run --sim dgx-a100 --memory 40Gi -- cuvisor sim job --kind vision --gpus 0-7 --json\n\
+    (or directly, with LD_LIBRARY_PATH at the simulated libcuda.so.1 and CUVISOR_SIM or --sim).\n\
     One process drives every GPU of --gpus (as ncclCommInitAll does): a context each, peer access \
     enabled wherever cuDeviceCanAccessPeer allows it, a gradient buffer each. The rings are the \
     interconnect model's (cuvisor_fabric::ring::rings over the simulator's machine), one stream \

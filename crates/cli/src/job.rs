@@ -68,8 +68,8 @@ const EVENT_TIMED: c_uint = 0;
 const EVENT_DISABLE_TIMING: c_uint = 2;
 
 const NEEDS_SIM: &str = "sim job needs the simulated GPUs";
-const HOW: &str = "run it as `cuvisor run --sim PRESET [--state FILE] -- cuvisor sim job ...` or \
-                   `cuvisor sim job --sim PRESET ...`";
+const HOW: &str = "run it as `cuvisor run --sim PRESET [--state FILE] -- cuvisor sim job ...`, or \
+                   with LD_LIBRARY_PATH naming the directory of the simulated libcuda.so.1";
 
 // ---- the kinds ----------------------------------------------------------------------------------
 
