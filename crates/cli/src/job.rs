@@ -623,7 +623,11 @@ struct Gpu {
     ordinal: usize,
     ctx: CUcontext,
     function: CUfunction,
+    /// The gradient, which the all-reduce's copies write.
     buffer: CUdeviceptr,
+    /// What the copies read: a buffer of the gradient's size the job never writes (see
+    /// `Job::issue`).
+    send: CUdeviceptr,
     compute: CUstream,
     /// One stream per ring.
     rings: Vec<CUstream>,
@@ -632,12 +636,30 @@ struct Gpu {
     start: [CUevent; 2],
     kernel_done: CUevent,
     ring_done: Vec<CUevent>,
-    /// Untimed, per ring, step parity and slice: the slice sent at that step.
-    sent: Vec<[[CUevent; SLICES]; 2]>,
+    /// A stream that only waits (used on the first GPU), and on it (timed): when every GPU's
+    /// kernel had ended (the all-reduce's start) and when every GPU's rings had (its end). Waiting on other devices' events and recording
+    /// here keeps every elapsed time between events of one device: "cudaEventElapsedTime() will
+    /// fail if the two input events are associated to different devices" (CUDA C++ Programming
+    /// Guide, "Stream and Event Behavior").
+    probe: CUstream,
+    ar_start: CUevent,
+    ar_end: CUevent,
+    /// Timed, per ring, ring step and slice: recorded just before and just after that copy on
+    /// the ring's stream (its successor waits for the second).
+    copies: Vec<Vec<[(CUevent, CUevent); SLICES]>>,
 }
 
+// SAFETY: a Gpu is driver handles (context, function, streams, events) and device addresses,
+// which the driver API takes from any thread: contexts are made current per thread
+// (cuCtxSetCurrent), and streams and events of a context may be used by every thread of the
+// process (CUDA C++ Programming Guide, "Multi-Device System" and "Streams": any host thread may
+// issue into a stream). The job only shares them with the scoped launching threads of a step.
+unsafe impl Send for Gpu {}
+// SAFETY: as above; nothing in a Gpu is mutated after it is opened.
+unsafe impl Sync for Gpu {}
+
 impl Gpu {
-    fn open(drv: &Driver, ordinal: usize, bytes: u64, rings: usize) -> Result<Gpu> {
+    fn open(drv: &Driver, ordinal: usize, bytes: u64, rings: usize, k: usize) -> Result<Gpu> {
         let dev = ordinal as CUdevice;
         let mut ctx: CUcontext = std::ptr::null_mut();
         check(
@@ -671,32 +693,44 @@ impl Gpu {
             unsafe { (drv.mem_alloc)(&mut buffer, bytes as usize) },
             &format!("cuMemAlloc({bytes} bytes on GPU {ordinal}, the gradient)"),
         )?;
+        let mut send: CUdeviceptr = 0;
+        check(
+            // SAFETY: see Driver.
+            unsafe { (drv.mem_alloc)(&mut send, bytes as usize) },
+            &format!("cuMemAlloc({bytes} bytes on GPU {ordinal}, the send buffer)"),
+        )?;
         let compute = drv.stream()?;
         let mut ring_streams = Vec::new();
         let mut ring_done = Vec::new();
-        let mut sent = Vec::new();
+        let mut copies = Vec::new();
         for _ in 0..rings {
             ring_streams.push(drv.stream()?);
-            ring_done.push(drv.event(EVENT_TIMED)?);
-            let mut per = [[std::ptr::null_mut(); SLICES]; 2];
-            for parity in per.iter_mut() {
-                for e in parity.iter_mut() {
-                    *e = drv.event(EVENT_DISABLE_TIMING)?;
+            ring_done.push(drv.event(EVENT_DISABLE_TIMING)?);
+            let mut steps = Vec::new();
+            for _ in 0..2 * k.saturating_sub(1) {
+                let mut per = [(std::ptr::null_mut(), std::ptr::null_mut()); SLICES];
+                for e in per.iter_mut() {
+                    *e = (drv.event(EVENT_TIMED)?, drv.event(EVENT_TIMED)?);
                 }
+                steps.push(per);
             }
-            sent.push(per);
+            copies.push(steps);
         }
         Ok(Gpu {
             ordinal,
             ctx,
             function,
             buffer,
+            send,
             compute,
             rings: ring_streams,
             start: [drv.event(EVENT_TIMED)?, drv.event(EVENT_TIMED)?],
-            kernel_done: drv.event(EVENT_TIMED)?,
+            kernel_done: drv.event(EVENT_DISABLE_TIMING)?,
             ring_done,
-            sent,
+            probe: drv.stream()?,
+            ar_start: drv.event(EVENT_TIMED)?,
+            ar_end: drv.event(EVENT_TIMED)?,
+            copies,
         })
     }
 
@@ -760,18 +794,55 @@ struct Job<'d> {
 
 impl Job<'_> {
     /// Queues step `i`: kernels, then the ring all-reduce.
+    ///
+    /// Each copy goes from the sender's send buffer (never written) to the same place in its
+    /// successor's gradient: the route, bytes and order of every copy are the ring's, and no
+    /// value is computed anyway. A never-written source costs the simulator no memcpy (it reads
+    /// as zeros: `copy::transfer`), where copies out of the written gradient would be moved by
+    /// the issuing thread at a few GB/s, far slower than the links the timeline models, and the
+    /// host, not the interconnect, would set the all-reduce's time.
+    ///
+    /// The kernels are launched from a thread per GPU, as a data-parallel framework has one per
+    /// GPU: under a compute policy, libcuvisor.so may hold a launch back (its token bucket makes
+    /// the launching thread sleep), and one thread launching for every GPU in turn would start
+    /// each GPU's kernel after the previous GPU's wait.
     fn issue(&self, i: usize, compute_ns: u64) -> Result<()> {
         let d = self.drv;
-        for g in &self.gpus {
-            d.set_current(g.ctx)?;
-            d.record(g.start[i % 2], g.compute)?;
-            g.launch(d, compute_ns)?;
-            d.record(g.kernel_done, g.compute)?;
-        }
+        let launched: Vec<Result<()>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = self
+                .gpus
+                .iter()
+                .map(|g| {
+                    scope.spawn(move || -> Result<()> {
+                        d.set_current(g.ctx)?;
+                        d.record(g.start[i % 2], g.compute)?;
+                        g.launch(d, compute_ns)?;
+                        d.record(g.kernel_done, g.compute)
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| {
+                    t.join().unwrap_or_else(|_| {
+                        Err(Failure::Runtime(
+                            "sim job: a launching thread panicked".into(),
+                        ))
+                    })
+                })
+                .collect()
+        });
+        launched.into_iter().collect::<Result<()>>()?;
+        // A GPU's rings start when every GPU's kernel has ended, as a collective starts when
+        // every rank has joined it. (NCCL's first slices may go into a late receiver's buffer
+        // before it joins; waiting for all keeps GPUs whose kernels the host launched a little
+        // later from putting the early ones' copies behind theirs on a shared link.)
         for g in &self.gpus {
             d.set_current(g.ctx)?;
             for &s in &g.rings {
-                d.wait(s, g.kernel_done)?;
+                for h in &self.gpus {
+                    d.wait(s, h.kernel_done)?;
+                }
             }
         }
         let k = self.gpus.len();
@@ -786,18 +857,19 @@ impl Job<'_> {
                         let chunk = ring.chunks[chunk_sent(p, t, k)];
                         for s in 0..SLICES {
                             if t > 0 {
-                                d.wait(from.rings[r], self.gpus[pred].sent[r][(t - 1) % 2][s])?;
+                                d.wait(from.rings[r], self.gpus[pred].copies[r][t - 1][s].1)?;
                             }
+                            d.record(from.copies[r][t][s].0, from.rings[r])?;
                             let (off, len) = slice(chunk, s);
                             if len > 0 {
                                 check(
-                                    // SAFETY: both buffers hold the whole gradient; `off + len`
+                                    // SAFETY: both buffers are of the gradient's size; `off + len`
                                     // lies within it; contexts and stream are the driver's.
                                     unsafe {
                                         (d.memcpy_peer_async)(
                                             to.buffer + off,
                                             to.ctx,
-                                            from.buffer + off,
+                                            from.send + off,
                                             from.ctx,
                                             len as usize,
                                             from.rings[r],
@@ -806,7 +878,7 @@ impl Job<'_> {
                                     "cuMemcpyPeerAsync",
                                 )?;
                             }
-                            d.record(from.sent[r][t % 2][s], from.rings[r])?;
+                            d.record(from.copies[r][t][s].1, from.rings[r])?;
                         }
                     }
                 }
@@ -818,33 +890,62 @@ impl Job<'_> {
                 d.record(g.ring_done[r], s)?;
             }
         }
-        d.set_current(self.gpus[0].ctx)?;
+        let first = &self.gpus[0];
+        d.set_current(first.ctx)?;
+        for h in &self.gpus {
+            d.wait(first.probe, h.kernel_done)?;
+        }
+        d.record(first.ar_start, first.probe)?;
+        for h in &self.gpus {
+            for &e in &h.ring_done {
+                d.wait(first.probe, e)?;
+            }
+        }
+        d.record(first.ar_end, first.probe)?;
         d.record(self.issued, self.marker)
     }
 
-    /// Waits for step `i`'s work; its times (the period is filled in by the next step).
-    fn measure(&self, i: usize) -> Result<(StepTimes, Vec<u64>)> {
+    /// Waits for step `i`'s work; its times (the period is filled in by the next step), and for
+    /// each GPU the bytes it sent and the time it spent sending them.
+    fn measure(&self, i: usize) -> Result<(StepTimes, Vec<(u64, u64)>)> {
         let d = self.drv;
-        let mut t = StepTimes::default();
-        // Per GPU: when its kernel ended and when its last ring ended, from its own start.
-        let mut ends = Vec::new();
-        for g in &self.gpus {
-            d.sync(g.kernel_done)?;
-            let kdone = d.elapsed_ns(g.start[i % 2], g.kernel_done)?;
-            t.compute = t.compute.max(kdone);
-            let mut end = kdone;
-            for &e in &g.ring_done {
-                d.sync(e)?;
-                end = end.max(d.elapsed_ns(g.start[i % 2], e)?);
-            }
-            ends.push(end);
-        }
-        let last = ends.iter().copied().max().unwrap_or(t.compute);
-        t.comm = last.saturating_sub(t.compute);
+        let first = &self.gpus[0];
+        d.sync(first.ar_end)?;
+        let mut t = StepTimes {
+            compute: d.elapsed_ns(first.start[i % 2], first.ar_start)?,
+            comm: d.elapsed_ns(first.ar_start, first.ar_end)?,
+            ..StepTimes::default()
+        };
         d.sync(self.issued)?;
-        t.issued = d.elapsed_ns(self.gpus[0].start[i % 2], self.issued)?;
-        // Each GPU's send time: from the all-reduce's start to its last ring's end.
-        let sends = ends.iter().map(|&e| e.saturating_sub(t.compute)).collect();
+        t.issued = d.elapsed_ns(first.start[i % 2], self.issued)?;
+        // Each GPU's sending: its copies' bytes, and the time at least one of them was under way
+        // (the union of their [before, after] spans, on its own device's clock). A GPU sends on
+        // all its rings at once, so its rate is what all of them move together, as the model's
+        // efficiency counts it (`AllReduce::efficiency_gbps`); the time it waits for its
+        // predecessor's data is not sending.
+        let k = self.gpus.len();
+        let mut sends = Vec::new();
+        for (me, g) in self.gpus.iter().enumerate() {
+            let mut spans = Vec::new();
+            let mut bytes = 0;
+            for (r, ring) in self.rings.iter().enumerate() {
+                let Some(p) = ring.order.iter().position(|&x| x == me) else {
+                    continue;
+                };
+                for t in 0..2 * k.saturating_sub(1) {
+                    let chunk = ring.chunks[chunk_sent(p, t, k)];
+                    for s in 0..SLICES {
+                        let (before, after) = g.copies[r][t][s];
+                        d.sync(after)?;
+                        let a = d.elapsed_ns(g.start[i % 2], before)?;
+                        let b = d.elapsed_ns(g.start[i % 2], after)?;
+                        spans.push((a, b.max(a)));
+                        bytes += slice(chunk, s).1;
+                    }
+                }
+            }
+            sends.push((bytes, union_ns(&mut spans)));
+        }
         Ok((t, sends))
     }
 
@@ -893,6 +994,21 @@ pub(crate) fn best_group(f: &cuvisor_fabric::Fabric, k: usize) -> (Vec<usize>, f
         }
     }
     best
+}
+
+/// The length of the union of `spans` (start, end), ns.
+pub(crate) fn union_ns(spans: &mut [(u64, u64)]) -> u64 {
+    spans.sort_unstable();
+    let mut total = 0;
+    let mut reach = 0;
+    for &(a, b) in spans.iter() {
+        let a = a.max(reach);
+        if b > a {
+            total += b - a;
+            reach = b;
+        }
+    }
+    total
 }
 
 /// nccl-tests' busbw for all-reduce: algbw x 2(n-1)/n.
@@ -994,7 +1110,7 @@ pub fn run(target: &Target, args: &JobArgs) -> Result<u8> {
     }
     let mut gpus = Vec::new();
     for &g in &plan.gpus {
-        gpus.push(Gpu::open(&drv, g, plan.bytes, rings.len())?);
+        gpus.push(Gpu::open(&drv, g, plan.bytes, rings.len(), k)?);
     }
     // Peer access between every pair the driver allows, both ways, as NCCL's P2P transport
     // enables it (cudaDeviceEnablePeerAccess after cudaDeviceCanAccessPeer).
@@ -1082,7 +1198,7 @@ pub fn run(target: &Target, args: &JobArgs) -> Result<u8> {
 
     // Steps 1..: step i's period is known once step i+1 has started.
     let mut steps: Vec<StepTimes> = Vec::new();
-    let mut sends_total = vec![0u64; k];
+    let mut sends_total = vec![(0u64, 0u64); k];
     let started = std::time::Instant::now();
     loop {
         let i = steps.len() + 1;
@@ -1095,7 +1211,8 @@ pub fn run(target: &Target, args: &JobArgs) -> Result<u8> {
         }
         let (t, sends) = job.measure(i)?;
         for (a, s) in sends_total.iter_mut().zip(&sends) {
-            *a += s;
+            a.0 += s.0;
+            a.1 += s.1;
         }
         steps.push(t);
         std::thread::sleep(std::time::Duration::from_nanos(plan.pause_ns));
@@ -1132,33 +1249,9 @@ pub fn run(target: &Target, args: &JobArgs) -> Result<u8> {
     let host_bound = steps.iter().filter(|s| s.host_bound()).count();
     let algbw = gbps(plan.bytes, mean.comm);
     let measured_busbw = busbw(algbw, k);
-    // The seeds' efficiency over what each GPU sent and the time it took to send it.
-    let per_gpu_bytes: Vec<u64> = (0..k)
-        .map(|p| {
-            job.rings
-                .iter()
-                .map(|r| {
-                    (0..2 * k.saturating_sub(1))
-                        .map(|t| {
-                            r.chunks[chunk_sent(
-                                r.order.iter().position(|&x| x == p).unwrap_or(0),
-                                t,
-                                k,
-                            )]
-                            .1
-                        })
-                        .sum::<u64>()
-                })
-                .sum()
-        })
-        .collect();
+    // The seeds' efficiency over what each GPU sent, at the rate it sent it.
     let measured_eff = if k > 1 {
-        ring::efficiency(
-            per_gpu_bytes
-                .iter()
-                .zip(&sends_total)
-                .map(|(&b, &t)| (b, gbps(b * n, t))),
-        )
+        ring::efficiency(sends_total.iter().map(|&(b, t)| (b, gbps(b, t))))
     } else {
         0.0
     };
@@ -1197,11 +1290,12 @@ pub fn run(target: &Target, args: &JobArgs) -> Result<u8> {
             .iter()
             .map(|s| {
                 format!(
-                    "{{\"step_ns\":{},\"compute_ns\":{},\"comm_ns\":{},\"idle_ns\":{},\"host_bound\":{}}}",
+                    "{{\"step_ns\":{},\"compute_ns\":{},\"comm_ns\":{},\"idle_ns\":{},\"issued_ns\":{},\"host_bound\":{}}}",
                     s.period,
                     s.compute,
                     s.comm,
                     s.idle(),
+                    s.issued,
                     s.host_bound()
                 )
             })
@@ -1475,6 +1569,14 @@ mod tests {
                 assert!(d.iter().all(|&x| x == all), "k={k} GPU {g}");
             }
         }
+    }
+
+    #[test]
+    fn a_gpus_send_time_counts_overlapping_copies_once() {
+        assert_eq!(union_ns(&mut [(0, 10), (5, 15), (20, 30)]), 25);
+        assert_eq!(union_ns(&mut [(20, 30), (0, 100)]), 100);
+        assert_eq!(union_ns(&mut []), 0);
+        assert_eq!(union_ns(&mut [(7, 7)]), 0);
     }
 
     #[test]
