@@ -26,7 +26,7 @@ pub struct Cli {
 /// Which machine a command talks to.
 #[derive(Args, Debug, Clone, Default)]
 pub struct Target {
-    /// Use the simulated GPUs: a preset (single, dgx1-v100, dgx-a100, pcie-8) or a .toml/.json
+    /// Use the simulated GPUs: a preset (single, dgx1-v100, dgx-a100, h200, pcie-8) or a .toml/.json
     /// machine file [default: $CUVISOR_SIM; when that is unset too, `smi` uses the system's NVML
     /// and `sim` uses the `single` preset]
     #[arg(long, global = true, value_name = "PRESET|FILE")]
