@@ -174,3 +174,110 @@ fn bad_job_input_is_refused_with_one_line_and_exit_2() {
         assert!(ran.stdout().is_empty(), "{}", ran.show());
     }
 }
+
+/// A job whose bytes dominate its copies' start-up costs and whose compute kernel outlasts the
+/// host's issuing of the all-reduce (the simulator moves the bytes as copies are issued):
+/// (measured busbw, model busbw, measured all-reduce ns, model all-reduce ns).
+fn allreduce(preset: &str, gpus: &str, gradient: &str, compute: &str) -> (f64, f64, f64, f64) {
+    let scratch = Scratch::new(&format!("job-bw-{preset}-{}", gpus.replace(',', "_")));
+    let ran = job(
+        preset,
+        &[
+            "--kind",
+            "nlp",
+            "--gpus",
+            gpus,
+            "--gradient",
+            gradient,
+            "--compute",
+            compute,
+            "--pause",
+            "1ms",
+            "--steps",
+            "2",
+            "--json",
+        ],
+        &scratch,
+    )
+    .exits(0);
+    let v = json(&ran);
+    println!("{preset} {{{gpus}}}: {}", v["measured"]);
+    println!("{preset} {{{gpus}}}: {}", v["model"]);
+    assert_eq!(
+        v["host_bound_steps"],
+        0,
+        "the host issued copies late: the measurement would be the host's\n{}",
+        ran.show()
+    );
+    (
+        f(&v, &["measured", "busbw_gbps"]),
+        f(&v, &["model", "busbw_gbps"]),
+        f(&v, &["measured", "allreduce_ns"]),
+        f(&v, &["model", "allreduce_ns"]),
+    )
+}
+
+#[test]
+fn two_nvlinks_measure_near_the_models_50_gbps_and_the_path_through_the_host_far_lower() {
+    // GPUs 0 and 3 of a DGX-1 share two NVLinks 2: 2 x 25 GB/s per direction.
+    let (nv, nv_model, ..) = allreduce("dgx1-v100", "0,3", "32Mi", "100ms");
+    assert_eq!(nv_model, 50.0);
+    assert!(
+        (nv - nv_model).abs() <= 0.15 * nv_model,
+        "{{0,3}}: measured {nv} GB/s, model {nv_model}"
+    );
+    // GPUs 0 and 5: no NVLink, different sockets: no peer access, copies staged through host
+    // memory over PCIe Gen3 and the SMP link.
+    let (host, host_model, ..) = allreduce("dgx1-v100", "0,5", "32Mi", "100ms");
+    assert!(host_model < 20.0, "{host_model}");
+    assert!(
+        host < 0.4 * nv,
+        "{{0,5}}: {host} GB/s against {{0,3}}: {nv} GB/s"
+    );
+}
+
+#[test]
+fn eight_a100s_and_eight_h200s_on_nvswitch_measure_near_the_models_busbw() {
+    // A100: 12 NVLinks 3 into the switches, 300 GB/s per direction; H200: 18 NVLinks 4, 450.
+    for (preset, want) in [("dgx-a100", 300.0), ("h200", 450.0)] {
+        let (bw, model, ..) = allreduce(preset, "0-7", "128Mi", "200ms");
+        assert_eq!(model, want, "{preset}");
+        assert!(
+            (bw - model).abs() <= 0.15 * model,
+            "{preset}: measured {bw} GB/s, model {model}"
+        );
+    }
+}
+
+/// The question: on a DGX-1, {0,1,4,5} is a ring of 6 NVLinks (every GPU has two NVLink
+/// neighbours in it); {0,2,3,4} has 7 NVLinks but no NVLink ring (GPU 4 reaches only GPU 0),
+/// so its rings close over PCIe. The measured all-reduce time decides which is better for a
+/// job, and the model says the same.
+#[test]
+fn a_ring_of_six_nvlinks_beats_a_tree_of_seven_in_measured_all_reduce_time() {
+    let (ring_bw, ring_model_bw, ring_ns, ring_model_ns) =
+        allreduce("dgx1-v100", "0,1,4,5", "32Mi", "100ms");
+    let (tree_bw, tree_model_bw, tree_ns, tree_model_ns) =
+        allreduce("dgx1-v100", "0,2,3,4", "32Mi", "100ms");
+    println!(
+        "ring {{0,1,4,5}}: measured {:.3} ms ({ring_bw:.1} GB/s), model {:.3} ms ({ring_model_bw} GB/s)",
+        ring_ns / 1e6,
+        ring_model_ns / 1e6
+    );
+    println!(
+        "tree {{0,2,3,4}}: measured {:.3} ms ({tree_bw:.1} GB/s), model {:.3} ms ({tree_model_bw} GB/s)",
+        tree_ns / 1e6,
+        tree_model_ns / 1e6
+    );
+    assert!(ring_model_ns < tree_model_ns, "the model prefers the ring");
+    assert!(
+        ring_ns < tree_ns,
+        "measured: ring {ring_ns} ns, tree {tree_ns} ns"
+    );
+    for (m, model) in [(ring_ns, ring_model_ns), (tree_ns, tree_model_ns)] {
+        assert!(
+            (m - model).abs() <= 0.2 * model,
+            "measured {m} ns, model {model} ns"
+        );
+    }
+}
