@@ -1378,10 +1378,10 @@ pub fn run(target: &Target, args: &JobArgs) -> Result<u8> {
     }
     if host_bound > 0 {
         eprintln!(
-            "sim job: warning: in {host_bound} of {n} step(s) the host issued the all-reduce's \
-             copies after it could start (the simulator moves the bytes as they are issued), so \
-             its measured time includes the host's; use a smaller --scale or --gradient, or a \
-             longer --compute"
+            "sim job: warning: in {host_bound} of {n} step(s) the host was still issuing the \
+             all-reduce's copies when it could start (a step is 2(k-1) x rings x {SLICES} copies \
+             per GPU, each a few driver calls), so its measured time includes the host's; give \
+             the kernels more time to cover that: a longer --compute or a larger --scale"
         );
     }
     Ok(0)
