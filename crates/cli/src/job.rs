@@ -1588,7 +1588,7 @@ mod tests {
     }
 
     #[test]
-    fn the_best_group_on_a_dgx1_is_a_quad_with_more_nvlinks() {
+    fn the_best_pair_on_a_dgx1_is_one_with_two_nvlinks() {
         let f = cuvisor_sim::model::preset("dgx1-v100").unwrap().fabric();
         let (g, e) = best_group(&f, 2);
         // Two GPUs joined by 2 NVLinks: 50 GB/s.
