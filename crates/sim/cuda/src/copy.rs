@@ -101,6 +101,12 @@ pub(crate) fn transfer(src: &Side, dst: &Side, e: Extent) {
         return;
     }
     let zeros = matches!(src.kind, Kind::Device(_)) && mem::plain_dirty(src.addr) == Some(false);
+    if !zeros && matches!(dst.kind, Kind::Device(_)) {
+        // Written now, when its bytes move (a clean allocation given only zeros stays clean, so
+        // a job that all-reduces untouched gradients keeps copying nothing). Checked when the
+        // copy was planned; a block freed since (a caller's race) is no one's to mark.
+        let _ = mem::device_range(dst.addr, 1, true);
+    }
     let put = |d: u64, s: u64, n: u64| {
         if !zeros {
             crate::copy_bytes(d, s, n as usize);
@@ -226,9 +232,10 @@ fn span(d: &Desc, e: Extent) -> Result<(u64, u64), CUresult> {
     Ok((first, last_row))
 }
 
-/// Checks one side of a copy of extent `e` (not empty) and says where its bytes are. `write`:
-/// the side is the destination (device memory written is marked dirty).
-fn resolve(d: &Desc, e: Extent, write: bool) -> Result<Side, CUresult> {
+/// Checks one side of a copy of extent `e` (not empty) and says where its bytes are (a
+/// destination's device memory is marked dirty by [`transfer`], when bytes other than zeros
+/// reach it).
+fn resolve(d: &Desc, e: Extent) -> Result<Side, CUresult> {
     let bad = err::INVALID_VALUE;
     match d.memtype {
         CU_MEMORYTYPE_ARRAY => {
@@ -265,7 +272,7 @@ fn resolve(d: &Desc, e: Extent, write: bool) -> Result<Side, CUresult> {
             }
             let (first, len) = span(d, e)?;
             let start = base.checked_add(first).ok_or(bad)?;
-            let kind = match mem::device_range(start, len, write) {
+            let kind = match mem::device_range(start, len, false) {
                 Ok(dev) => Kind::Device(dev),
                 // Device memory must be a live allocation; host memory is the caller's, but not
                 // an address of the device address space that nothing holds (freed, or past an
@@ -309,8 +316,8 @@ fn plan(src: &Desc, dst: &Desc, e: Extent) -> Result<Work, CUresult> {
         }
         return Ok(nothing());
     }
-    let s = resolve(src, e, false)?;
-    let d = resolve(dst, e, true)?;
+    let s = resolve(src, e)?;
+    let d = resolve(dst, e)?;
     Ok(moves(vec![(s, d, e)]))
 }
 
@@ -486,7 +493,7 @@ fn array_line(h: CUarray, offset: usize, n: usize) -> Result<Desc, CUresult> {
 /// Internal memory type: an array's memory seen as one line (1D array copies).
 const ARRAY_LINE: c_uint = 0x100;
 
-fn line_side(d: &Desc, n: u64, write: bool) -> Result<Side, CUresult> {
+fn line_side(d: &Desc, n: u64) -> Result<Side, CUresult> {
     if d.memtype == ARRAY_LINE {
         return Ok(Side {
             kind: Kind::Array(d.device as usize),
@@ -495,7 +502,7 @@ fn line_side(d: &Desc, n: u64, write: bool) -> Result<Side, CUresult> {
             rows: 1,
         });
     }
-    resolve(d, Extent::line(n), write)
+    resolve(d, Extent::line(n))
 }
 
 /// 1D copies where one side or both are arrays.
@@ -520,8 +527,8 @@ fn array_plan(dst: Desc, src: Desc, n: usize) -> Result<Work, CUresult> {
             _ => return Err(err::INVALID_VALUE),
         }
     }
-    let s = line_side(&src, n as u64, false)?;
-    let d = line_side(&dst, n as u64, true)?;
+    let s = line_side(&src, n as u64)?;
+    let d = line_side(&dst, n as u64)?;
     Ok(moves(vec![(s, d, Extent::line(n as u64))]))
 }
 
@@ -701,8 +708,8 @@ fn plan3d_peer(c: &CUDA_MEMCPY3D_PEER) -> Result<Work, CUresult> {
     if k.e.empty() {
         return plan(&k.src, &k.dst, k.e);
     }
-    let s = resolve(&k.src, k.e, false)?;
-    let d = resolve(&k.dst, k.e, true)?;
+    let s = resolve(&k.src, k.e)?;
+    let d = resolve(&k.dst, k.e)?;
     for (side, want) in [(&s, sdev), (&d, ddev)] {
         if let (Kind::Device(dev), Some(w)) = (side.kind, want) {
             if dev != w {
@@ -735,8 +742,8 @@ fn peer(
             return Ok(nothing());
         }
         let e = Extent::line(n as u64);
-        let s = resolve(&dev(src), e, false)?;
-        let d = resolve(&dev(dst), e, true)?;
+        let s = resolve(&dev(src), e)?;
+        let d = resolve(&dev(dst), e)?;
         if s.kind != Kind::Device(sc.dev) || d.kind != Kind::Device(dc.dev) {
             return Err(err::INVALID_VALUE);
         }
@@ -841,8 +848,8 @@ fn batch(
         if e.empty() {
             return Err((Some(i), err::INVALID_VALUE));
         }
-        let src = resolve(&unified(sr[i]), e, false).map_err(|x| (Some(i), x))?;
-        let dst = resolve(&unified(d[i]), e, true).map_err(|x| (Some(i), x))?;
+        let src = resolve(&unified(sr[i]), e).map_err(|x| (Some(i), x))?;
+        let dst = resolve(&unified(d[i]), e).map_err(|x| (Some(i), x))?;
         plan.push((src, dst, e));
     }
     stream::ordered(s, pt, || Ok(moves(plan))).map_err(whole)
@@ -916,8 +923,8 @@ fn plan3d(op: &CUDA_MEMCPY3D_BATCH_OP) -> Result<(Side, Side, Extent), CUresult>
         height: x.height as u64,
         depth: x.depth as u64,
     };
-    let src = resolve(&operand(&op.src, x, elem)?, e, false)?;
-    let dst = resolve(&operand(&op.dst, x, elem)?, e, true)?;
+    let src = resolve(&operand(&op.src, x, elem)?, e)?;
+    let dst = resolve(&operand(&op.dst, x, elem)?, e)?;
     Ok((src, dst, e))
 }
 
