@@ -4,8 +4,8 @@
 
 use crate::capture::{capture_push, capturing};
 use crate::event;
-use crate::exec::Node;
 use crate::graph::*;
+use crate::launch::Node;
 use crate::stream::{self, Stream};
 use crate::{ctx, drv, export, mem, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;

@@ -13,7 +13,8 @@
 //! stream-ordered pools; `vmm` virtual memory management; `ipc` IPC memory handles; `managed`
 //! unified memory; `array` CUDA arrays, texture and surface objects; `copy` copies and memsets;
 //! `stream` streams, host functions, memory operations and the profiler switches; `event` events
-//! and IPC events; `exec` modules and launches, `module_info` what modules and libraries are asked,
+//! and IPC events; `exec` modules, libraries and functions, `launch` kernel launches, `module_info` what
+//! modules and libraries are asked,
 //! `link` JIT linking; `graph` graphs and their nodes, `graph_exec` executable graphs, `capture`
 //! stream capture; `tensor_map` tensor maps; `logs` error log management; `occupancy` function
 //! attributes and the occupancy calculator; `procaddr` cuGetProcAddress; `export_table`
@@ -36,6 +37,7 @@ mod export_table;
 mod graph;
 mod graph_exec;
 mod ipc;
+mod launch;
 mod link;
 mod logs;
 mod managed;
