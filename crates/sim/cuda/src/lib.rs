@@ -8,8 +8,8 @@
 //! Layout, by chapter of the driver API: the C boundary's helpers and the export macro here;
 //! `device` device queries and attributes; `ctx` contexts (the registry the rest builds on),
 //! `ctx_end` what ending or synchronizing one asks of the others, `ctx_config` their limits, cache
-//! preference and whole-context events, `peer` peer access; `mem` the allocation table, classic
-//! allocation and graph memory; `pointer` page-locked host memory and pointer attributes; `pool`
+//! preference and whole-context events, `peer` peer access; `mem` the allocation table and
+//! graph memory, `alloc` classic allocation; `pointer` page-locked host memory and pointer attributes; `pool`
 //! stream-ordered pools; `vmm` virtual memory management; `ipc` IPC memory handles; `managed`
 //! unified memory; `array` CUDA arrays, texture and surface objects; `copy` copies and memsets;
 //! `stream` streams, host functions, memory operations and the profiler switches; `event` events
@@ -22,6 +22,7 @@
 //! it does not model (generated from cuda.h by `tests/surface.rs`).
 #![allow(clippy::missing_safety_doc)]
 
+mod alloc;
 mod array;
 mod capture;
 mod copy;
