@@ -14,7 +14,7 @@
 //! unified memory; `array` CUDA arrays, texture and surface objects; `copy` copies and memsets;
 //! `stream` streams, stream order and the profiler switches, `stream_ops` synchronization,
 //! host functions, memory operations and destroy; `event` events
-//! and IPC events; `exec` modules, libraries and functions, `launch` kernel launches, `module_info` what
+//! and IPC events, `event_order` their records, queries, synchronization and waits; `exec` modules, libraries and functions, `launch` kernel launches, `module_info` what
 //! modules and libraries are asked,
 //! `link` JIT linking; `graph` graphs and their nodes, `graph_exec` executable graphs, `capture`
 //! stream capture; `tensor_map` tensor maps; `logs` error log management; `occupancy` function
@@ -33,6 +33,7 @@ mod ctx_config;
 mod ctx_end;
 mod device;
 mod event;
+mod event_order;
 mod exec;
 mod export_record;
 mod export_table;
