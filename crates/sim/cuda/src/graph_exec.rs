@@ -86,7 +86,7 @@ fn execs() -> &'static Registry<GraphExec> {
 fn run_host(s: &Stream, p: &HostParams) {
     sleep_until(s.done_at());
     if let Some(f) = p.f {
-        stream::call_host(|| f(p.data as *mut c_void));
+        crate::call_host(|| f(p.data as *mut c_void));
     }
 }
 

@@ -166,15 +166,36 @@ pub(crate) struct Driver {
 static DRIVER: OnceLock<Result<Driver, CUresult>> = OnceLock::new();
 
 /// The initialised driver, or CUDA_ERROR_NOT_INITIALIZED before a successful cuInit
-/// (CUDA_ERROR_NOT_PERMITTED inside a host function or callback: see `stream`).
+/// (CUDA_ERROR_NOT_PERMITTED inside a host function or callback: see [`in_host_function`]).
 pub(crate) fn drv() -> Result<&'static Driver, CUresult> {
-    if stream::in_host_function() {
+    if in_host_function() {
         return Err(err::NOT_PERMITTED);
     }
     match DRIVER.get() {
         Some(Ok(d)) => Ok(d),
         _ => Err(err::NOT_INITIALIZED),
     }
+}
+
+thread_local! {
+    /// Set on a driver thread while it runs a host function or callback.
+    static IN_HOST_FN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is running a host function or callback: "Callbacks must not make
+/// any CUDA API calls. Attempting to use a CUDA API will result in CUDA_ERROR_NOT_PERMITTED"
+/// (cuda.h, cuStreamAddCallback; for cuLaunchHostFunc it "may result in" it). The driver's
+/// entry points answer so (see [`drv`]), rather than deadlock waiting for themselves.
+pub(crate) fn in_host_function() -> bool {
+    IN_HOST_FN.with(|f| f.get())
+}
+
+/// Runs a host function or callback as a stream's driver thread does (`stream`, `stream_ops`,
+/// `graph_exec`).
+pub(crate) fn call_host(f: impl FnOnce()) {
+    IN_HOST_FN.with(|x| x.set(true));
+    f();
+    IN_HOST_FN.with(|x| x.set(false));
 }
 
 extern "C" fn release_slot_at_exit() {

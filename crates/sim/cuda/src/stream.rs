@@ -411,26 +411,6 @@ fn create_stream(out: *mut CUstream, flags: c_uint, priority: i32) -> Res {
     write(out, h as CUstream)
 }
 
-thread_local! {
-    /// Set on a driver thread while it runs a host function or callback.
-    static IN_HOST_FN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Whether the calling thread is running a host function or callback: "Callbacks must not make
-/// any CUDA API calls. Attempting to use a CUDA API will result in CUDA_ERROR_NOT_PERMITTED"
-/// (cuda.h, cuStreamAddCallback; for cuLaunchHostFunc it "may result in" it). The driver's
-/// entry points answer so (see `crate::drv`), rather than deadlock waiting for themselves.
-pub(crate) fn in_host_function() -> bool {
-    IN_HOST_FN.with(|f| f.get())
-}
-
-/// Runs a host function or callback as the driver thread does.
-pub(crate) fn call_host(f: impl FnOnce()) {
-    IN_HOST_FN.with(|x| x.set(true));
-    f();
-    IN_HOST_FN.with(|x| x.set(false));
-}
-
 /// `CUstream`'s contexts (cuStreamGetCtx_v2, CUDA 12.5): the simulator has no green contexts,
 /// so `*green` is always NULL, as the reference says for a stream of a regular context.
 fn stream_ctx(h: CUstream, pctx: *mut CUcontext, green: *mut *mut c_void, pt: bool) -> Res {

@@ -6,8 +6,8 @@
 //! it took part in). Streams themselves, stream order and the driver threads that run queued
 //! host work are `stream`.
 
-use crate::stream::{call_host, stream, streams, wait_for, Stream};
-use crate::{capture, drv, export, mem, read, Res};
+use crate::stream::{stream, streams, wait_for, Stream};
+use crate::{call_host, capture, drv, export, mem, read, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::state::{now_ns, sleep_until};
 use std::ffi::{c_uint, c_void};
