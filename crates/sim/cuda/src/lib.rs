@@ -5,22 +5,26 @@
 //! models in time: every kernel occupies the device's timeline, shared by all processes, for a
 //! duration the caller picks (`sim_busy*` kernels: their first u64 parameter, in ns).
 //!
-//! Layout, by chapter of the driver API: the C boundary's helpers and the export macro here;
-//! `device` device queries and attributes; `ctx` contexts (the registry the rest builds on),
-//! `ctx_end` what ending or synchronizing one asks of the others, `ctx_config` their limits, cache
-//! preference and whole-context events, `peer` peer access; `mem` the allocation table and
-//! graph memory, `alloc` classic allocation; `pointer` page-locked host memory and pointer attributes; `pool`
-//! stream-ordered pools; `vmm` virtual memory management; `ipc` IPC memory handles; `managed`
-//! unified memory; `array` CUDA arrays, texture and surface objects; `copy` copies and memsets;
-//! `stream` streams, stream order and the profiler switches, `stream_ops` synchronization,
-//! host functions, memory operations and destroy; `event` events
-//! and IPC events, `event_order` their records, queries, synchronization and waits; `exec` modules, libraries and functions, `launch` kernel launches, `module_info` what
-//! modules and libraries are asked,
-//! `link` JIT linking; `graph` graphs and their nodes, `graph_exec` executable graphs, `capture`
-//! stream capture; `tensor_map` tensor maps; `logs` error log management; `occupancy` function
-//! attributes and the occupancy calculator; `procaddr` cuGetProcAddress; `export_table`
-//! cuGetExportTable, the private tables NVIDIA's runtime asks for; `unsupported` the entry points
-//! it does not model (generated from cuda.h by `tests/surface.rs`).
+//! Layout, by chapter of the driver API, from the ground up (no file imports one that imports it
+//! back): the C boundary's helpers, the export macro and the host-function gate here; `device`
+//! device queries and attributes; `ctx` contexts (the registry the rest builds on), `peer` peer
+//! access; `mem` the allocation table and graph memory; `stream` streams, stream order and the
+//! profiler switches; `exec` modules, libraries and functions; `pointer` page-locked host memory
+//! and pointer attributes; `vmm` virtual memory management; `ipc` IPC memory handles; `managed`
+//! unified memory; `array` CUDA arrays, texture and surface objects; `export_record` the record
+//! an exported memory descriptor carries; `copy_engine` what copies cost on the modelled links;
+//! `event` event objects and IPC events; `graph` graphs and their nodes; `capture` stream
+//! capture; then the chapters that give streams work and ask capture first: `alloc` classic
+//! allocation, `pool` stream-ordered pools, `copy` copies and memsets, `launch` kernel launches,
+//! `stream_ops` synchronization, host functions, memory operations and destroy, `event_order`
+//! event records, queries, synchronization and waits, `graph_exec` executable graphs; `ctx_end`
+//! what ending or synchronizing a context asks of the others, `ctx_config` a context's limits,
+//! cache preference and whole-context events; beside them `module_info` what modules and
+//! libraries are asked, `occupancy` function attributes and the occupancy calculator, `link` JIT
+//! linking, `tensor_map` tensor maps, `logs` error log management, `procaddr` cuGetProcAddress
+//! (its table: `proc_table`), `export_table` cuGetExportTable, the private tables NVIDIA's
+//! runtime asks for, and `unsupported` the entry points it does not model (generated from
+//! cuda.h by `tests/surface.rs`).
 #![allow(clippy::missing_safety_doc)]
 
 mod alloc;

@@ -209,7 +209,7 @@ fn all_streams() -> &'static Mutex<Vec<Weak<Stream>>> {
 }
 
 /// The live streams of context `ctx` (its legacy stream, per-thread default streams and created
-/// streams), for what acts on a whole context (cuCtxRecordEvent / cuCtxWaitEvent, `event`).
+/// streams), for what acts on a whole context (cuCtxRecordEvent / cuCtxWaitEvent, `event_order`).
 pub(crate) fn context_streams(ctx: usize) -> Vec<Arc<Stream>> {
     lock(all_streams())
         .iter()
