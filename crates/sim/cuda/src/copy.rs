@@ -20,7 +20,7 @@ use crate::array;
 use crate::capture;
 use crate::copy_engine::{self, Cost, Part, Place};
 use crate::graph::MemsetParams;
-use crate::stream::{self, Job, Stream};
+use crate::stream::{self, Stream};
 use crate::{ctx, export, mem, pointer, read, write, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::state::sleep_until;
@@ -73,6 +73,9 @@ impl Extent {
         self.width == 0 || self.height == 0 || self.depth == 0
     }
 }
+
+/// A checked copy or memset: the bytes it moves once its turn in the stream comes.
+pub(crate) type Job = Box<dyn FnOnce() + Send>;
 
 /// A checked copy or memset: what it does when its turn comes, and what that costs in device
 /// time (`copy_engine::charge`).
@@ -370,6 +373,19 @@ pub(crate) fn run_on(s: &Stream, w: Work) {
     }
 }
 
+/// Resolves the stream, validates the operation (`check`, which returns the work), and runs
+/// the work in stream order, timed (`run_on`). For the asynchronous copies and memsets.
+pub(crate) fn ordered(
+    h: CUstream,
+    pt: bool,
+    check: impl FnOnce() -> Result<Work, CUresult>,
+) -> Res {
+    let s = stream::stream(h, pt)?;
+    let w = check()?;
+    s.submit(move |s| run_on(s, w));
+    Ok(())
+}
+
 /// How a copy entry point orders itself: synchronous (waits for the context's work), or on a
 /// stream (checked; `true`: per-thread default stream for a NULL handle).
 #[derive(Clone, Copy)]
@@ -441,7 +457,7 @@ fn as_3d(src: &Desc, dst: &Desc, e: Extent) -> CUDA_MEMCPY3D {
 fn run(on: On, check: impl FnOnce() -> Result<Work, CUresult>) -> Res {
     match on {
         On::Sync => run_sync(check),
-        On::Stream(s, pt) => stream::ordered(s, pt, check),
+        On::Stream(s, pt) => ordered(s, pt, check),
     }
 }
 
@@ -852,7 +868,7 @@ fn batch(
         let dst = resolve(&unified(d[i]), e).map_err(|x| (Some(i), x))?;
         plan.push((src, dst, e));
     }
-    stream::ordered(s, pt, || Ok(moves(plan))).map_err(whole)
+    ordered(s, pt, || Ok(moves(plan))).map_err(whole)
 }
 
 /// One operand of a 3D batch copy, as a [`Desc`]; `elem`: the element size of the copy
@@ -946,7 +962,7 @@ fn batch3d(
     for (i, op) in ops.iter().enumerate() {
         plan.push(plan3d(op).map_err(|e| (Some(i), e))?);
     }
-    stream::ordered(s, pt, || Ok(moves(plan))).map_err(whole)
+    ordered(s, pt, || Ok(moves(plan))).map_err(whole)
 }
 
 // ---- memsets ------------------------------------------------------------------------------------
