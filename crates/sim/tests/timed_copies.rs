@@ -193,7 +193,6 @@ fn a_dgx_a100_peer_copy_runs_at_nvswitch_speed() {
 /// runtime's reference (cudaMemcpyPeer, cudaMemcpy3DPeer) serializes it after the pending work
 /// of its source and destination devices too. Ignored until fixed (fails: about 0.1 ms).
 #[test]
-#[ignore = "review finding: cuMemcpyPeer does not wait for its source context's work"]
 fn a_synchronous_peer_copy_waits_for_its_source_contexts_work() {
     let test = "a_synchronous_peer_copy_waits_for_its_source_contexts_work";
     let Some(exe) = build(test) else { return };
@@ -208,7 +207,6 @@ fn a_synchronous_peer_copy_waits_for_its_source_contexts_work() {
 /// copy waits for work on a CU_STREAM_NON_BLOCKING stream of its context, which the legacy
 /// stream does not synchronize with. Ignored until fixed (fails: about 100 ms).
 #[test]
-#[ignore = "review finding: synchronous copies wait for non-blocking streams"]
 fn a_synchronous_copy_does_not_wait_for_a_non_blocking_stream() {
     let test = "a_synchronous_copy_does_not_wait_for_a_non_blocking_stream";
     let Some(exe) = build(test) else { return };
@@ -225,7 +223,6 @@ fn a_synchronous_copy_does_not_wait_for_a_non_blocking_stream() {
 /// copies have their own). Ignored until fixed (fails: the copy ends about 99 ms before the
 /// kernel it follows).
 #[test]
-#[ignore = "review finding: legacy-stream copies do not follow blocking streams' work"]
 fn a_legacy_stream_copy_follows_a_blocking_streams_kernel() {
     let test = "a_legacy_stream_copy_follows_a_blocking_streams_kernel";
     let Some(exe) = build(test) else { return };

@@ -346,11 +346,28 @@ fn moves_between(plan: Vec<(Side, Side, Extent)>, ctxs: Option<(usize, usize)>) 
 /// the context's work, its end becoming the legacy stream's and the context's; the host waits
 /// for it where the "API synchronization behavior" page says (`copy_engine::sync_waits`).
 fn run_sync(check: impl FnOnce() -> Result<Work, CUresult>) -> Res {
+    run_sync_after(&[], check)
+}
+
+/// `run_sync`, also after all the work of the contexts `also` (cuMemcpyPeer's source and
+/// destination: cuda_runtime_api.h 13.5, cudaMemcpyPeer: "this function is serialized with
+/// respect all pending and future asynchronous work in to the current device, srcDevice, and
+/// dstDevice").
+fn run_sync_after(also: &[&ctx::Context], check: impl FnOnce() -> Result<Work, CUresult>) -> Res {
     let (ch, c) = ctx::current()?;
     stream::wait_queued(&c);
+    for o in also {
+        stream::wait_queued(o);
+    }
     let w = check()?;
     let legacy = stream::legacy_stream(ch, &c);
-    let not_before = c.work_tail.load(Acquire).max(legacy.done_at());
+    // The legacy stream's place: after its own and the blocking streams' work, not after the
+    // context's non-blocking streams ("should perform no implicit synchronization with stream
+    // 0", cuda.h, CU_STREAM_NON_BLOCKING).
+    let not_before = also
+        .iter()
+        .map(|o| o.work_tail.load(Acquire))
+        .fold(stream::start_after(&legacy), u64::max);
     let end = copy_engine::charge(&w.cost, c.dev, not_before);
     (w.job)();
     legacy.tail.fetch_max(end, AcqRel);
@@ -364,7 +381,7 @@ fn run_sync(check: impl FnOnce() -> Result<Work, CUresult>) -> Res {
 /// Runs checked work in stream `s`'s order, now (the caller holds its turn): timed after the
 /// stream's work on the stream's device, its end the stream's and the context's tail.
 pub(crate) fn run_on(s: &Stream, w: Work) {
-    let end = copy_engine::charge(&w.cost, s.dev, s.done_at());
+    let end = copy_engine::charge(&w.cost, s.dev, stream::start_after(s));
     (w.job)();
     s.tail.fetch_max(end, AcqRel);
     s.ctx_tail.fetch_max(end, AcqRel);
@@ -677,7 +694,19 @@ fn copy3d_peer(on: On, p: *const CUDA_MEMCPY3D_PEER) -> Res {
     if let Some(r) = captured(on, || Captured::Unsupported) {
         return r;
     }
-    run(on, || plan3d_peer(&c))
+    match on {
+        On::Sync => {
+            // Serialized with all work of both contexts, as cuMemcpyPeer (see run_sync_after);
+            // a side that names no context (an array's) adds nothing.
+            let ctxs: Vec<_> = [c.srcContext, c.dstContext]
+                .into_iter()
+                .filter_map(|h| ctx::get(h).ok())
+                .collect();
+            let refs: Vec<&ctx::Context> = ctxs.iter().map(|x| &**x).collect();
+            run_sync_after(&refs, || plan3d_peer(&c))
+        }
+        On::Stream(..) => run(on, || plan3d_peer(&c)),
+    }
 }
 
 fn plan3d_peer(c: &CUDA_MEMCPY3D_PEER) -> Result<Work, CUresult> {
@@ -752,7 +781,7 @@ fn peer(
     if let Some(r) = captured(on, || Captured::Unsupported) {
         return r;
     }
-    run(on, || {
+    let check = || {
         let (dc, sc) = (ctx::get(dctx)?, ctx::get(sctx)?);
         if n == 0 {
             return Ok(nothing());
@@ -767,7 +796,14 @@ fn peer(
             vec![(s, d, e)],
             Some((sctx as usize, dctx as usize)),
         ))
-    })
+    };
+    match on {
+        On::Sync => {
+            let (dc, sc) = (ctx::get(dctx)?, ctx::get(sctx)?);
+            run_sync_after(&[&sc, &dc], check)
+        }
+        On::Stream(..) => run(on, check),
+    }
 }
 
 // ---- batches (CUDA 12.8) ------------------------------------------------------------------------

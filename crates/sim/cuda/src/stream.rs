@@ -218,6 +218,24 @@ pub(crate) fn context_streams(ctx: usize) -> Vec<Arc<Stream>> {
         .collect()
 }
 
+/// When timed work newly put on `s` may start: after `s`'s own work and, by the legacy default
+/// stream's implicit synchronization ("Stream synchronization behavior", driver API reference:
+/// the legacy stream waits on all blocking streams of its context, and they wait on it;
+/// non-blocking streams take part in neither), after the work of the streams it synchronizes
+/// with. Kernels need nothing more than their stream's tail (every kernel of a device runs on
+/// one timeline); copies run on copy engines and links, so they ask this.
+pub(crate) fn start_after(s: &Stream) -> u64 {
+    let own = s.done_at();
+    if s.flags & CU_STREAM_NON_BLOCKING != 0 {
+        return own;
+    }
+    context_streams(s.ctx_handle())
+        .iter()
+        .filter(|o| o.flags & CU_STREAM_NON_BLOCKING == 0 && (s.legacy || o.legacy))
+        .map(|o| o.done_at())
+        .fold(own, u64::max)
+}
+
 fn enlist(s: Arc<Stream>) -> Arc<Stream> {
     let mut a = lock(all_streams());
     a.retain(|w| w.strong_count() > 0);
