@@ -1187,6 +1187,53 @@ mod tests {
         assert!(queries > 90);
     }
 
+    /// The all-reduce policy's pick has the least cost of all groups, the cost computed here
+    /// from `ring::allreduce` directly (no cache) and B_s by brute force.
+    #[test]
+    fn allreduce_pick_has_the_least_objective_by_brute_force() {
+        use crate::topology::objective::{lookahead_sizes, time_of};
+        use cuvisor_fabric::ring;
+        let mut rng = Lcg(11);
+        let w = Weights::default();
+        let mut queries = 0;
+        for (n, percent) in [(6, 40), (7, 60), (7, 0), (8, 50)] {
+            for _ in 0..3 {
+                let t = random_topology(&mut rng, n, percent, false);
+                let f = crate::topology::fabric::fabric(&t);
+                let al = Allocator::new(t).unwrap();
+                let time = |m: u32| time_of(&ring::allreduce(&f, &bits(m).collect::<Vec<_>>()));
+                let best = |s: usize, r: u32| {
+                    (0..1u32 << n)
+                        .filter(|&h| h & !r == 0 && h.count_ones() as usize == s)
+                        .map(time)
+                        .min()
+                };
+                let full = (1u32 << n) - 1;
+                let avail = full & !(rng.next(1 << n) as u32 & rng.next(1 << n) as u32);
+                let free: Vec<usize> = bits(avail).collect();
+                for k in 1..free.len() {
+                    let cost = |g: u32| {
+                        let rest = avail & !g;
+                        let sizes = lookahead_sizes(k, &[], rest.count_ones() as usize);
+                        sizes
+                            .iter()
+                            .fold(time(g), |acc, &s| acc + best(s, rest).unwrap_or(0))
+                    };
+                    let least = (0..1u32 << n)
+                        .filter(|&g| g & !avail == 0 && g.count_ones() as usize == k)
+                        .map(cost)
+                        .min()
+                        .unwrap();
+                    let pick = al.preferred(&free, &[], k, &w).unwrap();
+                    let pm = pick.iter().fold(0u32, |m, &g| m | 1 << g);
+                    assert_eq!(cost(pm), least, "n {n} free {free:?} size {k}: {pick:?}");
+                    queries += 1;
+                }
+            }
+        }
+        assert!(queries > 40, "{queries}");
+    }
+
     #[test]
     fn too_many_gpus() {
         let n = MAX_GPUS + 1;
