@@ -65,8 +65,13 @@ impl AllReduce {
         if k < 2 {
             return 0;
         }
-        let moved = (2 * (k - 1) * bytes) / k;
-        specs::transfer_ns(moved, self.busbw_gbps) + 2 * (k - 1) * self.step_latency_ns
+        if self.busbw_gbps.is_nan() || self.busbw_gbps <= 0.0 {
+            // No ring: it never completes.
+            return u64::MAX;
+        }
+        let moved = (2 * (k as u128 - 1) * bytes as u128 / k as u128).min(u64::MAX as u128) as u64;
+        specs::transfer_ns(moved, self.busbw_gbps)
+            .saturating_add((2 * (k - 1)).saturating_mul(self.step_latency_ns))
     }
 
     /// nccl-tests' algorithm bandwidth for `bytes`, GB/s: bytes / time.
@@ -296,9 +301,14 @@ fn greedy_rings(p: &Pairs, group: &[usize], left: &[f64]) -> Vec<Vec<usize>> {
 }
 
 /// The rings NCCL's ring algorithm would run over `group` (GPU indices of `f`, distinct), widest
-/// first. Empty for fewer than two GPUs.
+/// first. Empty for fewer than two GPUs, and for a group that is no group of `f` (an index out
+/// of range, a GPU twice): no ring goes through a GPU twice or one the machine lacks.
 pub fn rings(f: &Fabric, group: &[usize]) -> Vec<Ring> {
-    if group.len() < 2 {
+    let distinct = group
+        .iter()
+        .enumerate()
+        .all(|(i, &g)| g < f.len() && !group[..i].contains(&g));
+    if group.len() < 2 || !distinct {
         return Vec::new();
     }
     let k = group.len();
