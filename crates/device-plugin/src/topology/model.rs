@@ -83,42 +83,22 @@ impl PcieLevel {
     }
 }
 
-/// Per-link, per-direction NVLink bandwidth in GB/s by NVLink generation.
-///
-/// | generation | GPUs | per link | links per GPU | per GPU, per direction |
-/// |---|---|---|---|---|
-/// | 1 | P100 | 20 | 4 | 80 |
-/// | 2 | V100 | 25 | 6 | 150 |
-/// | 3 | A100 | 25 | 12 | 300 |
-/// | 4 | H100/H200 | 25 | 18 | 450 |
-/// | 5 | B200 | 50 | 18 | 900 |
-///
-/// (NVIDIA quotes bidirectional totals: 160, 300, 600, 900 GB/s and 1.8 TB/s.) An unknown
+/// Per-link, per-direction NVLink bandwidth in GB/s by NVLink generation: the interconnect
+/// model's table (`cuvisor_fabric::specs::nvlink_gbps_per_link`, with its sources). An unknown
 /// generation (the `topo -m` text does not say) counts as 25 GB/s, right for generations 2-4.
 pub fn nvlink_gbps_per_link(generation: Option<u32>) -> f64 {
-    match generation {
-        Some(1) => 20.0,
-        Some(g) if g >= 5 => 50.0,
-        _ => 25.0,
-    }
+    cuvisor_fabric::specs::nvlink_gbps_per_link(generation.unwrap_or(0))
 }
 
-/// PCIe x16 bandwidth per direction, GB/s, by PCIe generation (8b/10b up to Gen2, 128b/130b
-/// from Gen3). Unknown generations count as Gen3.
+/// PCIe x16 bandwidth per direction, GB/s, by PCIe generation (`cuvisor_fabric::specs`).
+/// Unknown generations count as Gen3.
 pub fn pcie_x16_gbps(generation: u32) -> f64 {
-    pcie_lane_gbps(generation) * 16.0
+    cuvisor_fabric::specs::pcie_x16_gbps(generation)
 }
 
-/// One PCIe lane's bandwidth per direction, GB/s.
+/// One PCIe lane's bandwidth per direction, GB/s (`cuvisor_fabric::specs`).
 pub fn pcie_lane_gbps(generation: u32) -> f64 {
-    match generation {
-        1 => 0.25,
-        2 => 0.5,
-        4 => 1.969,
-        5 => 3.938,
-        g if g >= 6 => 7.563,
-        _ => 0.984_6, // Gen3: 8 GT/s x 128/130 / 8 bits
-    }
+    cuvisor_fabric::specs::pcie_lane_gbps(generation)
 }
 
 /// What [`Topology::pcie_link_gbps`] is when nothing says better: PCIe Gen3 x16.
