@@ -33,7 +33,8 @@
 //! gap between two calls (microseconds).
 
 use crate::args::{JobArgs, Target};
-use crate::load::{error_name, parse_duration, show_ns};
+use crate::libcuda::{self, error_name, sym};
+use crate::load::{parse_duration, show_ns};
 use crate::machine;
 use crate::{Failure, Result};
 use cuvisor_cuda_abi::cuda::{
@@ -41,7 +42,7 @@ use cuvisor_cuda_abi::cuda::{
 };
 use cuvisor_fabric::ring;
 use cuvisor_sim::model::{Device, Model};
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::fmt::Write as _;
 use std::io::Write as _;
 
@@ -489,77 +490,30 @@ struct Driver {
 
 /// `Ok` for CUDA_SUCCESS, else "sim job: CALL: NAME".
 fn check(r: CUresult, call: &str) -> Result<()> {
-    if r == err::SUCCESS {
-        Ok(())
-    } else {
-        Err(Failure::Runtime(format!(
-            "sim job: {call}: {}",
-            error_name(r)
-        )))
-    }
-}
-
-fn dlerror() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated string valid until the next dl* call on
-    // this thread; it is copied at once.
-    let e = unsafe { libc::dlerror() };
-    if e.is_null() {
-        String::new()
-    } else {
-        // SAFETY: non-null: a NUL-terminated string (see above).
-        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
-    }
+    libcuda::check(r, "sim job", call)
 }
 
 impl Driver {
     fn load() -> Result<Driver> {
-        // SAFETY: dlopen with a NUL-terminated name; loading libcuda runs its constructors, as
-        // any CUDA application does.
-        let handle = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW) };
-        if handle.is_null() {
-            return Err(Failure::Runtime(format!(
-                "{NEEDS_SIM}, and libcuda.so.1 cannot be loaded ({}); {HOW}",
-                dlerror()
-            )));
-        }
-        let lookup = |name: &CStr| -> Result<*mut c_void> {
-            // SAFETY: a live handle from dlopen and a NUL-terminated name.
-            let p = unsafe { libc::dlsym(handle, name.as_ptr()) };
-            if p.is_null() {
-                Err(Failure::Runtime(format!(
-                    "{NEEDS_SIM}, and this libcuda.so.1 has no {}; {HOW}",
-                    name.to_string_lossy()
-                )))
-            } else {
-                Ok(p)
-            }
-        };
-        macro_rules! sym {
-            ($name:expr, $ty:ty) => {{
-                let p = lookup($name)?;
-                // SAFETY: `p` is the driver's entry point of that name, whose C signature (in
-                // cuda.h) is the one `$ty` spells out.
-                unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
-            }};
-        }
+        let lib = libcuda::open(NEEDS_SIM, HOW)?;
         Ok(Driver {
-            init: sym!(c"cuInit", Init),
-            device_get_count: sym!(c"cuDeviceGetCount", DeviceGetCount),
-            device_can_access_peer: sym!(c"cuDeviceCanAccessPeer", DeviceCanAccessPeer),
-            primary_ctx_retain: sym!(c"cuDevicePrimaryCtxRetain", PrimaryCtxRetain),
-            ctx_set_current: sym!(c"cuCtxSetCurrent", CtxSetCurrent),
-            ctx_enable_peer_access: sym!(c"cuCtxEnablePeerAccess", CtxEnablePeerAccess),
-            mem_alloc: sym!(c"cuMemAlloc_v2", MemAlloc),
-            module_load_data: sym!(c"cuModuleLoadData", ModuleLoadData),
-            module_get_function: sym!(c"cuModuleGetFunction", ModuleGetFunction),
-            stream_create: sym!(c"cuStreamCreate", StreamCreate),
-            launch_kernel: sym!(c"cuLaunchKernel", LaunchKernel),
-            event_create: sym!(c"cuEventCreate", EventCreate),
-            event_record: sym!(c"cuEventRecord", EventRecord),
-            event_synchronize: sym!(c"cuEventSynchronize", EventSynchronize),
-            event_elapsed_time: sym!(c"cuEventElapsedTime", EventElapsedTime),
-            stream_wait_event: sym!(c"cuStreamWaitEvent", StreamWaitEvent),
-            memcpy_peer_async: sym!(c"cuMemcpyPeerAsync", MemcpyPeerAsync),
+            init: sym!(lib, c"cuInit", Init),
+            device_get_count: sym!(lib, c"cuDeviceGetCount", DeviceGetCount),
+            device_can_access_peer: sym!(lib, c"cuDeviceCanAccessPeer", DeviceCanAccessPeer),
+            primary_ctx_retain: sym!(lib, c"cuDevicePrimaryCtxRetain", PrimaryCtxRetain),
+            ctx_set_current: sym!(lib, c"cuCtxSetCurrent", CtxSetCurrent),
+            ctx_enable_peer_access: sym!(lib, c"cuCtxEnablePeerAccess", CtxEnablePeerAccess),
+            mem_alloc: sym!(lib, c"cuMemAlloc_v2", MemAlloc),
+            module_load_data: sym!(lib, c"cuModuleLoadData", ModuleLoadData),
+            module_get_function: sym!(lib, c"cuModuleGetFunction", ModuleGetFunction),
+            stream_create: sym!(lib, c"cuStreamCreate", StreamCreate),
+            launch_kernel: sym!(lib, c"cuLaunchKernel", LaunchKernel),
+            event_create: sym!(lib, c"cuEventCreate", EventCreate),
+            event_record: sym!(lib, c"cuEventRecord", EventRecord),
+            event_synchronize: sym!(lib, c"cuEventSynchronize", EventSynchronize),
+            event_elapsed_time: sym!(lib, c"cuEventElapsedTime", EventElapsedTime),
+            stream_wait_event: sym!(lib, c"cuStreamWaitEvent", StreamWaitEvent),
+            memcpy_peer_async: sym!(lib, c"cuMemcpyPeerAsync", MemcpyPeerAsync),
         })
     }
 

@@ -17,6 +17,7 @@
 //! fails with one line (exit 1) saying that it needs the simulated GPU.
 
 use crate::args::{LoadArgs, Target};
+use crate::libcuda::{self, error_name, sym};
 use crate::machine;
 use crate::{Failure, Result};
 use cuvisor_cuda_abi::cuda::{
@@ -24,7 +25,7 @@ use cuvisor_cuda_abi::cuda::{
 };
 use cuvisor_sim::state::{now_ns, ProcSlot, Shared};
 use std::collections::VecDeque;
-use std::ffi::{c_char, c_uint, c_void, CStr};
+use std::ffi::{c_char, c_uint, c_void};
 use std::io::Write as _;
 
 /// Work between two recorded events.
@@ -221,86 +222,29 @@ struct Driver {
     event_synchronize: EventSynchronize,
 }
 
-/// "CUDA_ERROR_NOT_FOUND", or the number for a code the table does not know.
-pub(crate) fn error_name(r: CUresult) -> String {
-    err::TABLE
-        .iter()
-        .find(|(v, _, _)| *v == r)
-        .map_or_else(|| format!("CUresult {r}"), |(_, name, _)| name.to_string())
-}
-
 /// `Ok` for CUDA_SUCCESS, else "sim load: CALL: NAME".
 fn check(r: CUresult, call: &str) -> Result<()> {
-    if r == err::SUCCESS {
-        Ok(())
-    } else {
-        Err(Failure::Runtime(format!(
-            "sim load: {call}: {}",
-            error_name(r)
-        )))
-    }
-}
-
-/// The last dlerror(), or "" when there is none.
-fn dlerror() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated string that stays valid until the next
-    // dl* call on this thread; it is copied at once.
-    let e = unsafe { libc::dlerror() };
-    if e.is_null() {
-        String::new()
-    } else {
-        // SAFETY: non-null: a NUL-terminated string (see above).
-        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
-    }
+    libcuda::check(r, "sim load", call)
 }
 
 impl Driver {
     /// dlopen("libcuda.so.1") and dlsym of every entry point: a library that lacks one is not the
     /// simulator's.
     fn load() -> Result<Driver> {
-        // SAFETY: dlopen with a NUL-terminated name; loading libcuda runs its constructors, which
-        // is what any CUDA application does.
-        let handle = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW) };
-        if handle.is_null() {
-            return Err(Failure::Runtime(format!(
-                "{NEEDS_SIM}, and libcuda.so.1 cannot be loaded ({}); {HOW}",
-                dlerror()
-            )));
-        }
-        let lookup = |name: &CStr| -> Result<*mut c_void> {
-            // SAFETY: a live handle from dlopen and a NUL-terminated name. Under libcuvisor.so
-            // this is its dlsym, which hands out its wrapper for the names it wraps.
-            let p = unsafe { libc::dlsym(handle, name.as_ptr()) };
-            if p.is_null() {
-                Err(Failure::Runtime(format!(
-                    "{NEEDS_SIM}, and this libcuda.so.1 is not the simulator (it has no {}); {HOW}",
-                    name.to_string_lossy()
-                )))
-            } else {
-                Ok(p)
-            }
-        };
-        macro_rules! sym {
-            ($name:expr, $ty:ty) => {{
-                let p = lookup($name)?;
-                // SAFETY: `p` is the driver's entry point of that name, whose C signature (in
-                // cuda.h) is the one `$ty` spells out.
-                unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
-            }};
-        }
+        let lib = libcuda::open(NEEDS_SIM, HOW)?;
         Ok(Driver {
-            init: sym!(c"cuInit", Init),
-            primary_ctx_retain: sym!(c"cuDevicePrimaryCtxRetain", PrimaryCtxRetain),
-            ctx_set_current: sym!(c"cuCtxSetCurrent", CtxSetCurrent),
-            module_load_data: sym!(c"cuModuleLoadData", ModuleLoadData),
-            module_get_function: sym!(c"cuModuleGetFunction", ModuleGetFunction),
-            stream_create: sym!(c"cuStreamCreate", StreamCreate),
-            stream_synchronize: sym!(c"cuStreamSynchronize", StreamSynchronize),
-            launch_kernel: sym!(c"cuLaunchKernel", LaunchKernel),
-            event_create: sym!(c"cuEventCreate", EventCreate),
-            event_record: sym!(c"cuEventRecord", EventRecord),
-            event_query: sym!(c"cuEventQuery", EventQuery),
-            event_synchronize: sym!(c"cuEventSynchronize", EventSynchronize),
+            init: sym!(lib, c"cuInit", Init),
+            primary_ctx_retain: sym!(lib, c"cuDevicePrimaryCtxRetain", PrimaryCtxRetain),
+            ctx_set_current: sym!(lib, c"cuCtxSetCurrent", CtxSetCurrent),
+            module_load_data: sym!(lib, c"cuModuleLoadData", ModuleLoadData),
+            module_get_function: sym!(lib, c"cuModuleGetFunction", ModuleGetFunction),
+            stream_create: sym!(lib, c"cuStreamCreate", StreamCreate),
+            stream_synchronize: sym!(lib, c"cuStreamSynchronize", StreamSynchronize),
+            launch_kernel: sym!(lib, c"cuLaunchKernel", LaunchKernel),
+            event_create: sym!(lib, c"cuEventCreate", EventCreate),
+            event_record: sym!(lib, c"cuEventRecord", EventRecord),
+            event_query: sym!(lib, c"cuEventQuery", EventQuery),
+            event_synchronize: sym!(lib, c"cuEventSynchronize", EventSynchronize),
         })
     }
 }

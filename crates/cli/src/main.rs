@@ -15,6 +15,7 @@ mod demo;
 mod fault;
 mod files;
 mod job;
+mod libcuda;
 mod library;
 mod load;
 mod machine;
