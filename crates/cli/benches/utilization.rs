@@ -66,7 +66,7 @@ impl Plan {
         } else {
             Plan {
                 short,
-                jobs: 24,
+                jobs: 48,
                 steps: 10,
                 scale: 0.1,
             }
@@ -111,6 +111,9 @@ struct Machine {
 #[derive(Clone, Debug)]
 struct Stream {
     util: f64,
+    /// Utilization from the first start until the queue emptied (every job placed): the
+    /// placement's steady state, before the stream's tail leaves GPUs idle.
+    util_queued: f64,
     wall_s: f64,
     jobs: usize,
     steps: u64,
@@ -258,13 +261,18 @@ impl Machine {
         let mut running: Vec<Running> = Vec::new();
         let mut done = Stream {
             util: 0.0,
+            util_queued: 0.0,
             wall_s: 0.0,
             jobs: 0,
             steps: 0,
             multi: Vec::new(),
         };
         let t0 = Instant::now();
+        let mut queued: Option<(u64, Duration)> = None;
         loop {
+            if queue.is_empty() && queued.is_none() {
+                queued = Some((busy(&shared).saturating_sub(busy0), t0.elapsed()));
+            }
             while let Some(&(i, size)) = queue.front() {
                 let Some(gpus) = placer.place(&free, size) else {
                     break;
@@ -341,7 +349,11 @@ impl Machine {
         let wall = t0.elapsed();
         let busy_ns = busy(&shared).saturating_sub(busy0);
         done.wall_s = wall.as_secs_f64();
-        done.util = 100.0 * busy_ns as f64 / (self.gpus() as f64 * wall.as_nanos() as f64);
+        let percent = |busy: u64, over: Duration| {
+            100.0 * busy as f64 / (self.gpus() as f64 * over.as_nanos().max(1) as f64)
+        };
+        done.util = percent(busy_ns, wall);
+        done.util_queued = queued.map_or(0.0, |(b, t)| percent(b, t));
         drop(shared);
         let _ = std::fs::remove_file(&state);
         let _ = std::fs::remove_dir_all(state.with_extension("state.coord"));
@@ -354,9 +366,12 @@ fn table(preset: &str, results: &[(usize, usize, Stream)]) -> String {
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "| {preset} | mode | GPU util % | seeds' % | jobs/min | steps/s | wall s | multi-GPU jobs | busbw GB/s meas / model | comm. efficiency GB/s meas / model | topology loss % meas / model |"
+        "| {preset} | mode | GPU util % | util % while queued | seeds' % | jobs/min | steps/s | wall s | multi-GPU jobs | busbw GB/s meas / model | comm. efficiency GB/s meas / model | topology loss % meas / model | host-bound steps |"
     );
-    let _ = writeln!(t, "|---|---|---:|---:|---:|---:|---:|---:|---|---|---|");
+    let _ = writeln!(
+        t,
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|"
+    );
     for (k, m, s) in results {
         let pair = |p: Option<(f64, f64)>, pct: bool| match p {
             Some((a, b)) if pct => format!("{:.1} / {:.1}", 100.0 * a, 100.0 * b),
@@ -365,10 +380,11 @@ fn table(preset: &str, results: &[(usize, usize, Stream)]) -> String {
         };
         let _ = writeln!(
             t,
-            "| {} | {} | {:.1} | {:.0} | {:.1} | {:.2} | {:.1} | {} | {} | {} | {} |",
+            "| {} | {} | {:.1} | {:.1} | {:.0} | {:.1} | {:.2} | {:.1} | {} | {} | {} | {} | {} |",
             KINDS[*k],
             Mode::ALL[*m].label(),
             s.util,
+            s.util_queued,
             chart::SEEDS[*k].1[*m],
             s.jobs_per_min(),
             s.steps_per_s(),
@@ -377,9 +393,17 @@ fn table(preset: &str, results: &[(usize, usize, Stream)]) -> String {
             pair(s.mean(|r| r.busbw), false),
             pair(s.mean(|r| r.efficiency), false),
             pair(s.mean(|r| r.loss), true),
+            host_bound(s),
         );
     }
     t
+}
+
+/// "b of n": the multi-GPU jobs' steps whose all-reduce the host issued late, of all their steps.
+fn host_bound(s: &Stream) -> String {
+    let late: u64 = s.multi.iter().map(|(_, r)| r.host_bound_steps).sum();
+    let all: u64 = s.multi.iter().map(|(_, r)| r.steps).sum();
+    format!("{late} of {all}")
 }
 
 /// The short form's only checks: every cell of the table is there and is a number.
@@ -417,7 +441,14 @@ fn check_cells(preset: &str, results: &[(usize, usize, Stream)], sizes: &[usize]
 
 fn main() {
     let plan = Plan::from_env();
-    let boxes: &[&str] = if plan.short { &BOXES[..1] } else { &BOXES };
+    // CUVISOR_BENCH_BOXES=dgx1-v100,h200: only these boxes.
+    let only = std::env::var("CUVISOR_BENCH_BOXES").unwrap_or_default();
+    let boxes: Vec<&str> = BOXES
+        .iter()
+        .copied()
+        .filter(|b| only.is_empty() || only.split(',').any(|o| o == *b))
+        .take(if plan.short { 1 } else { BOXES.len() })
+        .collect();
     let sizes = job_sizes(plan.jobs);
     let started = Instant::now();
     println!(
@@ -431,7 +462,7 @@ fn main() {
     );
     let mut md = String::new();
     let mut drawn: Option<(String, [[f64; 3]; 3])> = None;
-    for &preset in boxes {
+    for &preset in &boxes {
         let Some(machine) = Machine::new(preset) else {
             println!("{preset}: SKIPPED (no such simulator preset in this build)");
             let _ = writeln!(md, "{preset}: no such simulator preset in this build\n");
@@ -442,9 +473,10 @@ fn main() {
             for (m, &mode) in Mode::ALL.iter().enumerate() {
                 let s = machine.stream(&plan, kind, mode, &sizes);
                 eprintln!(
-                    "{preset} {kind} {}: {:.1} % busy, {:.1} s",
+                    "{preset} {kind} {}: {:.1} % busy ({:.1} % while jobs queued), {:.1} s",
                     mode.label(),
                     s.util,
+                    s.util_queued,
                     s.wall_s
                 );
                 results.push((k, m, s));
@@ -453,17 +485,18 @@ fn main() {
         let t = table(preset, &results);
         println!("\n{t}");
         if !plan.short {
-            println!("multi-GPU jobs ({preset}): GPUs, busbw meas/model GB/s, loss meas/model %");
+            println!("multi-GPU jobs ({preset}): GPUs, busbw meas/model GB/s, loss meas/model %, host-bound steps");
             for (k, m, s) in &results {
                 for (gpus, r) in &s.multi {
                     println!(
-                        "  {:<10} {:<27} {gpus:?}: {:.1}/{:.1}  {:.1}/{:.1}",
+                        "  {:<10} {:<27} {gpus:?}: {:.1}/{:.1}  {:.1}/{:.1}  {}",
                         KINDS[*k],
                         Mode::ALL[*m].label(),
                         r.busbw.0,
                         r.busbw.1,
                         100.0 * r.loss.0,
-                        100.0 * r.loss.1
+                        100.0 * r.loss.1,
+                        r.host_bound_steps
                     );
                 }
             }

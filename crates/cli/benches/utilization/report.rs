@@ -12,6 +12,9 @@ pub struct JobReport {
     pub efficiency: (f64, f64),
     /// The seeds' topology loss rate, 0..=1: measured, modelled.
     pub loss: (f64, f64),
+    /// Steps whose all-reduce the host issued later than it could start: the simulator moves
+    /// a copy's bytes in the issuing thread, so these measured the host as well as the links.
+    pub host_bound_steps: u64,
 }
 
 /// The number at the first of `paths` (dot-separated keys) that the object has.
@@ -38,19 +41,20 @@ impl JobReport {
             steps: need("step count", &["steps"])? as u64,
             busbw: pair(
                 "bus bandwidth",
-                &["busbw_gbps.measured"],
-                &["busbw_gbps.model"],
+                &["measured.busbw_gbps"],
+                &["model.busbw_gbps"],
             )?,
             efficiency: pair(
                 "communication efficiency",
-                &["efficiency_gbps.measured"],
-                &["efficiency_gbps.model"],
+                &["measured.efficiency_gbps"],
+                &["model.efficiency_gbps"],
             )?,
             loss: pair(
                 "topology loss",
-                &["topology_loss.measured"],
-                &["topology_loss.model"],
+                &["measured.topology_loss"],
+                &["model.topology_loss"],
             )?,
+            host_bound_steps: need("host-bound step count", &["host_bound_steps"])? as u64,
         })
     }
 }
