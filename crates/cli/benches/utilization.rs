@@ -19,6 +19,10 @@
 //! `CUVISOR_BENCH_SHORT=1 cargo bench --bench utilization` (or `-- --short`; .ci/run runs it):
 //! dgx1-v100 only, fewer and shorter jobs; asserts only that every job finished and that the
 //! table has every cell (no timing assertions).
+//! For finding out where utilization goes: CUVISOR_BENCH_BOXES=dgx1-v100,h200 and
+//! CUVISOR_BENCH_KINDS=vision,nlp pick boxes and kinds; CUVISOR_BENCH_COMPUTE=POLICY runs the
+//! sharing jobs under another `--compute` policy (none: the memory quota only), and
+//! CUVISOR_BENCH_COMPUTE=without-cuvisor runs them on the simulator directly (same placement).
 
 #[path = "utilization/chart.rs"]
 mod chart;
@@ -44,32 +48,43 @@ const SEED: u64 = 18;
 const JOB_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// How much to run.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Plan {
     short: bool,
     jobs: usize,
     steps: u32,
     scale: f64,
+    /// The sharing jobs' `--compute` policy (CUVISOR_BENCH_COMPUTE, default share=1); None
+    /// (CUVISOR_BENCH_COMPUTE=without-cuvisor): sharing jobs run on the simulator directly, as
+    /// exclusive ones do, to see what cuvisor itself costs.
+    compute: Option<String>,
+    /// CUVISOR_BENCH_KINDS=vision,nlp: only these kinds.
+    kinds: Vec<&'static str>,
 }
 
 impl Plan {
     fn from_env() -> Plan {
         let short = std::env::var("CUVISOR_BENCH_SHORT").is_ok_and(|v| !v.is_empty() && v != "0")
             || std::env::args().any(|a| a == "--short");
-        if short {
-            Plan {
-                short,
-                jobs: 12,
-                steps: 4,
-                scale: 0.05,
-            }
-        } else {
-            Plan {
-                short,
-                jobs: 48,
-                steps: 10,
-                scale: 0.1,
-            }
+        let compute = match std::env::var("CUVISOR_BENCH_COMPUTE") {
+            Ok(p) if p == "without-cuvisor" => None,
+            Ok(p) if !p.is_empty() => Some(p),
+            _ => Some("share=1".to_string()),
+        };
+        let only = std::env::var("CUVISOR_BENCH_KINDS").unwrap_or_default();
+        let kinds = KINDS
+            .iter()
+            .copied()
+            .filter(|k| only.is_empty() || only.split(',').any(|o| o == *k))
+            .collect();
+        let (jobs, steps, scale) = if short { (12, 4, 0.05) } else { (48, 10, 0.1) };
+        Plan {
+            short,
+            jobs,
+            steps,
+            scale,
+            compute,
+            kinds,
         }
     }
 }
@@ -222,11 +237,11 @@ impl Machine {
         ] {
             c.env_remove(v);
         }
-        if mode.shared() {
+        if let (true, Some(policy)) = (mode.shared(), &plan.compute) {
             c.args(["run", "--sim", self.preset, "--state"])
                 .arg(state)
                 .args(["--memory", &format!("{}Mi", self.unit_mib())])
-                .args(["--compute", "share=1", "--"])
+                .args(["--compute", policy, "--"])
                 .arg(&self.cuvisor)
                 .args(&job);
         } else {
@@ -407,10 +422,10 @@ fn host_bound(s: &Stream) -> String {
 }
 
 /// The short form's only checks: every cell of the table is there and is a number.
-fn check_cells(preset: &str, results: &[(usize, usize, Stream)], sizes: &[usize]) {
+fn check_cells(plan: &Plan, preset: &str, results: &[(usize, usize, Stream)], sizes: &[usize]) {
     assert_eq!(
         results.len(),
-        KINDS.len() * Mode::ALL.len(),
+        plan.kinds.len() * Mode::ALL.len(),
         "{preset}: rows"
     );
     let multi = sizes.iter().filter(|&&s| s > 1).count();
@@ -453,11 +468,14 @@ fn main() {
     let started = Instant::now();
     println!(
         "utilization: per box, per kind, a stream of {} jobs of {:?} GPUs (SplitMix64, seed {SEED}), \
-         each `cuvisor sim job --steps {} --scale {}`; {UNITS} memory units per GPU{}",
+         each `cuvisor sim job --steps {} --scale {}`; {UNITS} memory units per GPU; sharing jobs {}{}",
         sizes.len(),
         sizes,
         plan.steps,
         plan.scale,
+        plan.compute
+            .as_ref()
+            .map_or("without cuvisor".to_string(), |p| format!("under cuvisor run --compute {p}")),
         if plan.short { " (short form)" } else { "" }
     );
     let mut md = String::new();
@@ -470,6 +488,9 @@ fn main() {
         };
         let mut results = Vec::new();
         for (k, kind) in KINDS.iter().enumerate() {
+            if !plan.kinds.contains(kind) {
+                continue;
+            }
             for (m, &mode) in Mode::ALL.iter().enumerate() {
                 let s = machine.stream(&plan, kind, mode, &sizes);
                 eprintln!(
@@ -503,8 +524,8 @@ fn main() {
         }
         md.push_str(&t);
         md.push('\n');
-        check_cells(preset, &results, &sizes);
-        if drawn.is_none() {
+        check_cells(&plan, preset, &results, &sizes);
+        if drawn.is_none() && plan.kinds.len() == KINDS.len() {
             let mut v = [[0.0; 3]; 3];
             for (k, m, s) in &results {
                 v[*k][*m] = s.util;
