@@ -11,6 +11,8 @@
 #   - JAX, preallocating with its defaults (75 %), takes 75 % of the quota, not of the card;
 #   - the driver-level tf_stress twin (examples/tf_stress/twin.c), both ways into the driver.
 # Prints one table (check, expected, observed, PASS/FAIL); exit 0 iff every row passed.
+# Any NVIDIA GPU will do; the machine it is prepared for has NVIDIA H200s (nvidia-smi: "NVIDIA
+# H200", 143771MiB each), which the simulator's `h200` preset models (docs/simulator.md).
 #
 # The library: --lib FILE or $CUVISOR_LIB, else a build in target/release/ (carried along, or
 # left by an earlier build), else `cargo build --release --offline -p cuvisor`; --build forces

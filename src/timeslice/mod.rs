@@ -345,8 +345,13 @@ impl Compute {
         let after = refill(g, s, now, cost as i64);
         // How far ahead of its refill the container may run: two of these launches, at most
         // LEAD_NS. Enough queued work that a late wake-up leaves the GPU busy; few enough
-        // kernels that the others' measurements do not queue behind a long line of them.
-        let lead = (2 * cost as i64).min(LEAD_NS);
+        // kernels that the others' measurements do not queue behind a long line of them. A
+        // kernel longer than LEAD_NS may go once the bucket owes nothing before it (its own
+        // run time is then the debt the next launch waits out): otherwise it would wait, with
+        // the GPU idle, for the refill to pre-pay all of it, and a container alone on the GPU
+        // with 100 ms kernels after each pause would get half the GPU (found by the multi-GPU
+        // job of issue 18). Long-run rate unchanged: every launch still pays its run time.
+        let lead = (2 * cost as i64).min(LEAD_NS.max(cost as i64));
         let tick = self.count(g, 1, cost as i64);
         let owed_ns = (-after - lead).max(0) as u64;
         // Queued now unless the thread must wait first (then when it wakes: see `wait`).
@@ -801,6 +806,37 @@ mod tests {
             .gpu_ns
             .load(Relaxed);
         assert!(used > 150_000_000, "metrics reach the ledger: {used}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_long_kernel_after_a_pause_is_not_held_back_until_the_bucket_prepays_it() {
+        let dir = coord_dir("long");
+        let c = setup("long", Spec::Share(1.0), &dir);
+        let g = c.gpu(0, || Some(([3; 16], 1 << 34))).unwrap();
+        assert_eq!(g.rate(), 1.0, "alone on the GPU");
+        let key = 78;
+        let e = c.estimates.entry(key);
+        // Teach the estimate a 100 ms kernel, paying each launch's debt as the GPU would.
+        for _ in 0..4 {
+            let mut t = c.admit(g, e);
+            if t.owed_ns > 0 {
+                c.wait(g, &mut t, || {});
+            }
+            c.measured(0, key, 100_000_000, 0, t.charged, t.unmeasured);
+        }
+        // A pause, as a training step's data loading: the bucket refills (to its burst).
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        let t = c.admit(g, e);
+        assert!(
+            t.charged >= 50_000_000,
+            "the estimate learnt the long kernel: {}",
+            t.charged
+        );
+        assert_eq!(t.owed_ns, 0, "a lone container's long kernel goes at once");
+        // The next one waits out the debt the first left.
+        let t2 = c.admit(g, e);
+        assert!(t2.owed_ns > 40_000_000, "{}", t2.owed_ns);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

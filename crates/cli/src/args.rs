@@ -26,7 +26,7 @@ pub struct Cli {
 /// Which machine a command talks to.
 #[derive(Args, Debug, Clone, Default)]
 pub struct Target {
-    /// Use the simulated GPUs: a preset (single, dgx1-v100, dgx-a100, pcie-8) or a .toml/.json
+    /// Use the simulated GPUs: a preset (single, dgx1-v100, dgx-a100, h200, pcie-8) or a .toml/.json
     /// machine file [default: $CUVISOR_SIM; when that is unset too, `smi` uses the system's NVML
     /// and `sim` uses the `single` preset]
     #[arg(long, global = true, value_name = "PRESET|FILE")]
@@ -177,6 +177,11 @@ pub enum SimCommand {
     /// Keep the simulated GPU busy with kernels and print this process's share of its time: a
     /// workload for trying compute policies (run it under `cuvisor run --sim ... --compute ...`)
     Load(LoadArgs),
+    /// A data-parallel training job over several simulated GPUs: each step a compute kernel on
+    /// every GPU, a ring all-reduce of the gradient by peer copies (as NCCL's ring runs it), a
+    /// host pause; prints the step time split into compute, communication and idle, and the
+    /// bus bandwidth as nccl-tests defines it
+    Job(JobArgs),
 }
 
 #[derive(Args, Debug)]
@@ -218,6 +223,59 @@ pub struct LoadArgs {
         allow_hyphen_values = true
     )]
     pub every: String,
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(after_help = "Run it on the simulator, directly or under cuvisor:\n  \
+    cuvisor run --sim dgx1-v100 --memory 16Gi -- cuvisor sim job --kind nlp --gpus 0,3 --scale 0.05\n  \
+    cuvisor run --sim dgx-a100 --memory 40Gi -- cuvisor sim job --kind vision --gpus 0-7 --json\n\
+    (or directly, with LD_LIBRARY_PATH at the simulated libcuda.so.1 and CUVISOR_SIM or --sim).\n\
+    One process drives every GPU of --gpus (as ncclCommInitAll does): a context each, peer access \
+    enabled wherever cuDeviceCanAccessPeer allows it, a gradient buffer each. The rings are the \
+    interconnect model's (cuvisor_fabric::ring::rings over the simulator's machine), one stream \
+    per ring per GPU. Times come from CUDA events, i.e. the simulator's timeline. The kinds' \
+    parameters and their sources: docs/multi-gpu-job.md. Exit status: 0, 2 for bad input, 1 when \
+    the simulated driver fails (or libcuda.so.1 is not the simulator).")]
+pub struct JobArgs {
+    /// What kind of job: vision (ResNet-50, compute-heavy), nlp (BERT-large, communication-heavy)
+    /// or scientific (mixed)
+    #[arg(long, value_name = "KIND", default_value = "vision")]
+    pub kind: String,
+    /// The GPUs (CUDA ordinals): a list and ranges, 0,3 or 0-3,6
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
+    pub gpus: String,
+    /// How many training steps [default: 10]
+    #[arg(
+        long,
+        value_name = "N",
+        conflicts_with = "seconds",
+        allow_hyphen_values = true
+    )]
+    pub steps: Option<String>,
+    /// Run steps until this much time has passed instead: seconds (10, 2.5) or a duration
+    #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
+    pub seconds: Option<String>,
+    /// The gradient all-reduced each step (a size: 100Mi, 680M) [default: the kind's]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
+    pub gradient: Option<String>,
+    /// The compute kernel of each step (a duration: 200ms) [default: the kind's, on this GPU]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    pub compute: Option<String>,
+    /// The host pause after each step's all-reduce (data loading) [default: the kind's duty cycle]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    pub pause: Option<String>,
+    /// Shrink compute, pause and gradient together by this factor (0 < F <= 1), to run many
+    /// steps quickly: the bandwidths stay what they are while bytes dominate latency
+    #[arg(
+        long,
+        value_name = "F",
+        default_value = "1",
+        allow_hyphen_values = true
+    )]
+    pub scale: String,
+    /// One JSON object on stdout instead of the table
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Subcommand, Debug, Clone, PartialEq, Eq)]

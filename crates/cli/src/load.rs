@@ -61,7 +61,7 @@ struct Plan {
 
 /// Why a text is not a duration (the caller names the flag and the text).
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum DurationError {
+pub(crate) enum DurationError {
     Empty,
     Negative,
     NotANumber,
@@ -88,7 +88,7 @@ impl std::fmt::Display for DurationError {
 
 /// A duration in ns: a number and a unit (ns, us, µs, ms, s): "1ms", "50us", "0.5s". A bare
 /// number is `bare_unit_ns` ns each, or refused when that is None.
-fn parse_duration(
+pub(crate) fn parse_duration(
     text: &str,
     bare_unit_ns: Option<f64>,
 ) -> std::result::Result<u64, DurationError> {
@@ -123,7 +123,7 @@ fn parse_duration(
 }
 
 /// "1ms", "50us", "2s", "1500ms", "250ns": the shortest exact form.
-fn show_ns(ns: u64) -> String {
+pub(crate) fn show_ns(ns: u64) -> String {
     for (unit, size) in [("s", 1_000_000_000), ("ms", 1_000_000), ("us", 1_000)] {
         if ns >= size && ns.is_multiple_of(size) {
             return format!("{}{unit}", ns / size);
@@ -222,7 +222,7 @@ struct Driver {
 }
 
 /// "CUDA_ERROR_NOT_FOUND", or the number for a code the table does not know.
-fn error_name(r: CUresult) -> String {
+pub(crate) fn error_name(r: CUresult) -> String {
     err::TABLE
         .iter()
         .find(|(v, _, _)| *v == r)

@@ -1,17 +1,20 @@
 //! `cuvisor`: run a program under a GPU-memory quota and/or a compute policy, inspect the GPUs
-//! (real or simulated) the way `nvidia-smi` does, inject faults into the simulator, and load the
-//! simulated GPU with kernels (`sim load`) to see compute policies at work.
+//! (real or simulated) the way `nvidia-smi` does, inject faults into the simulator, load the
+//! simulated GPU with kernels (`sim load`) to see compute policies at work, and run a
+//! data-parallel job over several simulated GPUs (`sim job`) to see what topology costs.
 //!
 //! Exit codes: 0 success, 2 bad usage (clap's own errors and bad values such as an unknown preset
 //! or a GPU that does not exist), 1 a failure while running (NVML, the simulator's state file).
 //! `cuvisor run` exits with its command's status (128+N for signal N), 127/126 when the command
-//! cannot be found/run. `cuvisor sim load` exits 1 when libcuda.so.1 is not the simulator.
+//! cannot be found/run. `cuvisor sim load` and `sim job` exit 1 when libcuda.so.1 is not the
+//! simulator.
 
 mod args;
 mod child;
 mod demo;
 mod fault;
 mod files;
+mod job;
 mod library;
 mod load;
 mod machine;
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
             SimCommand::Reset => sim::reset(&cli.target).map(Done::Print),
             SimCommand::Fault(f) => fault::run(&cli.target, &f).map(Done::Print),
             SimCommand::Load(l) => load::run(&cli.target, &l).map(Done::Exit),
+            SimCommand::Job(j) => job::run(&cli.target, &j).map(Done::Exit),
         },
         Command::ProbeLibrary { file } => {
             let (said, code) = library::probe_main(&file);

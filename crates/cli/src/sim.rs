@@ -38,8 +38,13 @@ pub fn interconnect(m: &Model) -> String {
 }
 
 fn memory(bytes: u64) -> String {
-    // f64's Display writes 16.0 as "16" and 1.5 as "1.5".
-    format!("{} GiB", bytes as f64 / GIB as f64)
+    // Whole GiB as "16 GiB"; others to one decimal, as nvidia-smi's 143771 MiB is "140.4 GiB".
+    let gib = bytes as f64 / GIB as f64;
+    if bytes.is_multiple_of(GIB) {
+        format!("{gib} GiB")
+    } else {
+        format!("{gib:.1} GiB")
+    }
 }
 
 pub fn presets() -> Result<String> {
@@ -50,10 +55,16 @@ pub fn presets() -> Result<String> {
         .map(|m| m.devices[0].name.len())
         .max()
         .unwrap_or(0);
+    let mem_w = models
+        .iter()
+        .map(|m| memory(m.devices[0].memory).len())
+        .max()
+        .unwrap_or(0)
+        .max("MEMORY".len());
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<name_w$}{:>4}  {:<gpu_w$}  {:>7}  INTERCONNECT",
+        "{:<name_w$}{:>4}  {:<gpu_w$}  {:>mem_w$}  INTERCONNECT",
         "PRESET", "GPUS", "GPU", "MEMORY"
     );
     for m in &models {
@@ -65,7 +76,7 @@ pub fn presets() -> Result<String> {
         };
         let _ = writeln!(
             out,
-            "{name:<name_w$}{:>4}  {:<gpu_w$}  {:>7}  {}",
+            "{name:<name_w$}{:>4}  {:<gpu_w$}  {:>mem_w$}  {}",
             m.devices.len(),
             d.name,
             memory(d.memory),
@@ -128,5 +139,12 @@ mod tests {
         assert!(line("pcie-8").contains("PCIe only"));
         assert!(line("single *").contains("16 GiB"));
         assert!(line("dgx-a100").contains("80 GiB"));
+        let h200 = line("h200");
+        assert!(h200.contains("NVIDIA H200"), "{h200}");
+        assert!(h200.contains("140.4 GiB"), "143771 MiB: {h200}");
+        assert!(
+            h200.contains("NVSwitch (4 switches, 18 NVLinks per GPU), 2 NUMA nodes"),
+            "{h200}"
+        );
     }
 }

@@ -361,7 +361,7 @@ fn bad_input_is_a_usage_error_that_says_what_is_wrong() {
 
     let ran = cuvisor(&["smi", "--sim", "dgx2"], &state, &[]).fails(
         2,
-        "error: --sim dgx2: no such simulator preset; the presets are single, dgx1-v100, dgx-a100, pcie-8",
+        "error: --sim dgx2: no such simulator preset; the presets are single, dgx1-v100, dgx-a100, h200, pcie-8",
     );
     assert!(ran.stdout().is_empty());
     cuvisor(

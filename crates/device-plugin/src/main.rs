@@ -65,7 +65,7 @@ struct Args {
     /// The plugin's configuration file (TOML); without it, the defaults.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Run on the simulated GPU: a preset (single, dgx1-v100, dgx-a100, pcie-8) or a machine file.
+    /// Run on the simulated GPU: a preset (single, dgx1-v100, dgx-a100, h200, pcie-8) or a machine file.
     #[arg(long)]
     sim: Option<String>,
 }
@@ -337,11 +337,10 @@ fn main() {
     );
     let grace = Duration::from_secs(cfg.cleanup.grace_seconds);
     let interval = Duration::from_secs(cfg.cleanup.interval_seconds);
-    let scorer = metrics::topology_scorer(
-        Allocator::new(topology.clone()).unwrap_or_else(|e| fail(format!("topology: {e:?}"))),
-        &topology,
-        cfg.topology,
-    );
+    let allocator =
+        Allocator::new(topology.clone()).unwrap_or_else(|e| fail(format!("topology: {e:?}")));
+    let comm_model = metrics::comm::CommModel::new(allocator.clone());
+    let scorer = metrics::topology_scorer(allocator, &topology, cfg.topology);
     let plugin =
         Arc::new(Plugin::new(cfg, topology, health_rx.clone()).unwrap_or_else(|e| fail(e)));
     let cfg = plugin.config().clone();
@@ -389,6 +388,7 @@ fn main() {
             let m = Metrics::new(plugin.registry(), pods.clone())
                 .with_health(health_rx)
                 .with_scorer(scorer)
+                .with_comm_model(comm_model)
                 .with_cleanup(cleanup)
                 .with_status(cfg.state_root.join(layout::STATUS));
             eprintln!(

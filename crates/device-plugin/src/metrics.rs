@@ -29,6 +29,19 @@
 //! topology score (0..1, the allocator's weighted total) of every multi-GPU allocation, observed
 //! once per allocation.
 //!
+//! The seeds' two formulas, per multi-GPU allocation (an Allocate whose devices are on 2 or more
+//! GPUs, whole GPUs or memory units; single-GPU allocations have no such series), from the link
+//! model ([`comm`]), granted (the plugin's own figures, nothing from the container):
+//!
+//! | metric | type | labels | what |
+//! |---|---|---|---|
+//! | `cuvisor_allocation_comm_efficiency_bytes_per_second` | gauge | namespace, pod, container, allocation | sum(bytes_i x bw_i) / sum(bytes_i) of a ring all-reduce over its GPUs (its bus bandwidth) |
+//! | `cuvisor_allocation_comm_peak_bytes_per_second` | gauge | the same | the same for the best group of as many GPUs on the node |
+//! | `cuvisor_allocation_topology_loss_ratio` | gauge | the same | 1 - efficiency / peak (0..1) |
+//! | `cuvisor_allocation_topology_loss` | histogram | | the loss of every multi-GPU allocation, observed once per allocation |
+//!
+//! The gauges go with the allocation (they are rendered from the registry's live allocations).
+//!
 //! PromQL (the seeds' "topology match" monitoring query, and memory against quota):
 //!
 //! ```promql
@@ -38,6 +51,12 @@
 //! # mean score, and the share of allocations scoring below 0.8
 //! sum(rate(cuvisor_allocation_topology_score_sum[1h])) / sum(rate(cuvisor_allocation_topology_score_count[1h]))
 //! 1 - sum(rate(cuvisor_allocation_topology_score_bucket{le="0.8"}[1h])) / sum(rate(cuvisor_allocation_topology_score_count[1h]))
+//! # the seeds' "WHERE topology_score < 80": allocations whose topology loss stayed above 0.2
+//! # for the last 10 minutes (and that existed 10 minutes ago)
+//! min_over_time(cuvisor_allocation_topology_loss_ratio[10m]) > 0.2
+//!   and cuvisor_allocation_topology_loss_ratio offset 10m
+//! # p90 topology loss of the multi-GPU allocations made over the last hour
+//! histogram_quantile(0.9, sum by (le) (rate(cuvisor_allocation_topology_loss_bucket[1h])))
 //! # containers above 90% of their memory quota
 //! cuvisor_container_memory_used_bytes / cuvisor_container_memory_limit_bytes > 0.9
 //! # refused allocations per second, per pod
@@ -46,11 +65,14 @@
 //! rate(cuvisor_container_throttled_seconds_total[5m])
 //! ```
 
+pub mod comm;
+
 use crate::podresources::{Owner, PodCache};
 use crate::registry::{Allocation, Kind, RegistryView};
 use crate::HealthReceiver;
+use comm::{Comm, CommModel};
 use cuvisor_shm::ledger::Snapshot;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -59,6 +81,10 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// Upper bounds of the topology score histogram's buckets (`+Inf` is added).
 pub const SCORE_BUCKETS: [f64; 10] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
+
+/// Upper bounds of the topology loss histogram's buckets (`+Inf` is added): 0 on its own (a
+/// pick as good as the node allows), then the seeds' 0.2 threshold among them.
+pub const LOSS_BUCKETS: [f64; 12] = [0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
 
 /// The score of a set of GPUs (by UUID); `None` when it cannot be scored.
 pub type Scorer = Box<dyn Fn(&[String]) -> Option<f64> + Send + Sync>;
@@ -80,22 +106,80 @@ pub fn topology_scorer(
 }
 
 /// A cumulative histogram.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Histogram {
-    /// Counts per bucket of [`SCORE_BUCKETS`] (not cumulative; rendered cumulatively).
-    pub counts: [u64; SCORE_BUCKETS.len()],
+    /// Upper bounds of the buckets, ascending.
+    pub bounds: &'static [f64],
+    /// Counts per bucket of `bounds` (not cumulative; rendered cumulatively).
+    pub counts: Vec<u64>,
     pub count: u64,
     pub sum: f64,
 }
 
+/// The topology score's ([`SCORE_BUCKETS`]).
+impl Default for Histogram {
+    fn default() -> Histogram {
+        Histogram::new(&SCORE_BUCKETS)
+    }
+}
+
 impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len()],
+            count: 0,
+            sum: 0.0,
+        }
+    }
+
     pub fn observe(&mut self, v: f64) {
-        if let Some(i) = SCORE_BUCKETS.iter().position(|&b| v <= b) {
+        if let Some(i) = self.bounds.iter().position(|&b| v <= b) {
             self.counts[i] += 1;
         }
         self.count += 1;
         self.sum += v;
     }
+
+    fn write(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        let mut cum = 0;
+        for (b, n) in self.bounds.iter().zip(&self.counts) {
+            cum += n;
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b:?}\"}} {cum}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}", fmt_value(self.sum));
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
+/// What render shows of topology: the score histogram, and the seeds' two formulas per
+/// multi-GPU allocation (by allocation id) with the histogram of their losses.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TopologyFigures {
+    pub scores: Histogram,
+    pub comm: BTreeMap<String, Comm>,
+    pub losses: Histogram,
+}
+
+impl Default for TopologyFigures {
+    fn default() -> TopologyFigures {
+        TopologyFigures {
+            scores: Histogram::default(),
+            comm: BTreeMap::new(),
+            losses: Histogram::new(&LOSS_BUCKETS),
+        }
+    }
+}
+
+/// The per-allocation communication figures computed so far, and their losses' histogram.
+struct CommState {
+    /// Figures by allocation id (None: not computable, e.g. a UUID the node lacks), computed
+    /// once per allocation, dropped when it goes.
+    by_id: HashMap<String, Option<Comm>>,
+    losses: Histogram,
 }
 
 /// What the endpoint reads.
@@ -105,6 +189,8 @@ pub struct Metrics {
     health: Option<HealthReceiver>,
     scorer: Option<Scorer>,
     scores: Mutex<(Histogram, HashSet<String>)>,
+    comm_model: Option<CommModel>,
+    comm: Mutex<CommState>,
     cleanup: Option<Arc<crate::cleanup::CleanupStats>>,
     /// The plugin's status file: `/healthz` answers what `probe` answers from it.
     status: Option<std::path::PathBuf>,
@@ -118,6 +204,11 @@ impl Metrics {
             health: None,
             scorer: None,
             scores: Mutex::new((Histogram::default(), HashSet::new())),
+            comm_model: None,
+            comm: Mutex::new(CommState {
+                by_id: HashMap::new(),
+                losses: Histogram::new(&LOSS_BUCKETS),
+            }),
             cleanup: None,
             status: None,
         }
@@ -145,6 +236,43 @@ impl Metrics {
     pub fn with_scorer(mut self, s: Scorer) -> Metrics {
         self.scorer = Some(s);
         self
+    }
+
+    /// The node's link model: every multi-GPU allocation gets its communication efficiency and
+    /// topology loss ([`comm`]).
+    pub fn with_comm_model(mut self, m: CommModel) -> Metrics {
+        self.comm_model = Some(m);
+        self
+    }
+
+    /// The seeds' two formulas for every live multi-GPU allocation (computed once per
+    /// allocation: its loss is observed then), and the loss histogram. Figures of allocations
+    /// that are gone are dropped.
+    fn comm_figures(&self, allocs: &[Allocation]) -> (BTreeMap<String, Comm>, Histogram) {
+        let mut st = self.comm.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = BTreeMap::new();
+        if let Some(model) = &self.comm_model {
+            for a in allocs {
+                let figures = match st.by_id.get(&a.id) {
+                    Some(f) => *f,
+                    None => {
+                        let uuids: Vec<String> = a.gpus.iter().map(|g| g.uuid.clone()).collect();
+                        let f = model.of_uuids(&uuids);
+                        if let Some(c) = &f {
+                            st.losses.observe(c.loss);
+                        }
+                        st.by_id.insert(a.id.clone(), f);
+                        f
+                    }
+                };
+                if let Some(c) = figures {
+                    out.insert(a.id.clone(), c);
+                }
+            }
+            let live: HashSet<&str> = allocs.iter().map(|a| a.id.as_str()).collect();
+            st.by_id.retain(|id, _| live.contains(id.as_str()));
+        }
+        (out, st.losses.clone())
     }
 
     /// Records a multi-GPU allocation's score (e.g. from Allocate); an allocation whose id was
@@ -182,12 +310,18 @@ impl Metrics {
             .as_ref()
             .map(|h| h.borrow().clone())
             .unwrap_or_default();
-        let hist = self
+        let scores = self
             .scores
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .0
             .clone();
+        let (comm, losses) = self.comm_figures(&allocs);
+        let topo = TopologyFigures {
+            scores,
+            comm,
+            losses,
+        };
         let rows: Vec<(Allocation, Owner)> = allocs
             .into_iter()
             .map(|a| {
@@ -195,7 +329,7 @@ impl Metrics {
                 (a, o)
             })
             .collect();
-        render(&rows, &health, &hist, self.cleanup.as_deref())
+        render(&rows, &health, &topo, self.cleanup.as_deref())
     }
 }
 
@@ -309,12 +443,12 @@ fn fmt_value(v: f64) -> String {
 
 const NS: f64 = 1e9;
 
-/// The exposition text for these allocations (each with its container), GPU health and score
-/// histogram. Reads every allocation's ledger.
+/// The exposition text for these allocations (each with its container), GPU health and
+/// topology figures. Reads every allocation's ledger.
 pub fn render(
     rows: &[(Allocation, Owner)],
     health: &crate::HealthMap,
-    scores: &Histogram,
+    topo: &TopologyFigures,
     cleanup: Option<&crate::cleanup::CleanupStats>,
 ) -> String {
     let mut c_used = Family::new(
@@ -357,10 +491,36 @@ pub fn render(
         "counter",
         "Claimed by the container's ledger (container-written, not verified): kernel, cooperative and graph launches.",
     );
+    let mut a_eff = Family::new(
+        "cuvisor_allocation_comm_efficiency_bytes_per_second",
+        "gauge",
+        "The seeds' communication efficiency of a multi-GPU allocation, sum(bytes_i x bandwidth_i) / sum(bytes_i) over a ring all-reduce across its GPUs (its bus bandwidth), from the plugin's link model.",
+    );
+    let mut a_peak = Family::new(
+        "cuvisor_allocation_comm_peak_bytes_per_second",
+        "gauge",
+        "The communication efficiency of the best group of as many GPUs on this node (the peak the topology loss compares with).",
+    );
+    let mut a_loss = Family::new(
+        "cuvisor_allocation_topology_loss_ratio",
+        "gauge",
+        "The seeds' topology loss rate of a multi-GPU allocation: 1 - its communication efficiency / that of the best group of as many GPUs on this node (0..1).",
+    );
     let mut by_gpu: BTreeMap<String, (Usage, u64)> = BTreeMap::new();
     let mut by_resource: BTreeMap<String, u64> = BTreeMap::new();
     for (a, o) in rows {
         *by_resource.entry(a.resource.clone()).or_default() += 1;
+        if let Some(c) = topo.comm.get(&a.id) {
+            let l = labels(&[
+                ("namespace", &o.namespace),
+                ("pod", &o.pod),
+                ("container", &o.container),
+                ("allocation", &a.id),
+            ]);
+            a_eff.samples.push((l.clone(), c.efficiency_gbps * 1e9));
+            a_peak.samples.push((l.clone(), c.peak_gbps * 1e9));
+            a_loss.samples.push((l, c.loss));
+        }
         for g in &a.gpus {
             let e = by_gpu.entry(g.uuid.clone()).or_default();
             e.1 += 1;
@@ -499,23 +659,22 @@ pub fn render(
         &allocs,
         &given_up,
         &pending,
+        &a_eff,
+        &a_peak,
+        &a_loss,
     ] {
         f.write(&mut out);
     }
-    let name = "cuvisor_allocation_topology_score";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Topology score (0..1) of multi-GPU allocations."
+    topo.scores.write(
+        &mut out,
+        "cuvisor_allocation_topology_score",
+        "Topology score (0..1) of multi-GPU allocations.",
     );
-    let _ = writeln!(out, "# TYPE {name} histogram");
-    let mut cum = 0;
-    for (b, n) in SCORE_BUCKETS.iter().zip(scores.counts) {
-        cum += n;
-        let _ = writeln!(out, "{name}_bucket{{le=\"{b:?}\"}} {cum}");
-    }
-    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", scores.count);
-    let _ = writeln!(out, "{name}_sum {}", fmt_value(scores.sum));
-    let _ = writeln!(out, "{name}_count {}", scores.count);
+    topo.losses.write(
+        &mut out,
+        "cuvisor_allocation_topology_loss",
+        "Topology loss rate (0..1, 1 - communication efficiency / the best on the node) of multi-GPU allocations, observed once per allocation.",
+    );
     out
 }
 
@@ -717,7 +876,15 @@ mod tests {
         for v in [0.05, 0.75, 0.8, 1.0] {
             h.observe(v);
         }
-        let t = render(&[], &Default::default(), &h, None);
+        let t = render(
+            &[],
+            &Default::default(),
+            &TopologyFigures {
+                scores: h,
+                ..Default::default()
+            },
+            None,
+        );
         assert!(t.contains("cuvisor_allocation_topology_score_bucket{le=\"0.1\"} 1\n"));
         assert!(t.contains("cuvisor_allocation_topology_score_bucket{le=\"0.7\"} 1\n"));
         assert!(t.contains("cuvisor_allocation_topology_score_bucket{le=\"0.8\"} 3\n"));

@@ -2,12 +2,14 @@
 //! a fake kubelet PodResources server on a Unix socket naming their pods, and the text served
 //! over HTTP checked for content and for the exposition format's rules.
 
+mod support;
+
 use cuvisor_device_plugin::health_channel;
 use cuvisor_device_plugin::metrics::{self, Metrics};
 use cuvisor_device_plugin::podresources::{v1, PodCache};
 use cuvisor_device_plugin::registry::{Allocation, GpuShare, Kind, Registry};
 use cuvisor_shm::ledger::Ledger;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -544,4 +546,213 @@ async fn healthz_is_the_plugins_status_not_always_ok() {
     assert!(resp.starts_with("HTTP/1.1 503"), "{resp}");
     assert!(resp.contains("previous instance"), "{resp}");
     let _ = std::fs::remove_dir_all(root);
+}
+
+/// One sample of the exposition text: family name, labels, value.
+type Sample = (String, BTreeMap<String, String>, f64);
+
+/// The samples of an exposition text, label values unescaped (`check_format` checks the rest).
+fn parse_samples(text: &str) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let name_end = line.find(['{', ' ']).unwrap();
+        let name = line[..name_end].to_string();
+        let mut labels = BTreeMap::new();
+        let mut rest = &line[name_end..];
+        if let Some(body) = rest.strip_prefix('{') {
+            let mut chars = body.char_indices();
+            let (mut key, mut value, mut in_value) = (String::new(), String::new(), false);
+            let end = loop {
+                let (i, c) = chars.next().expect("unterminated label set");
+                match (in_value, c) {
+                    (false, '}') => break i,
+                    (false, '=' | ',') => {}
+                    (false, '"') => in_value = true,
+                    (false, c) => key.push(c),
+                    (true, '\\') => match chars.next().unwrap().1 {
+                        'n' => value.push('\n'),
+                        c => value.push(c),
+                    },
+                    (true, '"') => {
+                        in_value = false;
+                        labels.insert(std::mem::take(&mut key), std::mem::take(&mut value));
+                    }
+                    (true, c) => value.push(c),
+                }
+            };
+            rest = &body[end + 1..];
+        }
+        let value: f64 = rest
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{line}: {e}"));
+        out.push((name, labels, value));
+    }
+    out
+}
+
+/// The value of `name`'s one sample whose label `key` is `value`; None without one (and a panic
+/// for more than one).
+fn sample_where(samples: &[Sample], name: &str, key: &str, value: &str) -> Option<f64> {
+    let found: Vec<&Sample> = samples
+        .iter()
+        .filter(|(n, l, _)| n == name && l.get(key).map(String::as_str) == Some(value))
+        .collect();
+    assert!(
+        found.len() <= 1,
+        "{name}{{{key}={value:?}}} twice: {found:?}"
+    );
+    found.first().map(|s| s.2)
+}
+
+/// A histogram's cumulative count in bucket `le`.
+fn bucket(samples: &[Sample], name: &str, le: &str) -> f64 {
+    sample_where(samples, &format!("{name}_bucket"), "le", le)
+        .unwrap_or_else(|| panic!("no {name}_bucket{{le={le:?}}}"))
+}
+
+/// A whole-GPU allocation of these GPUs of the model.
+fn gpu_alloc(root: &Path, id: &str, m: &cuvisor_sim::model::Model, gpus: &[usize]) -> Allocation {
+    let dir = root.join("allocations").join(id);
+    std::fs::create_dir_all(&dir).unwrap();
+    let uuids: Vec<String> = gpus.iter().map(|&g| m.devices[g].uuid.clone()).collect();
+    Allocation {
+        id: id.into(),
+        kind: Kind::Gpu,
+        resource: "cuvisor.io/gpu".into(),
+        device_ids: uuids.clone(),
+        gpus: uuids
+            .into_iter()
+            .map(|uuid| GpuShare {
+                uuid,
+                units: 0,
+                quota: None,
+                coord_slot: None,
+            })
+            .collect(),
+        dir,
+        ledger_dir: None,
+        created_unix: 0,
+    }
+}
+
+/// The seeds' two formulas as metrics, on a DGX-1 V100 (hybrid cube mesh: GPUs 0 and 3 share
+/// two NVLinks, 2 x 25 GB/s per direction, Volta whitepaper; 0 and 5 none, and sit on different
+/// sockets, so their copies go through host memory at PCIe Gen3 x16, 15.75 GB/s). {0, 3} is as
+/// good as a pair gets there: efficiency 50 GB/s, loss 0; {0, 5}: 15.75 GB/s, loss
+/// 1 - 15.75/50 = 0.685; memory units spanning GPUs 4 and 5 (one link): 25 GB/s, loss 0.5.
+/// Each allocation's gauges are there while it lives and go with it; the histogram counts
+/// each allocation once; a single-GPU allocation has no series.
+#[test]
+fn multi_gpu_allocations_show_their_comm_efficiency_and_topology_loss_until_they_go() {
+    use cuvisor_device_plugin::metrics::comm::CommModel;
+    use cuvisor_device_plugin::topology::Allocator;
+    const EFF: &str = "cuvisor_allocation_comm_efficiency_bytes_per_second";
+    const PEAK: &str = "cuvisor_allocation_comm_peak_bytes_per_second";
+    const LOSS: &str = "cuvisor_allocation_topology_loss_ratio";
+    const HIST: &str = "cuvisor_allocation_topology_loss";
+    // PCIe Gen3 x16: 16 lanes x 8 GT/s x 128/130 / 8 bits, bytes/s (the model rounds a lane to
+    // 0.9846 GB/s: within 1e-4 of it).
+    let gen3 = 16.0 * 8e9 * 128.0 / 130.0 / 8.0;
+    let nvlink2 = 2.0 * 25e9;
+
+    let root = tmp("comm");
+    let m = cuvisor_sim::model::preset("dgx1-v100").unwrap();
+    let reg = Registry::open(&root).unwrap();
+    let model = CommModel::new(Allocator::new(support::from_model(&m)).unwrap());
+    let metrics = Metrics::new(reg.view(), PodCache::new()).with_comm_model(model);
+    let scrape = || {
+        let text = metrics.render();
+        check_format(&text);
+        parse_samples(&text)
+    };
+
+    reg.insert(gpu_alloc(&root, "near", &m, &[0, 3])).unwrap();
+    reg.insert(gpu_alloc(&root, "single", &m, &[2])).unwrap();
+    let s = scrape();
+    let eff = sample_where(&s, EFF, "allocation", "near").expect("near's efficiency");
+    assert!((eff - nvlink2).abs() < 1e3, "{eff}");
+    assert_eq!(sample_where(&s, PEAK, "allocation", "near"), Some(eff));
+    assert_eq!(sample_where(&s, LOSS, "allocation", "near"), Some(0.0));
+    // Labelled as the per-container series are, less the GPU: the allocation is one series.
+    let (_, labels, _) = s
+        .iter()
+        .find(|(n, l, _)| n == LOSS && l["allocation"] == "near")
+        .unwrap();
+    assert_eq!(
+        labels.keys().collect::<Vec<_>>(),
+        ["allocation", "container", "namespace", "pod"]
+    );
+    for name in [EFF, PEAK, LOSS] {
+        assert_eq!(sample_where(&s, name, "allocation", "single"), None);
+        assert_eq!(s.iter().filter(|(n, ..)| n == name).count(), 1, "{name}");
+    }
+    assert_eq!(bucket(&s, HIST, "0.0"), 1.0);
+
+    // Kubelet gives GPU 0 to a new allocation across the sockets: "near" is over.
+    reg.insert(gpu_alloc(&root, "far", &m, &[0, 5])).unwrap();
+    let s = scrape();
+    for name in [EFF, PEAK, LOSS] {
+        assert_eq!(sample_where(&s, name, "allocation", "near"), None, "{name}");
+    }
+    let eff = sample_where(&s, EFF, "allocation", "far").expect("far's efficiency");
+    assert!((eff / gen3 - 1.0).abs() < 1e-4, "{eff} vs {gen3}");
+    let peak = sample_where(&s, PEAK, "allocation", "far").unwrap();
+    assert!((peak - nvlink2).abs() < 1e3, "{peak}");
+    let loss = sample_where(&s, LOSS, "allocation", "far").unwrap();
+    assert!((loss - (1.0 - eff / peak)).abs() < 1e-9, "{loss}");
+    assert!((loss - (1.0 - gen3 / nvlink2)).abs() < 1e-4, "{loss}");
+    assert!((loss - 0.685).abs() < 0.001, "{loss}");
+
+    // Scraped again: the same figures, nothing observed twice.
+    let again = scrape();
+    assert_eq!(sample_where(&again, LOSS, "allocation", "far"), Some(loss));
+    let count = |s: &[Sample]| {
+        s.iter()
+            .find(|(n, ..)| *n == format!("{HIST}_count"))
+            .map(|x| x.2)
+            .unwrap()
+    };
+    assert_eq!(count(&again), 2.0);
+    assert_eq!(bucket(&again, HIST, "0.0"), 1.0);
+    assert_eq!(bucket(&again, HIST, "0.6"), 1.0);
+    assert_eq!(bucket(&again, HIST, "0.7"), 2.0);
+    assert_eq!(bucket(&again, HIST, "+Inf"), 2.0);
+    let sum = again
+        .iter()
+        .find(|(n, ..)| *n == format!("{HIST}_sum"))
+        .unwrap()
+        .2;
+    assert!((sum - loss).abs() < 1e-9, "{sum}");
+
+    // Memory units that had to span GPUs 4 and 5 (one NVLink 2 link between them: 25 GB/s per
+    // direction) are a multi-GPU allocation too: loss 1 - 25/50.
+    let mut span = gpu_alloc(&root, "span", &m, &[4, 5]);
+    span.kind = Kind::Memory;
+    span.resource = "cuvisor.io/gpu-memory".into();
+    span.device_ids = vec!["m-4-0".into(), "m-5-0".into()];
+    for g in &mut span.gpus {
+        g.units = 1;
+        g.quota = Some(GIB);
+    }
+    reg.insert(span).unwrap();
+    let s = scrape();
+    let eff = sample_where(&s, EFF, "allocation", "span").expect("span's efficiency");
+    assert!((eff - 25e9).abs() < 1e3, "{eff}");
+    assert_eq!(sample_where(&s, LOSS, "allocation", "span"), Some(0.5));
+    assert_eq!(count(&s), 3.0);
+
+    // The allocations go (the sweeper found their containers gone): so do their series; the
+    // histogram keeps what it counted.
+    reg.remove("far").unwrap();
+    reg.remove("span").unwrap();
+    let s = scrape();
+    for name in [EFF, PEAK, LOSS] {
+        assert_eq!(s.iter().filter(|(n, ..)| n == name).count(), 0, "{name}");
+    }
+    assert_eq!(count(&s), 3.0);
+    let _ = std::fs::remove_dir_all(&root);
 }

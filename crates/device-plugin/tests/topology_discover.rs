@@ -65,13 +65,14 @@ macro_rules! preset_test {
 preset_test!(discovers_single, "single");
 preset_test!(discovers_dgx1_v100, "dgx1-v100");
 preset_test!(discovers_dgx_a100, "dgx-a100");
+preset_test!(discovers_h200, "h200");
 preset_test!(discovers_pcie_8, "pcie-8");
 
 #[test]
 fn every_preset_has_a_test() {
     assert_eq!(
         model::PRESETS,
-        &["single", "dgx1-v100", "dgx-a100", "pcie-8"],
+        &["single", "dgx1-v100", "dgx-a100", "h200", "pcie-8"],
         "a new preset needs a discovery test and a fixture"
     );
 }

@@ -30,6 +30,7 @@ const ALL: &[&str] = &[
     "sim-single.txt",
     "sim-dgx1-v100.txt",
     "sim-dgx-a100.txt",
+    "sim-h200.txt",
     "sim-pcie-8.txt",
     "dgx1-v100-nics.txt",
     "dgx1-p100-soc.txt",
@@ -76,7 +77,7 @@ fn every_fixture_parses_and_round_trips() {
 
 #[test]
 fn simulator_presets_read_back_as_modelled() {
-    for preset in ["dgx1-v100", "dgx-a100", "pcie-8"] {
+    for preset in ["dgx1-v100", "dgx-a100", "h200", "pcie-8"] {
         let m = model::preset(preset).unwrap();
         let t = parse(&format!("sim-{preset}.txt"));
         assert_eq!(t.len(), m.devices.len());

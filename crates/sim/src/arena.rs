@@ -208,6 +208,53 @@ impl Arena {
         Some(start)
     }
 
+    /// Makes [addr, addr + len) of a block read as zeros without writing most of it: its whole
+    /// pages are dropped (MADV_DONTNEED on the private anonymous mapping: "subsequent accesses
+    /// of pages in the range will succeed, but will result in ... zero-fill-on-demand pages",
+    /// madvise(2); a hole punched into the arena's own file), the partial pages at its ends
+    /// written. Not for a range that another file is mapped over (`map_file_over`).
+    pub fn zero(&self, addr: u64, len: u64) {
+        const PAGE: u64 = 4096;
+        if len == 0 || !self.contains(addr) || !self.contains(addr + len - 1) {
+            return;
+        }
+        let (lo, hi) = (round_up(addr, PAGE), (addr + len) / PAGE * PAGE);
+        let write = |a: u64, n: u64| {
+            // SAFETY: [a, a + n) lies inside this arena's mapping (checked above), which stays
+            // mapped for the life of the process; the caller owns the block.
+            unsafe { std::ptr::write_bytes(a as *mut u8, 0, n as usize) };
+        };
+        if lo >= hi {
+            write(addr, len);
+            return;
+        }
+        write(addr, lo - addr);
+        write(hi, addr + len - hi);
+        if self.fd >= 0 {
+            // SAFETY: punching a hole into the arena's own file over pages of the caller's block.
+            unsafe {
+                libc::fallocate(
+                    self.fd,
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    (lo - self.base) as libc::off_t,
+                    (hi - lo) as libc::off_t,
+                )
+            };
+        } else {
+            // SAFETY: whole pages inside our private anonymous mapping, of the caller's block.
+            let r = unsafe {
+                libc::madvise(
+                    lo as *mut libc::c_void,
+                    (hi - lo) as usize,
+                    libc::MADV_DONTNEED,
+                )
+            };
+            if r != 0 {
+                write(lo, hi - lo);
+            }
+        }
+    }
+
     /// Returns a block. `dirty` says whether its bytes were written, in which case the host pages
     /// are dropped so that freed device memory stops costing RAM.
     pub fn free(&self, addr: u64, size: u64, dirty: bool) {

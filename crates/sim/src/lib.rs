@@ -10,9 +10,11 @@ pub mod state;
 
 use std::sync::OnceLock;
 
-/// The machine model and its mapped shared state, as one process sees them.
+/// The machine model, its interconnect and its mapped shared state, as one process sees them.
 pub struct Sim {
     pub model: model::Model,
+    /// `model.fabric()`, built once: what copies are timed over and peer answers come from.
+    pub fabric: cuvisor_fabric::Fabric,
     pub shared: state::Shared,
 }
 
@@ -21,7 +23,11 @@ impl Sim {
     pub fn from_env() -> Result<Sim, String> {
         let model = model::Model::from_env()?;
         let shared = state::Shared::attach(&model)?;
-        Ok(Sim { model, shared })
+        Ok(Sim {
+            fabric: model.fabric(),
+            model,
+            shared,
+        })
     }
 
     /// The process-wide instance, made on first use. An error is remembered and repeated.

@@ -1,7 +1,7 @@
 //! The simulated machine: devices, their PCIe/NUMA placement and NVLink wiring.
 //!
-//! A model comes from `CUVISOR_SIM`: a preset name (`single`, `dgx1-v100`, `dgx-a100`, `pcie-8`)
-//! or the path of a TOML or JSON file with the same fields as [`ModelFile`].
+//! A model comes from `CUVISOR_SIM`: a preset name (`single`, `dgx1-v100`, `dgx-a100`, `h200`,
+//! `pcie-8`) or the path of a TOML or JSON file with the same fields as [`ModelFile`].
 
 use serde::Deserialize;
 use std::fmt::Write as _;
@@ -16,7 +16,7 @@ pub const MAX_NVLINKS: usize = 18;
 /// `/dev/nvidia-modeset` and 255 for `/dev/nvidiactl`.
 pub const MAX_GPU_MINOR: u32 = 253;
 
-pub const PRESETS: &[&str] = &["single", "dgx1-v100", "dgx-a100", "pcie-8"];
+pub const PRESETS: &[&str] = &["single", "dgx1-v100", "dgx-a100", "h200", "pcie-8"];
 
 /// PCIe/CPU distance between two GPUs, as `nvidia-smi topo -m` and NVML's
 /// `nvmlDeviceGetTopologyCommonAncestor` name it (values are `nvmlGpuTopologyLevel_t`).
@@ -126,7 +126,18 @@ impl Device {
 #[derive(Clone, Debug, PartialEq)]
 pub struct NvSwitch {
     pub pci_bus_id: String,
+    /// PCI device id in the high 16 bits, vendor (0x10de) in the low, as NVML reports the remote
+    /// end of a link into it (`nvmlDeviceGetNvLinkRemotePciInfo_v2`'s pciDeviceId).
+    pub pci_device_id: u32,
 }
+
+/// PCI device id of the second-generation NVSwitch of HGX A100 boards: "1af1 GA100 [A100
+/// NVSwitch]" (PCI ID database).
+pub const NVSWITCH_A100_PCI_DEVICE_ID: u32 = 0x1af1_10de;
+/// PCI device id of the third-generation NVSwitch of HGX H100/H200 boards: "22a3 GH100 [H100
+/// NVSwitch]", as `lspci -nn` prints it on H100 and H20 HGX hosts ("NVIDIA Corporation GH100
+/// [H100 NVSwitch] [10de:22a3]"; several outputs found with this project's code search).
+pub const NVSWITCH_H100_PCI_DEVICE_ID: u32 = 0x22a3_10de;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Model {
@@ -484,6 +495,24 @@ const A10: Gpu = Gpu {
     nvlink: 0,
     specs: A10_SPECS,
 };
+/// NVIDIA H200 (SXM5, 141 GB HBM3e), as on HGX H200 / DGX H200 boards. Name and memory as
+/// `nvidia-smi` prints them on 8 x H200 hosts: "NVIDIA H200", "143771MiB" total (the figure of
+/// every H200 SXM output found with this project's code search, drivers 550.90.12 to 580.x; the
+/// `nvidia-smi -q` of one, driver 550.90.12: "FB Memory Usage / Total: 143771 MiB", "Device
+/// Id: 0x233510DE", "Sub System Id: 0x18BE10DE", PCIe "Max: 5", x16). 132 SMs and compute
+/// capability 9.0 as the H100 SXM5, the same GH100 die (deviceQuery on 8 x H100 80GB HBM3,
+/// thamada/nvidia-smi `nvsim/H100SXMx8_deviceQuery.py`: "(132) Multiprocessors", "9.0"). PCI
+/// device 0x2335, the PCI ID database's "2335 GH100 [H200 SXM 141GB]" (NVIDIA's
+/// mig-parted changelog: "Add H200 with PCI ID 0x233510DE").
+const H200: Gpu = Gpu {
+    name: "NVIDIA H200",
+    memory: 143_771 * MIB,
+    sm: 132,
+    cc: (9, 0),
+    pci_device_id: 0x2335_10de,
+    nvlink: 4,
+    specs: H200_SPECS,
+};
 const SINGLE: Gpu = Gpu {
     name: "NVIDIA A100-PCIE-16GB (simulated)",
     memory: 16 * GIB,
@@ -530,6 +559,34 @@ fn machine(name: &str, gpu: &Gpu, n: usize, place: impl Fn(usize) -> (u32, u32, 
         driver_release: DEFAULT_DRIVER_RELEASE.to_string(),
         default_kernel_ns: 10_000,
     }
+}
+
+/// A PCIe switch hangs under one root complex, and a root complex belongs to one NUMA node: a
+/// machine whose devices say otherwise is no tree. Refused, because the two readings of it would
+/// disagree: `pcie_level` (what `nvidia-smi topo -m` and NVML's common ancestor show) looks at
+/// the switch first, the interconnect model (`Model::fabric`: peer access, copy routes) at the
+/// root complex, so two GPUs on one switch under "two roots" would be PIX to NVML yet no peers
+/// to the driver.
+fn check_pcie_tree(devices: &[Device]) -> Result<(), String> {
+    for (i, d) in devices.iter().enumerate() {
+        for (j, o) in devices[..i].iter().enumerate() {
+            if d.pcie_switch == o.pcie_switch && d.pcie_root != o.pcie_root {
+                return Err(format!(
+                    "devices {j} and {i} share PCIe switch {} but name roots {} and {}: a \
+                     switch hangs under one root complex",
+                    d.pcie_switch, o.pcie_root, d.pcie_root
+                ));
+            }
+            if d.pcie_root == o.pcie_root && d.numa_node != o.numa_node {
+                return Err(format!(
+                    "devices {j} and {i} share PCIe root {} but name NUMA nodes {} and {}: a \
+                     root complex belongs to one NUMA node",
+                    d.pcie_root, o.numa_node, d.numa_node
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Wire direct NVLinks: for each (a, b, count), `count` links on each side, in list order.
@@ -593,6 +650,7 @@ pub fn preset(name: &str) -> Option<Model> {
             m.nvswitches = (0..6)
                 .map(|s| NvSwitch {
                     pci_bus_id: format!("00000000:{:02x}:00.0", 0xc4 + s),
+                    pci_device_id: NVSWITCH_A100_PCI_DEVICE_ID,
                 })
                 .collect();
             for d in &mut m.devices {
@@ -600,11 +658,59 @@ pub fn preset(name: &str) -> Option<Model> {
             }
             m
         }
+        "h200" => h200(),
         "pcie-8" => machine("pcie-8", &A10, 8, |i| {
             (i as u32 / 2, i as u32 / 4, i as u32 / 4)
         }),
         _ => return None,
     })
+}
+
+/// NVSwitch chips on an HGX H100/H200 baseboard, and how many of each GPU's 18 NVLinks go to each
+/// (in link order: links 0-4 to switch 0, 5-8 to 1, 9-12 to 2, 13-17 to 3). NVIDIA Fabric
+/// Manager User Guide, "The NVIDIA HGX H100 GPU Baseboard": eight H100s and four
+/// third-generation NVSwitches, every GPU's 18 NVLink 4 links into the switches; the 5/4/4/5
+/// split as NVIDIA's HGX H100 baseboard diagrams draw it (UNVERIFIED against a stored copy: no
+/// text of the split was found with this project's search; only the total, 18, shows in NVML).
+pub const HGX_H100_SWITCH_LINKS: [usize; 4] = [5, 4, 4, 5];
+
+/// The `h200` preset: a DGX H200 / HGX H200 box, 8 x H200 on four NVSwitches.
+///
+/// - NVLink: every GPU 18 links ([`HGX_H100_SWITCH_LINKS`]), so `nvidia-smi topo -m` shows NV18
+///   between every pair, as on real 8 x H100/H200 boxes (e.g. the `topo -m` of an 8 x H100 80GB
+///   HBM3 host with driver 580.126.20, and sgl-project/sglang issue #24966's on an HGX H20,
+///   the same baseboard: NV18 in every GPU cell).
+/// - PCIe and NUMA: GPUs 0-3 on NUMA node 0, 4-7 on node 1 (the same two `topo -m` outputs;
+///   the DGX H100 User Guide's network-module table likewise puts GPUs 0-3 behind CPU 0 and 4-7
+///   behind CPU 1). Each GPU behind its own PCIe switch (its NIC beside it: GPU0-NIC0 "PIX"),
+///   two such switches under one upstream switch (GPU0-NIC1 "PXB") on one host bridge, the
+///   pairs 0-1, 2-3, 4-5, 6-7 ("NODE" between pairs of a socket, "SYS" across sockets), as the
+///   8 x H100 host's matrix shows. So GPU0-GPU1 is PXB, GPU0-GPU2 NODE, GPU0-GPU4 SYS.
+/// - Bus ids from an 8 x H200 host's `nvidia-smi` (driver 570.158.01): 0a, 18, 3b, 44, 87, 90,
+///   b9, c2; the NVSwitches at 05-08:00.0, as `lspci` lists them on an H100 HGX host.
+fn h200() -> Model {
+    let mut m = machine("h200", &H200, 8, |i| (i as u32, i as u32 / 2, i as u32 / 4));
+    for (d, bus) in m
+        .devices
+        .iter_mut()
+        .zip([0x0a, 0x18, 0x3b, 0x44, 0x87, 0x90, 0xb9, 0xc2])
+    {
+        d.pci_bus = bus;
+    }
+    m.nvswitches = (0..HGX_H100_SWITCH_LINKS.len())
+        .map(|s| NvSwitch {
+            pci_bus_id: format!("00000000:{:02x}:00.0", 0x05 + s),
+            pci_device_id: NVSWITCH_H100_PCI_DEVICE_ID,
+        })
+        .collect();
+    for d in &mut m.devices {
+        d.links = HGX_H100_SWITCH_LINKS
+            .iter()
+            .enumerate()
+            .flat_map(|(s, &n)| std::iter::repeat_n(LinkPeer::Switch(s), n))
+            .collect();
+    }
+    m
 }
 
 /// A model file (TOML or JSON). Example:
@@ -705,7 +811,10 @@ impl ModelFile {
             let err = |e: String| format!("{origin}: device {i}: {e}");
             if let Some(n) = &f.name {
                 d.name = n.clone();
-                if let Some(g) = [&V100, &A100, &A10, &SINGLE].iter().find(|g| g.name == n) {
+                if let Some(g) = [&V100, &A100, &H200, &A10, &SINGLE]
+                    .iter()
+                    .find(|g| g.name == n)
+                {
                     d.specs = g.specs;
                 }
             }
@@ -770,6 +879,7 @@ impl ModelFile {
                 ));
             }
         }
+        check_pcie_tree(&m.devices).map_err(|e| format!("{origin}: {e}"))?;
         let pairs: Vec<_> = self.nvlinks.iter().map(|l| (l.a, l.b, l.links)).collect();
         wire(&mut m, &pairs).map_err(|e| format!("{origin}: {e}"))?;
         if let Some(per_gpu) = self.nvswitch_links_per_gpu {
@@ -779,9 +889,16 @@ impl ModelFile {
                     "{origin}: nvswitch_links_per_gpu {per_gpu} > {MAX_NVLINKS}"
                 ));
             }
+            // Hopper and later boards carry third-generation NVSwitches, older ones the A100's.
+            let hopper = m.devices.iter().any(|d| d.nvlink_version >= 4);
             m.nvswitches = (0..switches)
                 .map(|s| NvSwitch {
                     pci_bus_id: format!("00000000:{:02x}:00.0", 0xc4 + s),
+                    pci_device_id: if hopper {
+                        NVSWITCH_H100_PCI_DEVICE_ID
+                    } else {
+                        NVSWITCH_A100_PCI_DEVICE_ID
+                    },
                 })
                 .collect();
             for d in &mut m.devices {
@@ -883,6 +1000,25 @@ pub const SINGLE_SPECS: Specs = Specs {
     pci_subsystem_id: 0x145f_10de,
 };
 
+/// NVIDIA H200 SXM. Clocks from an H200's `nvidia-smi -q` (driver 550.90.12): "Max Clocks /
+/// SM: 1980 MHz", "Memory: 3201 MHz" (also the HGX H200 spec of scitix/sichek:
+/// `0x233510de: MaxClock SM 1980, Memory 3201`). Bus 6144 bits: six HBM3e stacks of 1024 bits
+/// (the H100 SXM5's five active stacks give its 5120 bits, deviceQuery above); 3201 MHz x 2 x
+/// 768 B = 4.92 TB/s, the "4.8 TB/s" of NVIDIA's H200 datasheet. L2 50 MiB (the H100 SXM5's
+/// deviceQuery: "L2 Cache Size: 52428800 bytes"; same die). Copy engines: 3, what deviceQuery
+/// prints on the H100 SXM5 ("Yes with 3 copy engine(s)"; UNVERIFIED on an H200 itself). FP64
+/// at half FP32 (H200 datasheet: 34 vs 67 TFLOPS). Subsystem 10de:18be (the `nvidia-smi -q`
+/// above; 10de:18bf is the other H200 SXM board).
+pub const H200_SPECS: Specs = Specs {
+    clock_khz: 1_980_000,
+    memory_clock_khz: 3_201_000,
+    memory_bus_width: 6144,
+    l2_cache: 50 << 20,
+    async_engines: 3,
+    single_to_double_ratio: 2,
+    pci_subsystem_id: 0x18be_10de,
+};
+
 /// What a compute capability fixes per SM and per block: CUDA C++ Programming Guide, "Technical
 /// Specifications per Compute Capability" (threads, blocks, shared memory per SM and opt-in per
 /// block), and the toolkit's `cuda_occupancy.h` (CUDA 13.5: `cudaOccMaxBlocksPerMultiprocessor`,
@@ -977,6 +1113,67 @@ mod tests {
     }
 
     #[test]
+    fn h200_preset_is_a_dgx_h200() {
+        let m = preset("h200").unwrap();
+        assert_eq!(m.devices.len(), 8);
+        assert_eq!(
+            m.driver_version, DEFAULT_DRIVER_VERSION,
+            "CUDA 13.0 by default"
+        );
+        for (i, d) in m.devices.iter().enumerate() {
+            assert_eq!(d.name, "NVIDIA H200");
+            assert_eq!(d.memory, 143_771 * MIB, "nvidia-smi's 143771MiB");
+            assert_eq!((d.sm_count, d.cc), (132, (9, 0)));
+            assert_eq!(d.pci_device_id, 0x2335_10de);
+            assert_eq!(d.pcie_generation(), 5);
+            assert_eq!(d.nvlink_version, 4);
+            assert_eq!(d.specs, H200_SPECS);
+            assert_eq!(d.numa_node, i as u32 / 4, "GPUs 0-3 NUMA 0, 4-7 NUMA 1");
+            assert_eq!(d.links.len(), 18, "18 NVLink 4 links per GPU");
+            for (s, &n) in HGX_H100_SWITCH_LINKS.iter().enumerate() {
+                let to_s = d
+                    .links
+                    .iter()
+                    .filter(|p| **p == LinkPeer::Switch(s))
+                    .count();
+                assert_eq!(to_s, n, "GPU{i} to NVSwitch {s}");
+            }
+        }
+        assert_eq!(m.nvswitches.len(), 4);
+        assert!(m
+            .nvswitches
+            .iter()
+            .all(|s| s.pci_device_id == NVSWITCH_H100_PCI_DEVICE_ID));
+        assert_eq!(m.devices[0].pci_bus_id_nvml(), "00000000:0a:00.0");
+        assert_eq!(m.devices[7].pci_bus_id_nvml(), "00000000:c2:00.0");
+        assert_eq!(
+            m.pcie_level(0, 1),
+            PcieLevel::Multiple,
+            "PXB: one upstream switch"
+        );
+        assert_eq!(m.pcie_level(0, 2), PcieLevel::Node);
+        assert_eq!(m.pcie_level(0, 4), PcieLevel::System);
+        for a in 0..8 {
+            for b in 0..8 {
+                if a != b {
+                    assert_eq!(m.direct_links(a, b), 0, "no direct GPU-GPU NVLink");
+                    assert_eq!(m.nvlink_bandwidth_links(a, b), 18);
+                }
+            }
+        }
+        // 4.8 TB/s HBM3e: the memory clock and bus give 4.92 TB/s.
+        let f = m.fabric();
+        let gbps = f.gpus()[0].memory_gbps;
+        assert!((4800.0..5000.0).contains(&gbps), "{gbps}");
+        assert_eq!(
+            f.capacity(cuvisor_fabric::Resource::SwitchPortOut(3)),
+            450.0,
+            "18 x 25 GB/s per direction"
+        );
+        assert!((0..8).all(|a| (0..8).all(|b| f.p2p_supported(a, b) == (a != b))));
+    }
+
+    #[test]
     fn contexts_take_the_cited_memory_per_gpu() {
         const MIB: u64 = 1 << 20;
         // The fit's own measurement points (see "context memory" above), then the presets.
@@ -994,6 +1191,7 @@ mod tests {
             ("single", 322),
             ("dgx-a100", 322),
             ("dgx1-v100", 240),
+            ("h200", 392),
             ("pcie-8", 218),
         ] {
             for d in preset(name).unwrap().devices {
@@ -1053,6 +1251,56 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A machine file that puts one PCIe switch under two root complexes (or one root complex in
+    /// two NUMA nodes) would have NVML call two GPUs PIX while the driver, which follows the
+    /// interconnect model's root complexes, refused them peer access: refused instead.
+    #[test]
+    fn a_machine_file_whose_switch_straddles_two_roots_is_refused() {
+        let dir = std::env::temp_dir().join(format!("cuvisor-model-tree-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("m.toml");
+        std::fs::write(
+            &p,
+            "[[device]]\nmemory='8Gi'\npcie_switch=0\npcie_root=0\n\
+             [[device]]\nmemory='8Gi'\npcie_switch=0\npcie_root=1\n",
+        )
+        .unwrap();
+        let e = Model::load(p.to_str().unwrap()).unwrap_err();
+        assert!(
+            e.contains("share PCIe switch 0 but name roots 0 and 1"),
+            "{e}"
+        );
+        std::fs::write(
+            &p,
+            "[[device]]\nmemory='8Gi'\npcie_switch=0\npcie_root=0\n\
+             [[device]]\nmemory='8Gi'\npcie_switch=1\npcie_root=0\nnuma_node=1\n",
+        )
+        .unwrap();
+        let e = Model::load(p.to_str().unwrap()).unwrap_err();
+        assert!(
+            e.contains("share PCIe root 0 but name NUMA nodes 0 and 1"),
+            "{e}"
+        );
+        // A consistent tree loads, and NVML's distance and the driver's peer rule agree on it.
+        std::fs::write(
+            &p,
+            "[[device]]\nmemory='8Gi'\npcie_switch=0\npcie_root=0\n\
+             [[device]]\nmemory='8Gi'\npcie_switch=0\npcie_root=0\n",
+        )
+        .unwrap();
+        let m = Model::load(p.to_str().unwrap()).unwrap();
+        assert_eq!(m.pcie_level(0, 1), PcieLevel::Single);
+        assert!(m.fabric().p2p_supported(0, 1));
+        for name in PRESETS {
+            assert_eq!(
+                check_pcie_tree(&preset(name).unwrap().devices),
+                Ok(()),
+                "{name}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn uuids_are_unique_and_round_trip() {
         let d = preset("dgx1-v100").unwrap();
@@ -1071,6 +1319,15 @@ mod tests {
             &row0[..9],
             &["GPU0", "X", "NV1", "NV1", "NV2", "NV2", "SYS", "SYS", "SYS"]
         );
+        // Every pair NV18, as `nvidia-smi topo -m` prints on 8 x H100/H200 boards.
+        let m = preset("h200").unwrap().topo_matrix();
+        for (a, row) in m.lines().skip(1).take(8).enumerate() {
+            let cells: Vec<&str> = row.split('\t').collect();
+            for (b, c) in cells[1..9].iter().enumerate() {
+                assert_eq!(*c, if a == b { "X" } else { "NV18" }, "GPU{a}-GPU{b}");
+            }
+            assert_eq!(cells[10], if a < 4 { "0" } else { "1" }, "NUMA of GPU{a}");
+        }
         let m = preset("pcie-8").unwrap().topo_matrix();
         let row0: Vec<&str> = m.lines().nth(1).unwrap().split('\t').collect();
         assert_eq!(

@@ -12,7 +12,11 @@
 //!   entry that no process owns, counted in its device's use until no live process holds it
 //!   (each holder keeps a lease lock on the entry's byte, which the kernel drops when it dies);
 //! - events shared between processes (cuIpcGetEventHandle): the time the last record completes,
-//!   which every process that opened the event reads and writes.
+//!   which every process that opened the event reads and writes;
+//! - the interconnect (see [`Shared::reserve`]): per resource of the machine's fabric (one
+//!   direction of a PCIe link, of bonded NVLinks, ...) the time its last reserved copy ends and
+//!   the bytes it ever carried; per device its copy engines' timelines and the bytes its PCIe
+//!   link carried per 10 ms (what NVML's PCIe throughput reads).
 
 use crate::model::{Model, MAX_DEVICES};
 use cuvisor_shm::lease;
@@ -21,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 pub const MAGIC: u64 = 0x4355_5653_494d_0001; // "CUVSIM" v1
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 pub const MAX_PROCS: usize = 256;
 /// Allocations shared between processes at once.
 pub const MAX_SHARED: usize = 1024;
@@ -38,6 +42,14 @@ pub const MAX_IPC_EVENTS: usize = 1024;
 /// `SharedEvent::time` of an event recorded behind work whose end is not known yet (a host
 /// function still to run, a wait on memory): not complete.
 pub const EVENT_PENDING: u64 = u64::MAX;
+/// Interconnect resources with a timeline: a 16-GPU fabric has at most 5 x 16 per-GPU
+/// resources, 2 x 16 switch uplinks, 16 x 15 SMP links and 16 x 15 bonded NVLinks (592).
+pub const MAX_LINKS: usize = 640;
+/// Copy engines per device with a timeline (CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT is at most a
+/// few; more are clamped to this).
+pub const MAX_ENGINES: usize = 16;
+/// PCIe traffic history per device and direction: 256 buckets of 10 ms = 2.56 s.
+pub const PCIE_BUCKETS: usize = 256;
 
 /// A bucket packs (bucket number: high 40 bits, busy ns: low 24 bits) in one word, so that a
 /// stale bucket (from one lap of the ring ago) reads as empty and is reset by whoever writes it.
@@ -77,6 +89,21 @@ pub struct DeviceShared {
     pub xid_seq: AtomicU64,
     pub xids: [XidSlot; XID_RING],
     pub util: [AtomicU64; DEV_BUCKETS],
+    /// CLOCK_MONOTONIC ns at which each copy engine's last copy ends.
+    pub engines: [AtomicU64; MAX_ENGINES],
+    /// KiB the device's PCIe link carried host to device (rx) and device to host (tx), per
+    /// 10 ms bucket (packed as `util`'s buckets).
+    pub pcie_rx: [AtomicU64; PCIE_BUCKETS],
+    pub pcie_tx: [AtomicU64; PCIE_BUCKETS],
+}
+
+/// One interconnect resource's timeline.
+#[repr(C)]
+pub struct LinkShared {
+    /// CLOCK_MONOTONIC ns at which the last copy reserved on it is done with it.
+    pub end: AtomicU64,
+    /// Bytes every copy ever reserved on it carried.
+    pub bytes: AtomicU64,
 }
 
 #[repr(C)]
@@ -133,6 +160,8 @@ pub struct Layout {
     pub procs: [ProcSlot; MAX_PROCS],
     pub shared: [SharedMem; MAX_SHARED],
     pub events: [SharedEvent; MAX_IPC_EVENTS],
+    /// By `Fabric::index` of the model's fabric.
+    pub links: [LinkShared; MAX_LINKS],
 }
 
 /// The mapped state. Lives for the life of the process once attached.
@@ -191,6 +220,19 @@ pub fn default_state_path(model: &Model) -> PathBuf {
         "cuvisor-sim-{uid}-{:016x}-v{LAYOUT_VERSION}.state",
         model.fingerprint()
     ))
+}
+
+/// One copy for [`Shared::reserve`] to time.
+pub struct Transfer<'a> {
+    pub fabric: &'a cuvisor_fabric::Fabric,
+    pub route: &'a cuvisor_fabric::Route,
+    pub bytes: u64,
+    /// Each hop's rate is its capacity times this (1.0; less for pageable host memory, which
+    /// the driver stages through a pinned buffer).
+    pub rate: f64,
+    /// The device whose copy engine drives the copy, and how many it has; None: no engine
+    /// (a memset, done by the device's SMs).
+    pub engine: Option<(usize, u32)>,
 }
 
 impl Shared {
@@ -615,6 +657,120 @@ impl Shared {
         (start, end)
     }
 
+    /// Times one copy over the interconnect: reserves its turn on every resource of its route
+    /// and on a copy engine of the device that drives it, no earlier than `not_before`.
+    /// Returns (start, end) in CLOCK_MONOTONIC ns.
+    ///
+    /// The model. Every resource (one direction of a link: see `cuvisor_fabric::Resource`) is a
+    /// timeline: the time at which the copies reserved on it so far are done with it. A copy
+    /// starts when it may (`not_before`: its stream's earlier work), its engine is free and
+    /// every one of its hops is free: `start = max(now, not_before, engine, ends of its hops)`.
+    /// Each hop r is then busy for the copy's bytes at r's rate:
+    /// `end_r = max(end_r, start) + bytes / capacity_r`, so copies that share a link take it in
+    /// turns (its bandwidth is shared, and the aggregate throughput is exactly the link's),
+    /// while copies on different links overlap. The copy ends at
+    /// `max(start + latency + bytes / bottleneck, the new ends of its hops)`.
+    ///
+    /// Copy engines: a device has `engines` of them (CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT),
+    /// each its own timeline, separate from the kernels' (`run_kernel`): a copy takes the one
+    /// free first, so copies overlap kernels and at most that many copies of one device run at
+    /// once.
+    ///
+    /// Lock-free, across processes: every timeline is one atomic word moved by
+    /// read-modify-write (`fetch_update`, a CAS loop), never a lock that a dying process could
+    /// leave behind. Two copies that race for a link both see it as it was and are both put
+    /// after what it holds by their own update, in whatever order their updates land; one that
+    /// finds its engine taken in between goes after the copy that took it. A hop's update may
+    /// thus move a little past `start`, and the copy's end follows it: never earlier than the
+    /// model allows, at worst a little later than a global order would have put it.
+    ///
+    /// What one word per timeline cannot do: fill gaps. Turns are taken in the order copies are
+    /// reserved, so a copy reserved for later (behind a long kernel) holds the timeline from
+    /// then on, and one reserved after it waits for it even if it would fit in the idle time
+    /// before. Bandwidth is conserved; programs that issue copies when they are due see none of
+    /// it.
+    pub fn reserve(&self, t: &Transfer<'_>, not_before: u64) -> (u64, u64) {
+        use cuvisor_fabric::{specs::transfer_ns, Resource};
+        let f = t.fabric;
+        let rate = if t.rate > 0.0 { t.rate } else { 1.0 };
+        let hops: Vec<(usize, f64, Resource)> = t
+            .route
+            .hops
+            .iter()
+            .filter_map(|&r| Some((f.index(r)?, f.capacity(r) * rate, r)))
+            .filter(|(i, ..)| *i < MAX_LINKS)
+            .collect();
+        let bottleneck = hops.iter().map(|h| h.1).fold(f64::INFINITY, f64::min);
+        let engine = t.engine.and_then(|(d, n)| {
+            let dev = self.layout.devices.get(d)?;
+            let n = (n as usize).clamp(1, MAX_ENGINES);
+            let (e, end) = dev.engines[..n]
+                .iter()
+                .enumerate()
+                .map(|(i, a)| (i, a.load(Acquire)))
+                .min_by_key(|x| x.1)?;
+            Some((&dev.engines[e], end))
+        });
+        let mut start = now_ns().max(not_before);
+        if let Some((_, free_at)) = engine {
+            start = start.max(free_at);
+        }
+        for (i, ..) in &hops {
+            start = start.max(self.layout.links[*i].end.load(Acquire));
+        }
+        let mut end = start + t.route.latency_ns + transfer_ns(t.bytes, bottleneck);
+        for (i, gbps, r) in hops {
+            let busy = transfer_ns(t.bytes, gbps);
+            let link = &self.layout.links[i];
+            let prev = link
+                .end
+                .fetch_update(AcqRel, Acquire, |x| Some(x.max(start) + busy))
+                .unwrap_or(start);
+            let (hop_start, hop_end) = (prev.max(start), prev.max(start) + busy);
+            end = end.max(hop_end);
+            link.bytes.fetch_add(t.bytes, Relaxed);
+            let pcie = match r {
+                Resource::PcieDown(g) => self.layout.devices.get(g).map(|d| &d.pcie_rx),
+                Resource::PcieUp(g) => self.layout.devices.get(g).map(|d| &d.pcie_tx),
+                _ => None,
+            };
+            if let Some(b) = pcie {
+                add_spread(b, hop_start, hop_end, t.bytes.div_ceil(1024));
+            }
+        }
+        if let Some((cell, _)) = engine {
+            let dur = end - start;
+            let prev = cell
+                .fetch_update(AcqRel, Acquire, |x| {
+                    Some(if x <= start { end } else { x + dur })
+                })
+                .unwrap_or(start);
+            if prev > start {
+                end = end.max(prev + dur);
+            }
+        }
+        (start, end)
+    }
+
+    /// Bytes ever reserved on interconnect resource `i` (its `Fabric::index`).
+    pub fn link_bytes(&self, i: usize) -> u64 {
+        self.layout
+            .links
+            .get(i)
+            .map_or(0, |l| l.bytes.load(Acquire))
+    }
+
+    /// KiB per second device `d`'s PCIe link carried during [now - window, now): host to device
+    /// (`rx`) or device to host.
+    pub fn pcie_kib_per_s(&self, d: usize, rx: bool, window_ns: u64) -> u64 {
+        let dev = &self.layout.devices[d];
+        let b = if rx { &dev.pcie_rx } else { &dev.pcie_tx };
+        let window = window_ns.clamp(1, (PCIE_BUCKETS as u64 - 1) * BUCKET_NS);
+        let now = now_ns();
+        let kib = busy_between(b, now.saturating_sub(window), now);
+        (kib as u128 * 1_000_000_000 / window as u128) as u64
+    }
+
     /// Percent of [now - window, now) during which device `d` ran a kernel.
     pub fn device_utilization(&self, d: usize, window_ns: u64) -> u32 {
         busy_percent(&self.layout.devices[d].util, window_ns)
@@ -680,6 +836,40 @@ fn add_busy(buckets: &[AtomicU64], start: u64, end: u64) {
             };
             Some((b << BUSY_BITS) | (busy + add).min(BUSY_MASK))
         });
+        t = upto;
+    }
+}
+
+/// Adds `amount` to the buckets over [start, end), in proportion to the time each covers (all
+/// of it to `start`'s bucket for an empty range).
+fn add_spread(buckets: &[AtomicU64], start: u64, end: u64, amount: u64) {
+    let add = |b: u64, v: u64| {
+        let cell = &buckets[(b as usize) % buckets.len()];
+        let _ = cell.fetch_update(AcqRel, Relaxed, |w| {
+            let old = if w >> BUSY_BITS == b {
+                w & BUSY_MASK
+            } else {
+                0
+            };
+            Some((b << BUSY_BITS) | (old + v).min(BUSY_MASK))
+        });
+    };
+    if end <= start {
+        add(start / BUCKET_NS, amount);
+        return;
+    }
+    let (mut t, mut left) = (start, amount);
+    while t < end && left > 0 {
+        let b = t / BUCKET_NS;
+        let upto = ((b + 1) * BUCKET_NS).min(end);
+        let part = if upto == end {
+            left
+        } else {
+            ((amount as u128 * (upto - t) as u128) / (end - start) as u128) as u64
+        }
+        .min(left);
+        add(b, part);
+        left -= part;
         t = upto;
     }
 }
@@ -815,6 +1005,116 @@ mod tests {
         assert_eq!(b1 - b0, 2_000_000);
         s.release_slot(slot);
         let _ = std::fs::remove_file(&s.path);
+    }
+
+    fn h2d(f: &cuvisor_fabric::Fabric, g: usize) -> cuvisor_fabric::Route {
+        use cuvisor_fabric::End;
+        f.route(End::Host, End::Gpu(g), false)
+    }
+
+    /// Two copies issued together over one PCIe link take it in turns: the second ends one
+    /// copy's time after the first (the link's bandwidth is shared, its total throughput exact).
+    #[test]
+    fn copies_sharing_a_link_take_turns() {
+        let (m, s) = temp_state("link-shared");
+        let f = m.fabric();
+        let r = h2d(&f, 0);
+        let bytes = 15_750_000; // about 1 ms at PCIe Gen3 x16
+        let one = cuvisor_fabric::specs::transfer_ns(bytes, f.capacity(r.hops[0]));
+        assert!((999_000..1_001_000).contains(&one), "{one}");
+        let t = Transfer {
+            fabric: &f,
+            route: &r,
+            bytes,
+            rate: 1.0,
+            engine: Some((0, 6)),
+        };
+        let t0 = now_ns() + 200_000_000; // ahead of now, however slow this machine
+        let (a0, a1) = s.reserve(&t, t0);
+        let (b0, b1) = s.reserve(&t, t0);
+        assert_eq!(a0, t0);
+        assert_eq!(a1 - a0, r.latency_ns + one);
+        assert_eq!(
+            b0,
+            a0 + one,
+            "the second starts when the first is off the link"
+        );
+        assert_eq!(b1 - a0, r.latency_ns + 2 * one);
+        let i = f.index(r.hops[0]).unwrap();
+        assert_eq!(s.link_bytes(i), 2 * bytes);
+        let _ = std::fs::remove_file(&s.path);
+    }
+
+    /// Copies over two different links overlap; copies of one device are limited to its copy
+    /// engines (one engine here: the second waits for it even on another link).
+    #[test]
+    fn copies_on_two_links_overlap_and_engines_bound_them() {
+        let (m, s) = temp_state("link-two");
+        let f = m.fabric();
+        let (r0, r1) = (h2d(&f, 0), h2d(&f, 1));
+        let bytes = 15_750_000;
+        let t0 = now_ns() + 200_000_000; // ahead of now, however slow this machine
+        let on = |r, d| Transfer {
+            fabric: &f,
+            route: r,
+            bytes,
+            rate: 1.0,
+            engine: Some((d, 1)),
+        };
+        let (a0, a1) = s.reserve(&on(&r0, 0), t0);
+        let (b0, b1) = s.reserve(&on(&r1, 1), t0);
+        assert_eq!((a0, a1), (b0, b1), "two devices, two links: side by side");
+        // Device 0's one engine is busy until a1: a copy to the host (another link) waits.
+        let up = f.route(
+            cuvisor_fabric::End::Gpu(0),
+            cuvisor_fabric::End::Host,
+            false,
+        );
+        let (c0, _) = s.reserve(&on(&up, 0), t0);
+        assert_eq!(c0, a1);
+        let _ = std::fs::remove_file(&s.path);
+    }
+
+    /// Pageable host memory (rate 0.5) holds the link twice as long as pinned.
+    #[test]
+    fn a_slower_rate_holds_the_link_longer() {
+        let (m, s) = temp_state("link-rate");
+        let f = m.fabric();
+        let r = h2d(&f, 2);
+        let bytes = 15_750_000;
+        let one = cuvisor_fabric::specs::transfer_ns(bytes, f.capacity(r.hops[0]));
+        let half = cuvisor_fabric::specs::transfer_ns(bytes, f.capacity(r.hops[0]) * 0.5);
+        let t0 = now_ns() + 200_000_000;
+        let t = Transfer {
+            fabric: &f,
+            route: &r,
+            bytes,
+            rate: 0.5,
+            engine: None,
+        };
+        let (a0, a1) = s.reserve(&t, t0);
+        assert_eq!(a1 - a0, r.latency_ns + half);
+        assert!(
+            half >= 2 * one - 1 && half <= 2 * one + 1,
+            "{half} vs {one}"
+        );
+        let (b0, _) = s.reserve(&Transfer { rate: 1.0, ..t }, t0);
+        assert_eq!(
+            b0,
+            a0 + half,
+            "the link was held for the slower copy's whole time"
+        );
+        let _ = std::fs::remove_file(&s.path);
+    }
+
+    #[test]
+    fn pcie_traffic_is_spread_over_its_buckets() {
+        let buckets: Vec<AtomicU64> = (0..16).map(|_| AtomicU64::new(0)).collect();
+        let base = 2_000 * BUCKET_NS;
+        add_spread(&buckets, base + 5_000_000, base + 25_000_000, 4000);
+        assert_eq!(bucket_busy(&buckets, 2000), 1000);
+        assert_eq!(bucket_busy(&buckets, 2001), 2000);
+        assert_eq!(bucket_busy(&buckets, 2002), 1000);
     }
 
     #[test]

@@ -77,6 +77,11 @@ fn peer_access_over_nvswitch() {
 }
 
 #[test]
+fn peer_access_over_the_h200s_nvswitches() {
+    chapter("peer", "h200");
+}
+
+#[test]
 fn peer_access_over_pcie_stops_at_the_host_bridge() {
     chapter("peer", "pcie-8");
 }

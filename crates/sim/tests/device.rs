@@ -222,6 +222,25 @@ fn board(name: &str) -> Vec<(i32, i64, &'static str)> {
             (108, 0, "MAX_PERSISTING_L2_CACHE_SIZE (sm_80+)"),
             (87, 2, "SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO"),
         ],
+        // An H200's nvidia-smi -q (max clocks 1980 / 3201 MHz, subsystem 10de:18be), six HBM3e
+        // stacks (6144 bits), the H100 SXM5's deviceQuery (50 MiB L2, 3 copy engines); sm_90.
+        "h200" => vec![
+            (13, 1_980_000, "CLOCK_RATE"),
+            (36, 3_201_000, "MEMORY_CLOCK_RATE"),
+            (37, 6144, "GLOBAL_MEMORY_BUS_WIDTH"),
+            (38, 50 << 20, "L2_CACHE_SIZE"),
+            (40, 3, "ASYNC_ENGINE_COUNT"),
+            (16, 132, "MULTIPROCESSOR_COUNT"),
+            (75, 9, "COMPUTE_CAPABILITY_MAJOR"),
+            (76, 0, "COMPUTE_CAPABILITY_MINOR"),
+            (81, 228 * 1024, "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"),
+            (97, 227 * 1024, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
+            (120, 1, "CLUSTER_LAUNCH"),
+            (126, 4, "MEM_SYNC_DOMAIN_COUNT"),
+            (127, 1, "TENSOR_MAP_ACCESS_SUPPORTED"),
+            (139, 0x2335_10de, "GPU_PCI_DEVICE_ID"),
+            (140, 0x18be_10de, "GPU_PCI_SUBSYSTEM_ID"),
+        ],
         // An A10's deviceQuery (1695 MHz, 384-bit, 6 MiB L2, 1536 threads/SM); sm_86.
         "pcie-8" => vec![
             (13, 1_695_000, "CLOCK_RATE"),
@@ -290,8 +309,14 @@ fn check_attributes(name: &str, out: &str) {
         m.devices.len() * 161,
         "{name}: attributes 1..=161 on each device"
     );
+    // The board's figures, where it has one, stand instead of the common one (sm_90's cluster
+    // launch, say).
+    let mut want: HashMap<i32, (i64, &str)> = HashMap::new();
+    for &(k, v, what) in COMMON.iter().chain(board(name).iter()) {
+        want.insert(k, (v, what));
+    }
     for d in 0..m.devices.len() {
-        for &(k, v, what) in COMMON.iter().chain(board(name).iter()) {
+        for (&k, &(v, what)) in &want {
             assert_eq!(a[&(d, k)], v, "{name} GPU{d} {what} ({k})");
         }
         assert_eq!(a[&(d, 134)], m.devices[d].numa_node as i64, "HOST_NUMA_ID");
@@ -418,6 +443,7 @@ fn every_attribute_of_cuda_h_on_every_preset_peers_and_occupancy_of_nvcc_built_k
         ("single", &b.cubin80, 80, true),
         ("dgx-a100", &b.fatbin, 80, true),
         ("pcie-8", &b.fatbin, 86, true),
+        ("h200", &b.fatbin, 90, true),
         // CUDA 13 builds nothing for sm_70: the fat binary has no cubin a V100 runs.
         ("dgx1-v100", &b.fatbin, 70, false),
     ] {
@@ -507,7 +533,7 @@ fn runtime_registered_kernels_answer_the_runtime_occupancy_calls() {
     }
 }
 
-/// A machine file's sm_90 GPU (none of the presets is one): the Hopper attributes (cluster
+/// A machine file's sm_90 GPU (beside the h200 preset's): the Hopper attributes (cluster
 /// launch, TMA, four memory-synchronization domains, 228 KiB of shared memory per SM), the
 /// occupancy of the fat binary's sm_90 cubin, and the cluster queries, which need sm_90 (the
 /// other presets' `cluster` lines answer CUDA_ERROR_INVALID_VALUE, 1).

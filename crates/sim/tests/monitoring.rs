@@ -252,11 +252,14 @@ fn nvml_bus_id(d: &cuvisor_sim::model::Device) -> String {
     )
 }
 
-/// nvitop's memory figure for a GPU's total (its `bytes2human`): whole MiB below 20 GiB, GiB
-/// with two decimals up to 100 GiB.
+/// nvitop's memory figure for a GPU's total (its `bytes2human`, nvitop 1.7.2 `api/utils.py`):
+/// whole MiB below 20 GiB, GiB with two decimals below 100 GiB, with one below 1000 GiB.
 fn human(bytes: u64) -> String {
-    if bytes >= 20 * 1024 * MIB {
-        format!("{:.2}GiB", bytes as f64 / (1024 * MIB) as f64)
+    let gib = bytes as f64 / (1024 * MIB) as f64;
+    if bytes >= 100 * 1024 * MIB {
+        format!("{gib:.1}GiB")
+    } else if bytes >= 20 * 1024 * MIB {
+        format!("{gib:.2}GiB")
     } else {
         format!("{}MiB", bytes / MIB)
     }
@@ -271,6 +274,32 @@ fn gpustat_nvitop_and_pynvml_example_show_the_model() {
     // The probe's context takes the model's context memory beside what it allocates.
     let held = HELD + model.devices[0].context_memory;
     tools_saw(&v, &model, model.devices[0].memory, held, held);
+}
+
+/// The box this project's real-hardware check runs on, as the tools see it: eight "NVIDIA
+/// H200" of 143771 MiB (nvitop: "140.4GiB"), 18 NVLinks each (nvitop's link count), the
+/// H200's clocks (1980 / 3201 MHz).
+#[test]
+fn gpustat_nvitop_and_pynvml_example_see_eight_h200s() {
+    let test = "gpustat_nvitop_and_pynvml_example_see_eight_h200s";
+    let Some(venv) = venv(test) else { return };
+    let model = Model::load("h200").unwrap();
+    assert_eq!(model.devices.len(), 8);
+    assert!(model.devices.iter().all(|d| d.name == "NVIDIA H200"));
+    assert_eq!(human(model.devices[0].memory), "140.4GiB");
+    let v = probe(&venv, "h200", test, &[]);
+    let held = HELD + model.devices[0].context_memory;
+    tools_saw(&v, &model, model.devices[0].memory, held, held);
+    let snaps = v["nvitop"].as_array().unwrap();
+    for s in snaps {
+        assert_eq!(s["name"], "NVIDIA H200", "{s}");
+        assert_eq!(u(&s["nvlink_link_count"]), 18, "{s}");
+        assert_eq!(
+            (u(&s["sm_clock"]), u(&s["memory_clock"])),
+            (1980, 3201),
+            "{s}"
+        );
+    }
 }
 
 #[test]
@@ -351,7 +380,7 @@ fn the_device_plugins_queries_and_their_error_paths_in_c() {
     const NOT_FOUND: i64 = 6;
     const INSUFFICIENT_SIZE: i64 = 7;
     const VERSION_MISMATCH: i64 = 25;
-    for preset in ["dgx-a100", "pcie-8", "dgx1-v100"] {
+    for preset in ["dgx-a100", "pcie-8", "dgx1-v100", "h200"] {
         let model = Model::load(preset).unwrap();
         let r = c_client(&include, preset);
         let get = |k: &str| {
@@ -419,6 +448,7 @@ fn the_device_plugins_queries_and_their_error_paths_in_c() {
             let family = match d.cc {
                 (7, 0) => "88",
                 (8, 0) => "92",
+                (9, _) => "96",
                 _ => "94",
             };
             assert_eq!(ok(&k("vbios")), format!("{family}.00.00.00.01"));
@@ -501,7 +531,8 @@ fn the_device_plugins_queries_and_their_error_paths_in_c() {
             } else {
                 assert_eq!(entry(185)[0], NOT_SUPPORTED as u64);
             }
-            let hbm = matches!(d.cc, (7, 0) | (8, 0));
+            // HBM boards (V100, A100, H200: "Memory Current Temp" in an H200's nvidia-smi -q).
+            let hbm = matches!(d.cc, (7, 0) | (8, 0) | (9, 0));
             assert_eq!(entry(82)[0], if hbm { 0 } else { NOT_SUPPORTED as u64 });
             assert_eq!(entry(94)[0], NOT_SUPPORTED as u64);
             assert_eq!(entry(308)[0], INVALID_ARGUMENT as u64);

@@ -467,6 +467,77 @@ fn dgx_a100_preset_through_nvml_wrapper() {
         .success();
 }
 
+/// The h200 preset (a DGX H200) as nvml-wrapper sees it: eight "NVIDIA H200" of 143771 MiB,
+/// eighteen active NVLink 4 links per GPU, each to one of four third-generation NVSwitches
+/// (PCI device 10de:22a3, 5/4/4/5 links per switch), never to a GPU; every pair an NVLink peer;
+/// PCIe distances PXB within a pair, NODE within a socket, SYS across.
+#[test]
+fn h200_preset_through_nvml_wrapper() {
+    if common::is_child() {
+        check_preset();
+        let nvml = nvml();
+        let m = model();
+        let d = |i| nvml.device_by_index(i).unwrap();
+        for i in 0..8 {
+            let g = d(i);
+            assert_eq!(g.name().unwrap(), "NVIDIA H200");
+            assert_eq!(g.memory_info().unwrap().total, 143_771 * model::MIB);
+            assert_eq!(g.pci_info().unwrap().pci_device_id, 0x2335_10de);
+            // An H200 SXM's nvidia-smi: "700W" power cap.
+            assert_eq!(g.power_management_limit().unwrap(), 700_000);
+            let mut per_switch = [0; 4];
+            for l in 0..18 {
+                let link = g.link_wrapper_for(l);
+                assert!(link.is_active().unwrap(), "GPU{i} link {l}");
+                // NVML_NVLINK_VERSION_4_0 (6) on Hopper.
+                assert_eq!(link.version().unwrap(), 6);
+                let remote = link.remote_pci_info().unwrap();
+                assert_eq!(remote.pci_device_id, model::NVSWITCH_H100_PCI_DEVICE_ID);
+                let s = m
+                    .nvswitches
+                    .iter()
+                    .position(|w| same_bus_id(&remote.bus_id, &w.pci_bus_id))
+                    .expect("the remote end is one of the switches");
+                per_switch[s] += 1;
+                assert!(nvml.device_by_pci_bus_id(remote.bus_id.as_str()).is_err());
+                assert_eq!(
+                    remote_device_type(&nvml, &g, l),
+                    (NVML_SUCCESS, NVML_NVLINK_DEVICE_TYPE_SWITCH)
+                );
+            }
+            assert_eq!(per_switch, model::HGX_H100_SWITCH_LINKS, "GPU{i}");
+            assert!(matches!(
+                g.link_wrapper_for(18).is_active(),
+                Err(NvmlError::InvalidArg)
+            ));
+        }
+        let level = |a, b| nvml.topology_common_ancestor(&d(a), &d(b)).unwrap().as_c();
+        assert_eq!(level(0, 1), PcieLevel::Multiple as u32);
+        assert_eq!(level(2, 3), PcieLevel::Multiple as u32);
+        assert_eq!(level(0, 3), PcieLevel::Node as u32);
+        assert_eq!(level(3, 4), PcieLevel::System as u32);
+        for a in 0..8 {
+            for b in 0..8 {
+                if a != b {
+                    for cap in [
+                        P2pCapabilitiesIndex::Read,
+                        P2pCapabilitiesIndex::Write,
+                        P2pCapabilitiesIndex::NvLink,
+                        P2pCapabilitiesIndex::Atomics,
+                    ] {
+                        assert_eq!(d(a).p2p_status(&d(b), cap).unwrap(), P2pStatus::Ok);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    common::Child::new("h200_preset_through_nvml_wrapper")
+        .preset("h200")
+        .run()
+        .success();
+}
+
 #[test]
 fn pcie_8_preset_through_nvml_wrapper() {
     if common::is_child() {

@@ -2,12 +2,14 @@
 //!
 //! Each copy is resolved into two checked sides (host memory, device memory of a device, or a
 //! CUDA array on a device: the address of its first byte, its row pitch and rows per slice) and
-//! an extent, and then goes through [`transfer`], the one function that moves bytes. It knows
-//! both kinds, both devices and the bytes, so an interconnect model (copy engines, PCIe and
-//! NVLink bandwidth) can time copies there; today they are untimed: a synchronous copy first
-//! waits for the work queued before it in the context (legacy default stream rules), an
-//! asynchronous one is checked when it is issued and moves its bytes in its stream's order
-//! (at once, unless host functions are queued ahead of it: see `stream::ordered`).
+//! an extent, and then goes through [`transfer`], the one function that moves bytes. A checked
+//! copy is a [`Work`]: its bytes (moved when its turn comes) and its cost, which
+//! `copy_engine` times over the modelled interconnect when it runs: an asynchronous copy starts
+//! after its stream's work and moves the stream's and its context's tail to its end (so events,
+//! stream and context synchronization see it); a synchronous one follows the legacy stream
+//! (after the context's work) and returns when the "API synchronization behavior" page says
+//! (`copy_engine::sync_waits`). Bytes move at once when the copy runs; the model charges the
+//! time (and a copy from memory that was never written moves no bytes: see [`transfer`]).
 //!
 //! Validation follows the CUDA 13.5 `cuda.h` reference of each function (quoted where used); a
 //! refused copy moves nothing. Device ranges must lie in one live allocation (an interior
@@ -16,11 +18,14 @@
 
 use crate::array;
 use crate::capture;
+use crate::copy_engine::{self, Cost, Part, Place};
 use crate::graph::MemsetParams;
-use crate::stream::{self, Job};
-use crate::{ctx, export, mem, read, write, Res};
+use crate::stream::{self, Job, Stream};
+use crate::{ctx, export, mem, pointer, read, write, Res};
 use cuvisor_cuda_abi::cuda::*;
+use cuvisor_sim::state::sleep_until;
 use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::Ordering::{AcqRel, Acquire};
 
 /// `CU_DEVICE_ATTRIBUTE_MAX_PITCH` of every modelled GPU: 2147483647 bytes (`deviceQuery`'s
 /// "Maximum memory pitch: 2147483647 bytes" on Volta, Ampere and Hopper GPUs, CUDA samples).
@@ -69,24 +74,97 @@ impl Extent {
     }
 }
 
-/// Moves the bytes of one checked copy. Every copy of the simulated driver ends here (this is
-/// where an interconnect model would take time for `src.kind` -> `dst.kind`, their devices and
-/// `e.width * e.height * e.depth` bytes).
+/// A checked copy or memset: what it does when its turn comes, and what that costs in device
+/// time (`copy_engine::charge`).
+pub(crate) struct Work {
+    pub job: Job,
+    pub cost: Cost,
+}
+
+fn nothing() -> Work {
+    Work {
+        job: Box::new(|| {}),
+        cost: Cost::None,
+    }
+}
+
+/// Moves the bytes of one checked copy. Every copy of the simulated driver ends here (its time
+/// is charged by whoever runs its [`Work`]).
+///
+/// Bytes cost no wall time the model does not charge, where that can be had exactly: a source
+/// in a plain device allocation that was never written reads as zeros (`mem::plain_dirty`), so
+/// nothing is read; the destination is made zeros instead, by dropping its whole pages when it
+/// is a plain allocation too (`mem::zero_plain`: MADV_DONTNEED, so a multi-GPU job's untouched
+/// gradients cost no memcpy and no RAM), by writing zeros otherwise. Zeros in, zeros out.
 pub(crate) fn transfer(src: &Side, dst: &Side, e: Extent) {
     if e.empty() {
         return;
     }
+    let zeros = matches!(src.kind, Kind::Device(_)) && mem::plain_dirty(src.addr) == Some(false);
+    if !zeros && matches!(dst.kind, Kind::Device(_)) {
+        // Written now, when its bytes move (a clean allocation given only zeros stays clean, so
+        // a job that all-reduces untouched gradients keeps copying nothing). Checked when the
+        // copy was planned; a block freed since (a caller's race) is no one's to mark.
+        let _ = mem::device_range(dst.addr, 1, true);
+    }
+    let put = |d: u64, s: u64, n: u64| {
+        if !zeros {
+            crate::copy_bytes(d, s, n as usize);
+        } else if matches!(dst.kind, Kind::Device(_)) && mem::plain_dirty(d).is_some() {
+            mem::zero_plain(d, n);
+        } else {
+            // SAFETY: [d, d + n) is the copy's checked destination (device memory of a live
+            // allocation or an array, or host memory the caller passed for n bytes).
+            unsafe { std::ptr::write_bytes(d as *mut u8, 0, n as usize) };
+        }
+    };
     let packed = |s: &Side| s.pitch == e.width && (e.depth == 1 || s.rows == e.height);
     if packed(src) && packed(dst) {
-        crate::copy_bytes(dst.addr, src.addr, (e.width * e.height * e.depth) as usize);
+        put(dst.addr, src.addr, e.width * e.height * e.depth);
         return;
     }
     for z in 0..e.depth {
         for y in 0..e.height {
             let s = src.addr + (z * src.rows + y) * src.pitch;
             let d = dst.addr + (z * dst.rows + y) * dst.pitch;
-            crate::copy_bytes(d, s, e.width as usize);
+            put(d, s, e.width);
         }
+    }
+}
+
+/// Where one side of a copy is, for timing.
+fn place(s: &Side) -> Place {
+    match s.kind {
+        Kind::Host => Place::Host {
+            pinned: pointer::pinned(s.addr),
+        },
+        Kind::Device(d) | Kind::Array(d) => Place::Device(d),
+    }
+}
+
+/// The context whose memory one side is (device memory), or the current one (arrays).
+fn owner(s: &Side) -> Option<usize> {
+    match s.kind {
+        Kind::Device(_) => mem::find(s.addr).map(|f| f.ctx),
+        _ => ctx::current().ok().map(|c| c.0),
+    }
+}
+
+/// One checked copy as `copy_engine` times it. `ctxs`: the (source, destination) contexts the
+/// caller named (cuMemcpyPeer, cuMemcpy3DPeer); otherwise those whose memory the sides are.
+fn part(s: &Side, d: &Side, e: Extent, ctxs: Option<(usize, usize)>) -> Part {
+    let (src, dst) = (place(s), place(d));
+    let peer = match (src, dst) {
+        (Place::Device(a), Place::Device(b)) if a != b => ctxs
+            .or_else(|| Some((owner(s)?, owner(d)?)))
+            .is_some_and(|(x, y)| copy_engine::peer_between(x, y)),
+        _ => false,
+    };
+    Part {
+        src,
+        dst,
+        bytes: e.width * e.height * e.depth,
+        peer,
     }
 }
 
@@ -154,9 +232,10 @@ fn span(d: &Desc, e: Extent) -> Result<(u64, u64), CUresult> {
     Ok((first, last_row))
 }
 
-/// Checks one side of a copy of extent `e` (not empty) and says where its bytes are. `write`:
-/// the side is the destination (device memory written is marked dirty).
-fn resolve(d: &Desc, e: Extent, write: bool) -> Result<Side, CUresult> {
+/// Checks one side of a copy of extent `e` (not empty) and says where its bytes are (a
+/// destination's device memory is marked dirty by [`transfer`], when bytes other than zeros
+/// reach it).
+fn resolve(d: &Desc, e: Extent) -> Result<Side, CUresult> {
     let bad = err::INVALID_VALUE;
     match d.memtype {
         CU_MEMORYTYPE_ARRAY => {
@@ -193,7 +272,7 @@ fn resolve(d: &Desc, e: Extent, write: bool) -> Result<Side, CUresult> {
             }
             let (first, len) = span(d, e)?;
             let start = base.checked_add(first).ok_or(bad)?;
-            let kind = match mem::device_range(start, len, write) {
+            let kind = match mem::device_range(start, len, false) {
                 Ok(dev) => Kind::Device(dev),
                 // Device memory must be a live allocation; host memory is the caller's, but not
                 // an address of the device address space that nothing holds (freed, or past an
@@ -220,7 +299,7 @@ fn resolve(d: &Desc, e: Extent, write: bool) -> Result<Side, CUresult> {
 
 /// Checks both sides of a copy: the bytes it moves, once run. Nothing moves unless both are
 /// valid.
-fn plan(src: &Desc, dst: &Desc, e: Extent) -> Result<Job, CUresult> {
+fn plan(src: &Desc, dst: &Desc, e: Extent) -> Result<Work, CUresult> {
     if e.empty() {
         // Still a bad memory type or a null host pointer is refused by the real driver's
         // parameter checks; an empty copy of valid sides does nothing.
@@ -235,27 +314,60 @@ fn plan(src: &Desc, dst: &Desc, e: Extent) -> Result<Job, CUresult> {
                 return Err(err::INVALID_VALUE);
             }
         }
-        return Ok(Box::new(|| {}));
+        return Ok(nothing());
     }
-    let s = resolve(src, e, false)?;
-    let d = resolve(dst, e, true)?;
+    let s = resolve(src, e)?;
+    let d = resolve(dst, e)?;
     Ok(moves(vec![(s, d, e)]))
 }
 
-/// The bytes of checked copies, moved in order when the job runs.
-fn moves(plan: Vec<(Side, Side, Extent)>) -> Job {
-    Box::new(move || {
-        for (s, d, e) in plan {
-            transfer(&s, &d, e);
-        }
-    })
+/// Checked copies: their bytes, moved in order when the job runs, and their cost.
+fn moves(plan: Vec<(Side, Side, Extent)>) -> Work {
+    moves_between(plan, None)
 }
 
-/// A synchronous copy waits for the work queued before it in the context (legacy stream rules).
-fn sync_point() -> Res {
-    let (_, c) = ctx::current()?;
-    stream::sync_device_work(&c);
+/// As [`moves`], between the memory of the (source, destination) contexts `ctxs`.
+fn moves_between(plan: Vec<(Side, Side, Extent)>, ctxs: Option<(usize, usize)>) -> Work {
+    let parts = plan.iter().map(|(s, d, e)| part(s, d, *e, ctxs)).collect();
+    Work {
+        job: Box::new(move || {
+            for (s, d, e) in plan {
+                transfer(&s, &d, e);
+            }
+        }),
+        cost: Cost::Copies(parts),
+    }
+}
+
+/// Runs checked work synchronously, as the legacy stream of the current context does: after
+/// the context's work, its end becoming the legacy stream's and the context's; the host waits
+/// for it where the "API synchronization behavior" page says (`copy_engine::sync_waits`).
+fn run_sync(check: impl FnOnce() -> Result<Work, CUresult>) -> Res {
+    let (ch, c) = ctx::current()?;
+    stream::wait_queued(&c);
+    let w = check()?;
+    let legacy = stream::legacy_stream(ch, &c);
+    let not_before = c.work_tail.load(Acquire).max(legacy.done_at());
+    let end = copy_engine::charge(&w.cost, c.dev, not_before);
+    (w.job)();
+    legacy.tail.fetch_max(end, AcqRel);
+    c.work_tail.fetch_max(end, AcqRel);
+    if matches!(w.cost, Cost::None) || copy_engine::sync_waits(&w.cost) {
+        sleep_until(end);
+    }
     Ok(())
+}
+
+/// Runs checked work in stream `s`'s order, now (the caller holds its turn): timed after the
+/// stream's work on the stream's device, its end the stream's and the context's tail.
+pub(crate) fn run_on(s: &Stream, w: Work) {
+    let end = copy_engine::charge(&w.cost, s.dev, s.done_at());
+    (w.job)();
+    s.tail.fetch_max(end, AcqRel);
+    s.ctx_tail.fetch_max(end, AcqRel);
+    if copy_engine::async_waits(&w.cost) {
+        sleep_until(end);
+    }
 }
 
 /// How a copy entry point orders itself: synchronous (waits for the context's work), or on a
@@ -326,12 +438,9 @@ fn as_3d(src: &Desc, dst: &Desc, e: Extent) -> CUDA_MEMCPY3D {
 
 /// Checks a copy and runs it where `on` says: after the context's queued work, or in its
 /// stream's order.
-fn run(on: On, check: impl FnOnce() -> Result<Job, CUresult>) -> Res {
+fn run(on: On, check: impl FnOnce() -> Result<Work, CUresult>) -> Res {
     match on {
-        On::Sync => {
-            sync_point()?;
-            check().map(|job| job())
-        }
+        On::Sync => run_sync(check),
         On::Stream(s, pt) => stream::ordered(s, pt, check),
     }
 }
@@ -384,7 +493,7 @@ fn array_line(h: CUarray, offset: usize, n: usize) -> Result<Desc, CUresult> {
 /// Internal memory type: an array's memory seen as one line (1D array copies).
 const ARRAY_LINE: c_uint = 0x100;
 
-fn line_side(d: &Desc, n: u64, write: bool) -> Result<Side, CUresult> {
+fn line_side(d: &Desc, n: u64) -> Result<Side, CUresult> {
     if d.memtype == ARRAY_LINE {
         return Ok(Side {
             kind: Kind::Array(d.device as usize),
@@ -393,7 +502,7 @@ fn line_side(d: &Desc, n: u64, write: bool) -> Result<Side, CUresult> {
             rows: 1,
         });
     }
-    resolve(d, Extent::line(n), write)
+    resolve(d, Extent::line(n))
 }
 
 /// 1D copies where one side or both are arrays.
@@ -404,9 +513,9 @@ fn array_copy(on: On, dst: Result<Desc, CUresult>, src: Result<Desc, CUresult>, 
     run(on, || array_plan(dst?, src?, n))
 }
 
-fn array_plan(dst: Desc, src: Desc, n: usize) -> Result<Job, CUresult> {
+fn array_plan(dst: Desc, src: Desc, n: usize) -> Result<Work, CUresult> {
     if n == 0 {
-        return Ok(Box::new(|| {}));
+        return Ok(nothing());
     }
     // AtoA: "the elements must be the same size; and count must be evenly divisible by that
     // size" (cuMemcpyAtoA).
@@ -418,8 +527,8 @@ fn array_plan(dst: Desc, src: Desc, n: usize) -> Result<Job, CUresult> {
             _ => return Err(err::INVALID_VALUE),
         }
     }
-    let s = line_side(&src, n as u64, false)?;
-    let d = line_side(&dst, n as u64, true)?;
+    let s = line_side(&src, n as u64)?;
+    let d = line_side(&dst, n as u64)?;
     Ok(moves(vec![(s, d, Extent::line(n as u64))]))
 }
 
@@ -526,13 +635,14 @@ fn copy3d_of(on: On, c: CUDA_MEMCPY3D) -> Res {
     run(on, || plan3d_struct(&c))
 }
 
-/// A `CUDA_MEMCPY3D` checked and done, with no stream ordering of its own: what a copy does once
-/// its turn has come (also what a graph's memcpy node, which holds one, does when it runs).
-pub(crate) fn copy3d_now(c: &CUDA_MEMCPY3D) -> Res {
-    plan3d_struct(c).map(|job| job())
+/// A `CUDA_MEMCPY3D` checked and done on stream `s`, whose turn it is: what a graph's memcpy
+/// node, which holds one, does when it runs (timed as the stream's copies are).
+pub(crate) fn copy3d_now(c: &CUDA_MEMCPY3D, s: &Stream) -> Res {
+    run_on(s, plan3d_struct(c)?);
+    Ok(())
 }
 
-fn plan3d_struct(c: &CUDA_MEMCPY3D) -> Result<Job, CUresult> {
+fn plan3d_struct(c: &CUDA_MEMCPY3D) -> Result<Work, CUresult> {
     // "The srcLOD and dstLOD members of the CUDA_MEMCPY3D structure must be set to 0";
     // reserved0 and reserved1 "Must be NULL" (cuda.h 13.5).
     if c.srcLOD != 0 || c.dstLOD != 0 || !c.reserved0.is_null() || !c.reserved1.is_null() {
@@ -554,7 +664,7 @@ fn copy3d_peer(on: On, p: *const CUDA_MEMCPY3D_PEER) -> Res {
     run(on, || plan3d_peer(&c))
 }
 
-fn plan3d_peer(c: &CUDA_MEMCPY3D_PEER) -> Result<Job, CUresult> {
+fn plan3d_peer(c: &CUDA_MEMCPY3D_PEER) -> Result<Work, CUresult> {
     let plain = CUDA_MEMCPY3D {
         srcXInBytes: c.srcXInBytes,
         srcY: c.srcY,
@@ -598,8 +708,8 @@ fn plan3d_peer(c: &CUDA_MEMCPY3D_PEER) -> Result<Job, CUresult> {
     if k.e.empty() {
         return plan(&k.src, &k.dst, k.e);
     }
-    let s = resolve(&k.src, k.e, false)?;
-    let d = resolve(&k.dst, k.e, true)?;
+    let s = resolve(&k.src, k.e)?;
+    let d = resolve(&k.dst, k.e)?;
     for (side, want) in [(&s, sdev), (&d, ddev)] {
         if let (Kind::Device(dev), Some(w)) = (side.kind, want) {
             if dev != w {
@@ -607,7 +717,10 @@ fn plan3d_peer(c: &CUDA_MEMCPY3D_PEER) -> Result<Job, CUresult> {
             }
         }
     }
-    Ok(moves(vec![(s, d, k.e)]))
+    Ok(moves_between(
+        vec![(s, d, k.e)],
+        Some((c.srcContext as usize, c.dstContext as usize)),
+    ))
 }
 
 /// cuMemcpyPeer: "Copies from device memory in one context to device memory in another
@@ -626,15 +739,18 @@ fn peer(
     run(on, || {
         let (dc, sc) = (ctx::get(dctx)?, ctx::get(sctx)?);
         if n == 0 {
-            return Ok(Box::new(|| {}) as Job);
+            return Ok(nothing());
         }
         let e = Extent::line(n as u64);
-        let s = resolve(&dev(src), e, false)?;
-        let d = resolve(&dev(dst), e, true)?;
+        let s = resolve(&dev(src), e)?;
+        let d = resolve(&dev(dst), e)?;
         if s.kind != Kind::Device(sc.dev) || d.kind != Kind::Device(dc.dev) {
             return Err(err::INVALID_VALUE);
         }
-        Ok(moves(vec![(s, d, e)]))
+        Ok(moves_between(
+            vec![(s, d, e)],
+            Some((sctx as usize, dctx as usize)),
+        ))
     })
 }
 
@@ -732,8 +848,8 @@ fn batch(
         if e.empty() {
             return Err((Some(i), err::INVALID_VALUE));
         }
-        let src = resolve(&unified(sr[i]), e, false).map_err(|x| (Some(i), x))?;
-        let dst = resolve(&unified(d[i]), e, true).map_err(|x| (Some(i), x))?;
+        let src = resolve(&unified(sr[i]), e).map_err(|x| (Some(i), x))?;
+        let dst = resolve(&unified(d[i]), e).map_err(|x| (Some(i), x))?;
         plan.push((src, dst, e));
     }
     stream::ordered(s, pt, || Ok(moves(plan))).map_err(whole)
@@ -807,8 +923,8 @@ fn plan3d(op: &CUDA_MEMCPY3D_BATCH_OP) -> Result<(Side, Side, Extent), CUresult>
         height: x.height as u64,
         depth: x.depth as u64,
     };
-    let src = resolve(&operand(&op.src, x, elem)?, e, false)?;
-    let dst = resolve(&operand(&op.dst, x, elem)?, e, true)?;
+    let src = resolve(&operand(&op.src, x, elem)?, e)?;
+    let dst = resolve(&operand(&op.dst, x, elem)?, e)?;
     Ok((src, dst, e))
 }
 
@@ -863,9 +979,10 @@ fn memset2d(
     run(on, || fill(dst, pitch, value, elem, width, height))
 }
 
-/// A 2D memset checked and done, with no stream ordering of its own (see [`memset2d`]; also what
-/// a graph's memset node, which holds these parameters, does when it runs).
+/// A 2D memset checked and done on stream `s`, whose turn it is (see [`memset2d`]): what a
+/// graph's memset node, which holds these parameters, does when it runs.
 pub(crate) fn fill_now(
+    s: &Stream,
     dst: u64,
     pitch: usize,
     value: u32,
@@ -873,7 +990,8 @@ pub(crate) fn fill_now(
     width: usize,
     height: usize,
 ) -> Res {
-    fill(dst, pitch, value, elem, width, height).map(|job| job())
+    run_on(s, fill(dst, pitch, value, elem, width, height)?);
+    Ok(())
 }
 
 /// Checks a 2D memset: the bytes it writes, once run.
@@ -884,7 +1002,7 @@ fn fill(
     elem: u64,
     width: usize,
     height: usize,
-) -> Result<Job, CUresult> {
+) -> Result<Work, CUresult> {
     let bad = err::INVALID_VALUE;
     // Elements of 1, 2 or 4 bytes (cuMemsetD2D8/16/32; CUDA_MEMSET_NODE_PARAMS: "Size of each
     // element in bytes. Must be 1, 2, or 4.").
@@ -908,8 +1026,8 @@ fn fill(
             .and_then(|x| x.checked_add(row))
             .ok_or(bad)?
     };
-    mem::device_range(dst, len, true)?;
-    Ok(Box::new(move || {
+    let dev = mem::device_range(dst, len, true)?;
+    let job: Job = Box::new(move || {
         let bytes = value.to_le_bytes();
         let pattern = &bytes[..elem as usize];
         for y in 0..if len == 0 { 0 } else { h } {
@@ -923,7 +1041,14 @@ fn fill(
                 chunk.copy_from_slice(pattern);
             }
         }
-    }))
+    });
+    Ok(Work {
+        job,
+        cost: Cost::Memset {
+            dev,
+            bytes: if len == 0 { 0 } else { row * h },
+        },
+    })
 }
 
 fn memset(on: On, dst: u64, value: u32, elem: u64, count: usize) -> Res {

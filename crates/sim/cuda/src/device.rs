@@ -7,7 +7,8 @@
 
 use crate::{cstr, drv, export, write, write_cstr, Res};
 use cuvisor_cuda_abi::cuda::{err, CUdevice, CUresult, CUuuid};
-use cuvisor_sim::model::{arch, Device, Model, PcieLevel};
+use cuvisor_fabric::{End, Fabric, RouteKind};
+use cuvisor_sim::model::{arch, Device, Model};
 use std::ffi::{c_char, c_uint};
 
 /// The device behind an ordinal, after cuInit.
@@ -222,10 +223,25 @@ pub struct CUdevprop {
 /// reference bound to linear memory" for 7.0 to 9.0).
 pub const TEXTURE1D_LINEAR_MAX: i32 = 1 << 28;
 
-/// Whether two distinct GPUs can map each other's memory: over NVLink (direct or through
-/// NVSwitch), or PCIe without crossing a host bridge (PIX/PXB), as the real driver allows P2P.
-pub(crate) fn peer_access(m: &Model, a: usize, b: usize) -> bool {
-    a != b && (m.nvlink_bandwidth_links(a, b) > 0 || m.pcie_level(a, b) <= PcieLevel::Multiple)
+/// Whether two distinct GPUs can map each other's memory: `Fabric::p2p_supported` (NVLink,
+/// direct or through NVSwitch, or PCIe under one root complex, PIX/PXB), as the real driver
+/// allows P2P.
+/// The one model every peer answer here comes from (and NVML's `nvmlDeviceGetP2PStatus`, see
+/// crates/sim/nvml `topology::p2p`): the `Sim`'s fabric.
+pub(crate) fn peer_access(f: &Fabric, a: usize, b: usize) -> bool {
+    f.p2p_supported(a, b)
+}
+
+/// What carries peer traffic between two GPUs once access is enabled: the kind of
+/// `Fabric::route(a, b, peer_enabled = true)`; `Staged` where there is no peer path.
+pub(crate) fn peer_link(f: &Fabric, a: usize, b: usize) -> RouteKind {
+    f.route(End::Gpu(a), End::Gpu(b), true).kind
+}
+
+/// NVLink carries the peer traffic (directly or through NVSwitches): where native peer atomics
+/// and CUDA-array access are offered.
+fn over_nvlink(kind: RouteKind) -> bool {
+    matches!(kind, RouteKind::NvLink | RouteKind::NvSwitch)
 }
 
 /// `CUdevice_P2PAttribute` (cuda.h 13.5).
@@ -363,20 +379,27 @@ export! {
     fn cuDeviceCanAccessPeer(can: *mut i32, dev: CUdevice, peer: CUdevice) {
         let (a, _) = device(dev)?;
         let (b, _) = device(peer)?;
-        write(can, peer_access(&drv()?.sim.model, a, b) as i32)
+        write(can, peer_access(&drv()?.sim.fabric, a, b) as i32)
     }
 
 
-    /// The link between two devices. Performance rank: 0 over NVLink, 1 over PCIe, the lower the
-    /// better (a relative value, cuda.h; "0 means best possible link", lupinemachines/lupine
-    /// issue #445; the PCIe number is the simulator's choice). Native atomics and
-    /// CUDA-array access over NVLink only: PCIe peer atomics are not native (UNVERIFIED for arrays).
+    /// The link between two devices, from the route peer copies take (`peer_link`).
+    /// Performance rank: "a relative value indicating the performance of the link between two
+    /// devices" (cuda.h 13.5), the lower the better ("0 means best possible link",
+    /// lupinemachines/lupine issue #445): 0 over NVLink or NVSwitch, 1 over PCIe P2P (the PCIe
+    /// number is the simulator's choice; a real DGX-1V may also rank its one- and two-link
+    /// NVLink pairs apart, as lattice/quda PR #648 "Add support for P2P performance ranks ...
+    /// useful for DGX-1V where we have different NVLinks" suggests: UNVERIFIED, not modelled),
+    /// 0 where there is no peer access. Native atomics and CUDA-array access over NVLink only:
+    /// PCIe peer atomics are not native (UNVERIFIED for arrays).
     fn cuDeviceGetP2PAttribute(value: *mut i32, attrib: i32, src: CUdevice, dst: CUdevice) {
-        let (m, a, b) = peer_pair(src, dst)?;
-        let access = peer_access(m, a, b);
-        let nvlink = m.nvlink_bandwidth_links(a, b) > 0;
+        let (_, a, b) = peer_pair(src, dst)?;
+        let f = &drv()?.sim.fabric;
+        let access = peer_access(f, a, b);
+        let kind = peer_link(f, a, b);
+        let nvlink = access && over_nvlink(kind);
         let v = match attrib {
-            P2P_PERFORMANCE_RANK => (access && !nvlink) as i32,
+            P2P_PERFORMANCE_RANK => (kind == RouteKind::PcieP2p) as i32,
             P2P_ACCESS_SUPPORTED => access as i32,
             P2P_NATIVE_ATOMIC_SUPPORTED | P2P_CUDA_ARRAY_ACCESS_SUPPORTED => nvlink as i32,
             P2P_ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED => 0,
@@ -407,8 +430,8 @@ export! {
 
     /// CUDA 13.0: per operation, what a link between two GPUs supports natively (NVLink).
     fn cuDeviceGetP2PAtomicCapabilities(caps: *mut c_uint, ops: *const u32, count: c_uint, src: CUdevice, dst: CUdevice) {
-        let (m, a, b) = peer_pair(src, dst)?;
-        atomic_caps(caps, ops, count, m.nvlink_bandwidth_links(a, b) > 0)
+        let (_, a, b) = peer_pair(src, dst)?;
+        atomic_caps(caps, ops, count, over_nvlink(peer_link(&drv()?.sim.fabric, a, b)))
     }
 
     /// CUDA 13.0: per operation, what the link to the host supports natively: nothing over PCIe

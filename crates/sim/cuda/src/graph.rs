@@ -655,9 +655,9 @@ pub(crate) fn memcpy3d_node(c: &CUDA_MEMCPY3D) -> Memcpy3D {
 
 /// Runs a copy node: the copy chapter's 3D copy, checked against the allocations and arrays
 /// when it runs.
-pub(crate) fn run_copy(c: &Memcpy3D) -> Res {
+pub(crate) fn run_copy(c: &Memcpy3D, s: &crate::stream::Stream) -> Res {
     check_copy(c)?;
-    crate::copy::copy3d_now(&memcpy3d_abi(c))
+    crate::copy::copy3d_now(&memcpy3d_abi(c), s)
 }
 
 /// "elementSize: Size of each element in bytes. Must be 1, 2, or 4"; "pitch: Pitch of destination
@@ -672,9 +672,9 @@ pub(crate) fn check_memset(m: &MemsetParams) -> Res {
     Ok(())
 }
 
-pub(crate) fn run_memset(m: &MemsetParams) -> Res {
+pub(crate) fn run_memset(m: &MemsetParams, s: &crate::stream::Stream) -> Res {
     check_memset(m)?;
-    crate::copy::fill_now(m.dst, m.pitch, m.value, m.elem as u64, m.width, m.height)
+    crate::copy::fill_now(s, m.dst, m.pitch, m.value, m.elem as u64, m.width, m.height)
 }
 
 pub(crate) fn host_node(p: HostParams) -> Result<Kind, CUresult> {

@@ -314,8 +314,8 @@ fn graph_launch(exec: CUgraphExec, h: CUstream, pt: bool) -> Res {
     for op in &ops {
         match op {
             Kind::Kernel(k) => s.run(Node { ns: k.ns })?,
-            Kind::Memcpy(c) => run_copy(c)?,
-            Kind::Memset(m) => run_memset(m)?,
+            Kind::Memcpy(c) => run_copy(c, &s)?,
+            Kind::Memset(m) => run_memset(m, &s)?,
             Kind::Host(p) => run_host(&s, p),
             Kind::EventRecord(e) => event::event_record_at(*e, s.done_at().max(now_ns()))?,
             Kind::EventWait(e) => {

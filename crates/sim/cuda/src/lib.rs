@@ -24,6 +24,7 @@
 mod array;
 mod capture;
 mod copy;
+mod copy_engine;
 mod ctx;
 mod ctx_config;
 mod ctx_end;

@@ -407,6 +407,42 @@ pub(crate) fn device_range(addr: u64, n: u64, mark_dirty: bool) -> Result<usize,
     Ok(r.dev)
 }
 
+/// For the allocation holding `addr`, if it is a plain one (cuMemAlloc's or a 32-bit one: not a
+/// pool's, a mapping, managed or a module's memory, not shared with another process): whether
+/// it was ever written. A plain allocation that never was reads as zeros: its pages come zeroed
+/// from its arena (a freed dirty block's are dropped, `Arena::free`), and in the simulator only
+/// copies, memsets and stream memory writes write device memory (kernels move no bytes), each
+/// marking its allocation dirty (`device_range`).
+pub(crate) fn plain_dirty(addr: u64) -> Option<bool> {
+    let t = table().read().unwrap_or_else(|e| e.into_inner());
+    let (base, r) = t.range(..=addr).next_back()?;
+    if addr >= base + r.size || !matches!(r.kind, Kind::Device | Kind::V1) || r.share.is_some() {
+        return None;
+    }
+    let base = *base;
+    let dirty = r.dirty.load(Relaxed);
+    drop(t);
+    if extras()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains_key(&base)
+    {
+        return None;
+    }
+    Some(dirty)
+}
+
+/// Makes [addr, addr + n) of a plain allocation (see [`plain_dirty`]) read as zeros, dropping
+/// its whole pages rather than writing them.
+pub(crate) fn zero_plain(addr: u64, n: u64) {
+    match arena_of(addr) {
+        Some(a) => a.zero(addr, n),
+        // SAFETY: not reached for a plain allocation (it lies in an arena); the range is the
+        // caller's checked device memory.
+        None => unsafe { std::ptr::write_bytes(addr as *mut u8, 0, n as usize) },
+    }
+}
+
 /// cuMemSetAccess's range: every byte of it in live allocations that follow each other without
 /// a gap, one or several. PyTorch's expandable segments map a segment's 20 MiB handles side by
 /// side and set access once over all of them, which the real driver accepts.

@@ -55,7 +55,7 @@ fn enable(h: CUcontext, flags: c_uint) -> Res {
     if flags != 0 {
         return Err(err::INVALID_VALUE);
     }
-    if !device::peer_access(&drv()?.sim.model, c.dev, p.dev) {
+    if !device::peer_access(&drv()?.sim.fabric, c.dev, p.dev) {
         return Err(PEER_ACCESS_UNSUPPORTED);
     }
     let mut g = grants().lock().unwrap_or_else(|e| e.into_inner());

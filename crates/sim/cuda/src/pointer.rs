@@ -84,6 +84,12 @@ fn host_at(p: usize) -> Option<(usize, usize, c_uint, bool, usize, usize, u64)> 
     ))
 }
 
+/// Whether host address `p` is page-locked: memory of cuMemAllocHost / cuMemHostAlloc, or
+/// registered with cuMemHostRegister (what copies time as pinned: `copy_engine`).
+pub(crate) fn pinned(p: u64) -> bool {
+    host_at(p as usize).is_some()
+}
+
 /// Allocations whose SYNC_MEMOPS is set, by buffer id (ids are never reused).
 fn sync_memops() -> &'static Mutex<HashSet<u64>> {
     static S: OnceLock<Mutex<HashSet<u64>>> = OnceLock::new();

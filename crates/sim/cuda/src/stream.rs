@@ -2,8 +2,9 @@
 //! on memory), attributes, memory operations, and the profiler switches.
 //!
 //! Stream order. Device work takes no real time here (a kernel takes the device's timeline,
-//! see `exec`; copies happen when they are issued), so a stream is just the time its last
-//! kernel ends (`tail`) until host work enters it. A host function "will be called after
+//! see `exec`; a copy or memset takes a copy engine and the links of its route, see
+//! `copy_engine`, and moves its bytes when it is issued), so a stream is just the time its last
+//! kernel, copy or memset ends (`tail`) until host work enters it. A host function "will be called after
 //! currently enqueued work and will block work added after it" (cuda.h, cuLaunchHostFunc); a
 //! callback is "called on the host after all currently enqueued items in the stream have
 //! completed" and "will block later work in the stream until it is finished" (cuda.h,
@@ -382,18 +383,28 @@ pub(crate) fn stream(h: CUstream, per_thread: bool) -> Result<Arc<Stream>, CUres
 }
 
 /// Resolves the stream, validates the operation (`check`, which returns the work), and runs
-/// the work in stream order. For the asynchronous copies and memsets.
-pub(crate) fn ordered(h: CUstream, pt: bool, check: impl FnOnce() -> Result<Job, CUresult>) -> Res {
+/// the work in stream order, timed (`copy::run_on`). For the asynchronous copies and memsets.
+pub(crate) fn ordered(
+    h: CUstream,
+    pt: bool,
+    check: impl FnOnce() -> Result<crate::copy::Work, CUresult>,
+) -> Res {
     let s = stream(h, pt)?;
     let w = check()?;
-    s.submit(move |_| w());
+    s.submit(move |s| crate::copy::run_on(s, w));
     Ok(())
+}
+
+/// Waits until no item is queued behind host work in context `c`'s streams (their device work
+/// may still be running: see [`sync_device_work`]).
+pub(crate) fn wait_queued(c: &Context) {
+    let key = Arc::as_ptr(&c.work_tail) as usize;
+    wait_for(|| !lock(pending()).contains_key(&key));
 }
 
 /// Waits for all work queued in a context: its streams' queues, then its kernels.
 pub(crate) fn sync_device_work(c: &Context) {
-    let key = Arc::as_ptr(&c.work_tail) as usize;
-    wait_for(|| !lock(pending()).contains_key(&key));
+    wait_queued(c);
     sleep_until(c.work_tail.load(Acquire));
 }
 

@@ -333,15 +333,16 @@ export! {
         write(clock, mhz)
     }
 
-    /// 0 KB/s either way: copies take no simulated time, so no PCIe traffic is recorded (as
-    /// memory traffic, which nvmlDeviceGetUtilizationRates reports as 0). A counter nvml.h does
-    /// not define (TX_BYTES 0, RX_BYTES 1) is NVML_ERROR_INVALID_ARGUMENT (documented).
+    /// KB/s over the last 20 ms of the copies the simulated driver timed over the device's PCIe
+    /// link (`sensors::pcie_throughput`): NVML_PCIE_UTIL_TX_BYTES (0) what the device sent
+    /// (device to host), NVML_PCIE_UTIL_RX_BYTES (1) what it received. A counter nvml.h does
+    /// not define is NVML_ERROR_INVALID_ARGUMENT (documented).
     fn nvmlDeviceGetPcieThroughput(device: nvmlDevice_t, counter: c_uint, value: *mut c_uint) {
-        dev(device)?;
+        let (sim, d) = dev(device)?;
         if counter > 1 {
             return Err(ret::ERROR_INVALID_ARGUMENT);
         }
-        write(value, 0)
+        write(value, crate::sensors::pcie_throughput(sim, d, counter == 1))
     }
 
     // vGPU software licensing is for vGPU and passthrough guests: bare metal has none, so the

@@ -284,8 +284,11 @@ export! {
         write(memory, nvmlMemory_v2_t { version, total, reserved: 0, free: total - used, used })
     }
 
-    /// gpu = percent of the last second during which the device's timeline ran a kernel. The
-    /// simulator does not model memory traffic, so memory reads 0.
+    /// gpu = percent of the last second during which the device's timeline ran a kernel: "Percent
+    /// of time over the past sample period during which one or more kernels was executing on the
+    /// GPU" (nvmlUtilization_t), so copies, which run on the copy engines, do not count. memory
+    /// ("Percent of time ... during which global (device) memory was being read or written")
+    /// is not modelled and reads 0.
     fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t) {
         let (sim, d) = dev(device)?;
         let gpu = sim.shared.device_utilization(d, UTIL_WINDOW_NS);

@@ -96,16 +96,17 @@ fn field(
         }
         FI_DEV_POWER_INSTANT => uint(power_at(d, utilization(sim, index))),
         FI_DEV_NVLINK_LINK_COUNT if d.nvlink_version > 0 => uint(links),
-        // Per-link data counters in KiB. Copies take no simulated time and their NVLink traffic
-        // is not recorded, so the counters stay at 0; a link the device lacks is an invalid
-        // scope.
+        // Per-link data counters in KiB (DATA_TX 138, DATA_RX 139, RAW_TX 140, RAW_RX 141):
+        // the bytes the simulated driver timed over the link (`sensors::nvlink_kib`; raw
+        // counts no protocol overhead, so it equals data); a link the device lacks is an
+        // invalid scope.
         FI_DEV_NVLINK_THROUGHPUT_DATA_TX..=FI_DEV_NVLINK_THROUGHPUT_RAW_RX
             if d.nvlink_version > 0 =>
         {
-            if scope < links {
-                ull(0)
-            } else {
-                Err(ret::ERROR_INVALID_ARGUMENT)
+            let tx = (id - FI_DEV_NVLINK_THROUGHPUT_DATA_TX).is_multiple_of(2);
+            match crate::sensors::nvlink_kib(sim, index, scope as usize, tx) {
+                Some(kib) if scope < links => ull(kib),
+                _ => Err(ret::ERROR_INVALID_ARGUMENT),
             }
         }
         id if id >= FI_MAX => Err(ret::ERROR_INVALID_ARGUMENT),

@@ -50,7 +50,8 @@ const IDLE_POWER_NUM: u32 = 3;
 const IDLE_POWER_DEN: u32 = 20;
 
 /// Board power (TDP) in milliwatts for the GPUs the presets model, from NVIDIA's product
-/// datasheets: A100 PCIe 250 W, A100 SXM4 400 W, V100 SXM2 300 W, A10 150 W. The model has no
+/// datasheets: A100 PCIe 250 W, A100 SXM4 400 W, V100 SXM2 300 W, A10 150 W, H200 SXM 700 W (an
+/// H200's nvidia-smi -q: "Default Power Limit: 700.00 W"). The model has no
 /// power field, so the board is recognised by its PCI device id (high 16 bits of
 /// `pciDeviceId`); a model file's device keeps the A100 PCIe id unless it is one of these, and so
 /// gets 250 W.
@@ -59,6 +60,7 @@ pub fn board_power_mw(d: &Device) -> u32 {
         0x20b2 => 400_000, // A100-SXM4-80GB
         0x1db1 => 300_000, // V100-SXM2-16GB
         0x2236 => 150_000, // A10
+        0x2335 => 700_000, // H200 SXM
         _ => 250_000,      // A100 PCIe (0x20f1) and anything else
     }
 }
@@ -75,6 +77,51 @@ pub(crate) fn utilization(sim: &Sim, d: usize) -> u32 {
 }
 
 /// °C at `util` percent: linear from idle to idle + rise.
+/// The window nvmlDeviceGetPcieThroughput reports over: "This function is querying a byte
+/// counter over a 20ms interval and thus is the PCIe throughput over that interval" (nvml.h).
+/// The simulator reads the 20 ms just past instead of waiting for the next.
+pub const PCIE_WINDOW_NS: u64 = 20_000_000;
+
+/// KB/s (KiB, as NVML counts) device `d`'s PCIe link carried over the last 20 ms: received by
+/// the device (host to device, `rx`) or sent (device to host). The copies the simulated driver
+/// timed over the link (`cuvisor_sim::state::Shared::reserve`) fill these counters.
+pub(crate) fn pcie_throughput(sim: &Sim, d: usize, rx: bool) -> u32 {
+    sim.shared
+        .pcie_kib_per_s(d, rx, PCIE_WINDOW_NS)
+        .min(u32::MAX as u64) as u32
+}
+
+/// KiB that NVLink `link` of device `d` ever carried, sent (`tx`) or received: the bytes the
+/// simulated driver timed over the resource the link is part of (the bonded links to one peer
+/// GPU, or the links into the NVSwitches), shared evenly by its links. None: no such link.
+pub(crate) fn nvlink_kib(sim: &Sim, d: usize, link: usize, tx: bool) -> Option<u64> {
+    use cuvisor_fabric::Resource;
+    use cuvisor_sim::model::LinkPeer;
+    let dev = sim.model.devices.get(d)?;
+    let f = &sim.fabric;
+    let peer = dev.links.get(link)?;
+    let (r, n) = match *peer {
+        LinkPeer::Gpu(b) => {
+            let r = if tx {
+                Resource::NvLink(d, b)
+            } else {
+                Resource::NvLink(b, d)
+            };
+            (r, f.direct_links(d, b))
+        }
+        LinkPeer::Switch(_) => {
+            let r = if tx {
+                Resource::SwitchPortOut(d)
+            } else {
+                Resource::SwitchPortIn(d)
+            };
+            (r, f.gpus().get(d)?.switch_links)
+        }
+    };
+    let bytes = f.index(r).map_or(0, |i| sim.shared.link_bytes(i));
+    Some(bytes / n.max(1) as u64 / 1024)
+}
+
 pub fn temperature_at(util: u32) -> u32 {
     IDLE_TEMPERATURE_C + LOAD_TEMPERATURE_RISE_C * util.min(100) / 100
 }

@@ -3,6 +3,7 @@
 use crate::device::{dev, handle, parse_bus_id, pci_info};
 use crate::{export, read, sim, write, write_array, Res};
 use cuvisor_cuda_abi::nvml::*;
+use cuvisor_fabric::{End, Fabric, RouteKind};
 use cuvisor_sim::model::LinkPeer;
 use cuvisor_sim::Sim;
 use std::ffi::{c_int, c_uint, c_ulong};
@@ -10,8 +11,6 @@ use std::sync::atomic::Ordering;
 
 /// CPUs per simulated NUMA node (see `cuvisor_sim::model::cpu_affinity`).
 const CPUS_PER_NODE: u32 = 16;
-/// PCI device id of an A100-generation NVSwitch, as NVML reports the remote end of its links.
-const NVSWITCH_PCI_DEVICE_ID: u32 = 0x1af1_10de;
 
 export! {
     /// The model's PCIe/CPU distance; a device with itself is NVML_TOPOLOGY_INTERNAL.
@@ -164,9 +163,9 @@ export! {
                 pci_info(p.pci_domain, p.pci_bus, p.pci_device, p.pci_device_id)
             }
             LinkPeer::Switch(s) => {
-                let id = sim.model.nvswitches.get(*s).map(|w| w.pci_bus_id.as_str()).unwrap_or("");
-                let (domain, bus, device) = parse_bus_id(id).ok_or(ret::ERROR_UNKNOWN)?;
-                pci_info(domain, bus, device, NVSWITCH_PCI_DEVICE_ID)
+                let sw = sim.model.nvswitches.get(*s).ok_or(ret::ERROR_UNKNOWN)?;
+                let (domain, bus, device) = parse_bus_id(&sw.pci_bus_id).ok_or(ret::ERROR_UNKNOWN)?;
+                pci_info(domain, bus, device, sw.pci_device_id)
             }
         };
         write(pci, info)
@@ -187,7 +186,7 @@ export! {
         if a == b {
             return Err(ret::ERROR_INVALID_ARGUMENT);
         }
-        let s = p2p(&sim.model, a, b, index).ok_or(ret::ERROR_INVALID_ARGUMENT)?;
+        let s = p2p(&sim.fabric, a, b, index).ok_or(ret::ERROR_INVALID_ARGUMENT)?;
         write(status, s)
     }
 
@@ -221,21 +220,29 @@ pub mod p2p_status {
     pub const NOT_SUPPORTED: u32 = 5;
 }
 
-/// What `nvmlDeviceGetP2PStatus` answers for two distinct GPUs, from the model's wiring, in
-/// agreement with the simulated driver's `cuDeviceCanAccessPeer` (crates/sim/cuda): peers are
-/// GPUs joined by NVLink (directly or through NVSwitches) or behind one PCIe root complex (PIX,
-/// PXB). Per capability:
+/// What `nvmlDeviceGetP2PStatus` answers for two distinct GPUs, from the interconnect model
+/// (`cuvisor_fabric`), the same answers the simulated driver derives its peer queries from
+/// (crates/sim/cuda `device::peer_access`, `cuDeviceGetP2PAttribute`): peers are GPUs joined by
+/// NVLink (directly or through NVSwitches) or under one PCIe root complex (PIX, PXB),
+/// `Fabric::p2p_supported`. Per capability:
 /// - READ / WRITE: OK for peers; otherwise the path crosses host bridges, which the chipset does
 ///   not route peer traffic over: CHIPSET_NOT_SUPPORTED (`nvidia-smi topo -p2p` prints "CNS").
-/// - NVLINK: OK when an NVLink joins them, else NOT_SUPPORTED.
+/// - NVLINK: OK when peer traffic goes over NVLink (the route of a peer copy is direct NVLink or
+///   NVSwitch), else NOT_SUPPORTED.
 /// - ATOMICS: OK over NVLink only (PCIe peer atomics are not modelled), else NOT_SUPPORTED.
-/// - PCI: peer traffic over PCIe alone: OK behind one root complex, else CHIPSET_NOT_SUPPORTED.
+/// - PCI: peer traffic over PCIe alone: OK under one root complex, else CHIPSET_NOT_SUPPORTED.
 ///
 /// Links taken down by fault injection do not change the answers (nor cuDeviceCanAccessPeer's).
-pub(crate) fn p2p(m: &cuvisor_sim::model::Model, a: usize, b: usize, index: u32) -> Option<u32> {
-    use cuvisor_sim::model::PcieLevel;
-    let nvlink = m.nvlink_bandwidth_links(a, b) > 0;
-    let pcie = m.pcie_level(a, b) <= PcieLevel::Multiple;
+pub(crate) fn p2p(f: &Fabric, a: usize, b: usize, index: u32) -> Option<u32> {
+    p2p_in(f, a, b, index)
+}
+
+/// [`p2p`] on a given fabric.
+fn p2p_in(f: &Fabric, a: usize, b: usize, index: u32) -> Option<u32> {
+    let peers = f.p2p_supported(a, b);
+    let kind = f.route(End::Gpu(a), End::Gpu(b), true).kind;
+    let nvlink = peers && matches!(kind, RouteKind::NvLink | RouteKind::NvSwitch);
+    let pcie = a != b && f.gpus()[a].pcie_root == f.gpus()[b].pcie_root;
     let ok = |yes: bool, no: u32| if yes { p2p_status::OK } else { no };
     Some(match index {
         p2p_caps::READ | p2p_caps::WRITE => ok(nvlink || pcie, p2p_status::CHIPSET_NOT_SUPPORTED),
@@ -319,29 +326,29 @@ mod tests {
 
     #[test]
     fn p2p_follows_nvlinks_and_root_complexes() {
-        let dgx1 = preset("dgx1-v100").unwrap();
-        assert_eq!(p2p(&dgx1, 0, 3, p2p_caps::NVLINK), Some(p2p_status::OK));
+        let dgx1 = preset("dgx1-v100").unwrap().fabric();
+        assert_eq!(p2p_in(&dgx1, 0, 3, p2p_caps::NVLINK), Some(p2p_status::OK));
         assert_eq!(
-            p2p(&dgx1, 0, 5, p2p_caps::READ),
+            p2p_in(&dgx1, 0, 5, p2p_caps::READ),
             Some(p2p_status::CHIPSET_NOT_SUPPORTED)
         );
         assert_eq!(
-            p2p(&dgx1, 0, 5, p2p_caps::ATOMICS),
+            p2p_in(&dgx1, 0, 5, p2p_caps::ATOMICS),
             Some(p2p_status::NOT_SUPPORTED)
         );
-        let pcie = preset("pcie-8").unwrap();
-        assert_eq!(p2p(&pcie, 0, 3, p2p_caps::WRITE), Some(p2p_status::OK));
-        assert_eq!(p2p(&pcie, 0, 3, p2p_caps::PCI), Some(p2p_status::OK));
+        let pcie = preset("pcie-8").unwrap().fabric();
+        assert_eq!(p2p_in(&pcie, 0, 3, p2p_caps::WRITE), Some(p2p_status::OK));
+        assert_eq!(p2p_in(&pcie, 0, 3, p2p_caps::PCI), Some(p2p_status::OK));
         assert_eq!(
-            p2p(&pcie, 0, 1, p2p_caps::ATOMICS),
+            p2p_in(&pcie, 0, 1, p2p_caps::ATOMICS),
             Some(p2p_status::NOT_SUPPORTED)
         );
         assert_eq!(
-            p2p(&pcie, 0, 4, p2p_caps::PCI),
+            p2p_in(&pcie, 0, 4, p2p_caps::PCI),
             Some(p2p_status::CHIPSET_NOT_SUPPORTED)
         );
-        let a100 = preset("dgx-a100").unwrap();
-        assert_eq!(p2p(&a100, 0, 7, p2p_caps::NVLINK), Some(p2p_status::OK));
-        assert_eq!(p2p(&a100, 0, 7, 5), None, "NVML_P2P_CAPS_INDEX_UNKNOWN");
+        let a100 = preset("dgx-a100").unwrap().fabric();
+        assert_eq!(p2p_in(&a100, 0, 7, p2p_caps::NVLINK), Some(p2p_status::OK));
+        assert_eq!(p2p_in(&a100, 0, 7, 5), None, "NVML_P2P_CAPS_INDEX_UNKNOWN");
     }
 }

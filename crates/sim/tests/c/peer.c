@@ -1,7 +1,7 @@
 /* Peer context memory access, linked against libcuda (-lcuda): cuDeviceCanAccessPeer and
  * cuCtxEnablePeerAccess / cuCtxDisablePeerAccess with the codes CUDA 13.5's cuda.h documents
  * (already enabled, not enabled, the current context itself, no access path, flags, invalid
- * contexts). Run on "dgx-a100" (8 GPUs behind NVSwitch: every pair has a path) and on "pcie-8"
+ * contexts). Run on "dgx-a100" and "h200" (8 GPUs behind NVSwitch: every pair has a path) and on "pcie-8"
  * (pairs of A10s under PCIe switches, two host bridges: GPU 0 reaches 1..3, not 4..7); the
  * program reads which from CUVISOR_SIM.
  *
