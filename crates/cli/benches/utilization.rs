@@ -127,8 +127,9 @@ struct Machine {
 struct Stream {
     util: f64,
     /// Utilization from the first start until the queue emptied (every job placed): the
-    /// placement's steady state, before the stream's tail leaves GPUs idle.
-    util_queued: f64,
+    /// placement's steady state, before the stream's tail leaves GPUs idle. None when no job
+    /// ever waited (the whole stream fit at once).
+    util_queued: Option<f64>,
     wall_s: f64,
     jobs: usize,
     steps: u64,
@@ -276,7 +277,7 @@ impl Machine {
         let mut running: Vec<Running> = Vec::new();
         let mut done = Stream {
             util: 0.0,
-            util_queued: 0.0,
+            util_queued: None,
             wall_s: 0.0,
             jobs: 0,
             steps: 0,
@@ -284,12 +285,14 @@ impl Machine {
         };
         let t0 = Instant::now();
         let mut queued: Option<(u64, Duration)> = None;
+        let mut waited = false;
         loop {
             if queue.is_empty() && queued.is_none() {
                 queued = Some((busy(&shared).saturating_sub(busy0), t0.elapsed()));
             }
             while let Some(&(i, size)) = queue.front() {
                 let Some(gpus) = placer.place(&free, size) else {
+                    waited = true;
                     break;
                 };
                 assert_eq!(gpus.len(), size, "{mode:?} placed {gpus:?} for {size} GPUs");
@@ -368,7 +371,7 @@ impl Machine {
             100.0 * busy as f64 / (self.gpus() as f64 * over.as_nanos().max(1) as f64)
         };
         done.util = percent(busy_ns, wall);
-        done.util_queued = queued.map_or(0.0, |(b, t)| percent(b, t));
+        done.util_queued = queued.filter(|_| waited).map(|(b, t)| percent(b, t));
         drop(shared);
         let _ = std::fs::remove_file(&state);
         let _ = std::fs::remove_dir_all(state.with_extension("state.coord"));
@@ -395,11 +398,11 @@ fn table(preset: &str, results: &[(usize, usize, Stream)]) -> String {
         };
         let _ = writeln!(
             t,
-            "| {} | {} | {:.1} | {:.1} | {:.0} | {:.1} | {:.2} | {:.1} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {:.1} | {} | {:.0} | {:.1} | {:.2} | {:.1} | {} | {} | {} | {} | {} |",
             KINDS[*k],
             Mode::ALL[*m].label(),
             s.util,
-            s.util_queued,
+            s.util_queued.map_or("-".into(), |u| format!("{u:.1}")),
             chart::SEEDS[*k].1[*m],
             s.jobs_per_min(),
             s.steps_per_s(),
@@ -494,10 +497,10 @@ fn main() {
             for (m, &mode) in Mode::ALL.iter().enumerate() {
                 let s = machine.stream(&plan, kind, mode, &sizes);
                 eprintln!(
-                    "{preset} {kind} {}: {:.1} % busy ({:.1} % while jobs queued), {:.1} s",
+                    "{preset} {kind} {}: {:.1} % busy ({} % while jobs queued), {:.1} s",
                     mode.label(),
                     s.util,
-                    s.util_queued,
+                    s.util_queued.map_or("-".into(), |u| format!("{u:.1}")),
                     s.wall_s
                 );
                 results.push((k, m, s));
