@@ -46,6 +46,9 @@ const BOXES: [&str; 4] = ["dgx1-v100", "dgx-a100", "h200", "pcie-8"];
 const SEED: u64 = 18;
 /// A job that has not finished after this long fails the bench.
 const JOB_TIMEOUT: Duration = Duration::from_secs(300);
+/// The box whose GPU the plan's `--scale` is for (the others' scale by their speed-up).
+const REFERENCE_BOX: &str = "dgx1-v100";
+static REFERENCE_BOX_PROBE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
 
 /// How much to run.
 #[derive(Clone, Debug)]
@@ -120,6 +123,10 @@ struct Machine {
     profile: PathBuf,
     cuvisor: PathBuf,
     scratch: PathBuf,
+    /// The jobs' `--scale` on this box: the plan's, times how much faster its GPU computes
+    /// than the V100 (the job scales its compute by tensor throughput), so that a step takes
+    /// about as long on every box (about 100 ms) and process start-up weighs the same.
+    scale: f64,
 }
 
 /// One stream's outcome.
@@ -168,7 +175,7 @@ struct Running {
 }
 
 impl Machine {
-    fn new(preset: &'static str) -> Option<Machine> {
+    fn new(preset: &'static str, plan: &Plan) -> Option<Machine> {
         let model = cuvisor_sim::model::preset(preset)?;
         let topology = parse_topo_matrix(&model.topo_matrix())
             .unwrap_or_else(|e| panic!("{preset}: its topo -m does not parse: {e:?}"));
@@ -181,14 +188,47 @@ impl Machine {
         ));
         let _ = std::fs::remove_dir_all(&scratch);
         std::fs::create_dir_all(&scratch).expect("a scratch directory in TMPDIR");
-        Some(Machine {
+        let mut m = Machine {
             preset,
             model,
             allocator,
             cuvisor: PathBuf::from(env!("CARGO_BIN_EXE_cuvisor")),
             profile,
             scratch,
-        })
+            scale: 1.0,
+        };
+        let reference = *REFERENCE_BOX_PROBE.get_or_init(|| m.vision_compute_ns(REFERENCE_BOX));
+        let speedup = reference.max(1) as f64 / m.vision_compute_ns(preset).max(1) as f64;
+        m.scale = (plan.scale * speedup).clamp(0.0001, 1.0);
+        Some(m)
+    }
+
+    /// A one-GPU vision job's compute per step on `preset` at `--scale 0.01`, ns (the job's
+    /// JSON `compute_ns`), run on the simulator directly.
+    fn vision_compute_ns(&self, preset: &str) -> u64 {
+        let state = self.scratch.join(format!("probe-{preset}.state"));
+        let out = Command::new(&self.cuvisor)
+            .args([
+                "sim", "job", "--kind", "vision", "--gpus", "0", "--steps", "1",
+            ])
+            .args(["--scale", "0.01", "--json"])
+            .env_remove("LD_PRELOAD")
+            .env("CUVISOR_SIM", preset)
+            .env("CUVISOR_SIM_STATE", &state)
+            .env("LD_LIBRARY_PATH", self.profile.join("sim"))
+            .output()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", self.cuvisor.display()));
+        let _ = std::fs::remove_file(&state);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "probing {preset}'s compute: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str::<serde_json::Value>(text.trim())
+            .ok()
+            .and_then(|v| v.get("compute_ns").and_then(serde_json::Value::as_u64))
+            .unwrap_or_else(|| panic!("probing {preset}'s compute: no compute_ns in {text}"))
     }
 
     fn gpus(&self) -> usize {
@@ -224,7 +264,7 @@ impl Machine {
             "--steps".into(),
             plan.steps.to_string(),
             "--scale".into(),
-            plan.scale.to_string(),
+            format!("{:.4}", self.scale),
             "--json".into(),
         ];
         let mut c = Command::new(&self.cuvisor);
@@ -471,7 +511,7 @@ fn main() {
     let started = Instant::now();
     println!(
         "utilization: per box, per kind, a stream of {} jobs of {:?} GPUs (SplitMix64, seed {SEED}), \
-         each `cuvisor sim job --steps {} --scale {}`; {UNITS} memory units per GPU; sharing jobs {}{}",
+         each `cuvisor sim job --steps {} --scale {}` (on {REFERENCE_BOX}; other boxes scale by their GPU's speed-up); {UNITS} memory units per GPU; sharing jobs {}{}",
         sizes.len(),
         sizes,
         plan.steps,
@@ -484,7 +524,7 @@ fn main() {
     let mut md = String::new();
     let mut drawn: Option<(String, [[f64; 3]; 3])> = None;
     for &preset in &boxes {
-        let Some(machine) = Machine::new(preset) else {
+        let Some(machine) = Machine::new(preset, &plan) else {
             println!("{preset}: SKIPPED (no such simulator preset in this build)");
             let _ = writeln!(md, "{preset}: no such simulator preset in this build\n");
             continue;
@@ -507,6 +547,12 @@ fn main() {
             }
         }
         let t = table(preset, &results);
+        println!(
+            "\n{preset}: {} x {}, jobs at --scale {:.4}",
+            machine.gpus(),
+            machine.model.devices[0].name,
+            machine.scale
+        );
         println!("\n{t}");
         if !plan.short {
             println!("multi-GPU jobs ({preset}): GPUs, busbw meas/model GB/s, loss meas/model %, host-bound steps");
@@ -525,6 +571,13 @@ fn main() {
                 }
             }
         }
+        let _ = writeln!(
+            md,
+            "{preset}: {} x {}, jobs at `--scale {:.4}`\n",
+            machine.gpus(),
+            machine.model.devices[0].name,
+            machine.scale
+        );
         md.push_str(&t);
         md.push('\n');
         check_cells(&plan, preset, &results, &sizes);
