@@ -596,9 +596,11 @@ fn main() {
         let svg = chart::svg(
             &format!("GPU utilization on a simulated {machine}"),
             &format!(
-                "{} jobs per kind ({:?} GPUs), {} steps each; filled: measured, outlined: the seeds' figures",
+                "{} jobs per kind ({} x 1 GPU, {} x 2, {} x 4), {} steps each; filled: measured, outlined: the seeds' figures",
                 sizes.len(),
-                sizes,
+                sizes.iter().filter(|&&s| s == 1).count(),
+                sizes.iter().filter(|&&s| s == 2).count(),
+                sizes.iter().filter(|&&s| s == 4).count(),
                 plan.steps
             ),
             &v,
