@@ -555,15 +555,17 @@ fn main() {
         );
         println!("\n{t}");
         if !plan.short {
-            println!("multi-GPU jobs ({preset}): GPUs, busbw meas/model GB/s, loss meas/model %, host-bound steps");
+            println!("multi-GPU jobs ({preset}): GPUs: busbw GB/s, comm. efficiency GB/s, topology loss % (each measured/model), host-bound steps");
             for (k, m, s) in &results {
                 for (gpus, r) in &s.multi {
                     println!(
-                        "  {:<10} {:<27} {gpus:?}: {:.1}/{:.1}  {:.1}/{:.1}  {}",
+                        "  {:<10} {:<27} {gpus:?}: {:.1}/{:.1}  {:.1}/{:.1}  {:.1}/{:.1}  {}",
                         KINDS[*k],
                         Mode::ALL[*m].label(),
                         r.busbw.0,
                         r.busbw.1,
+                        r.efficiency.0,
+                        r.efficiency.1,
                         100.0 * r.loss.0,
                         100.0 * r.loss.1,
                         r.host_bound_steps
