@@ -12,8 +12,8 @@ pub struct JobReport {
     pub efficiency: (f64, f64),
     /// The seeds' topology loss rate, 0..=1: measured, modelled.
     pub loss: (f64, f64),
-    /// Steps whose all-reduce the host issued later than it could start: the simulator moves
-    /// a copy's bytes in the issuing thread, so these measured the host as well as the links.
+    /// Steps whose all-reduce the host issued later than it could start: these measured the
+    /// host (issuing the copies' driver calls) as well as the links.
     pub host_bound_steps: u64,
 }
 
