@@ -16,7 +16,8 @@
 //! `cargo bench --bench utilization`: every box (dgx1-v100 drawn as docs/utilization.svg;
 //! dgx-a100, h200, pcie-8 as contrast), prints the table, writes target/utilization.svg and
 //! target/utilization.md (the table, for docs/utilization.md).
-//! `CUVISOR_BENCH_SHORT=1 cargo bench --bench utilization` (or `-- --short`; .ci/run runs it):
+//! `CUVISOR_BENCH_SHORT=1 cargo bench --bench utilization` (or `-- --short`, or run by `cargo
+//! test --benches`; .ci/run runs it):
 //! dgx1-v100 only, fewer and shorter jobs; asserts only that every job finished and that the
 //! table has every cell (no timing assertions).
 //! For finding out where utilization goes: CUVISOR_BENCH_BOXES=dgx1-v100,h200 and
@@ -67,8 +68,11 @@ struct Plan {
 
 impl Plan {
     fn from_env() -> Plan {
+        // `cargo bench` passes --bench; without it (`cargo test --benches`, `--all-targets`)
+        // the short form runs, not five minutes of jobs.
         let short = std::env::var("CUVISOR_BENCH_SHORT").is_ok_and(|v| !v.is_empty() && v != "0")
-            || std::env::args().any(|a| a == "--short");
+            || std::env::args().any(|a| a == "--short")
+            || !std::env::args().any(|a| a == "--bench");
         let compute = match std::env::var("CUVISOR_BENCH_COMPUTE") {
             Ok(p) if p == "without-cuvisor" => None,
             Ok(p) if !p.is_empty() => Some(p),
