@@ -15,6 +15,9 @@
 //! process of that container holds it: the rules are in `quota::shared`; here the driver's
 //! answers are turned into the keys both sides know the memory by.
 
+use super::device::{
+    call_real, current_ordinal, device_count, entry_of, REAL_CTX_GET_CURRENT, REAL_CTX_GET_DEVICE,
+};
 use super::hooks;
 use super::{procaddr, Lib, Real};
 use crate::quota::modules::Gone;
@@ -24,7 +27,7 @@ use crate::quota::{charged_size, Quota, Refusal};
 use crate::Mode;
 use cuvisor_cuda_abi::cuda::*;
 use std::ffi::{c_char, c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering::*};
+use std::sync::atomic::{AtomicU32, Ordering::*};
 
 hooks! {
     Cuda cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) => alloc_v2;
@@ -90,9 +93,6 @@ const OOM: u32 = err::OUT_OF_MEMORY;
 
 // ---- the driver's answers cuvisor itself needs (real entry points, never our wrappers) ----------
 
-static REAL_CTX_GET_DEVICE: Real = Real::new(Lib::Cuda, c"cuCtxGetDevice");
-static REAL_DEVICE_GET_COUNT: Real = Real::new(Lib::Cuda, c"cuDeviceGetCount");
-static REAL_DEVICE_GET_UUID: Real = Real::new(Lib::Cuda, c"cuDeviceGetUuid");
 static REAL_MEM_FREE: Real = Real::new(Lib::Cuda, c"cuMemFree_v2");
 static REAL_GET_ADDRESS_RANGE: Real = Real::new(Lib::Cuda, c"cuMemGetAddressRange_v2");
 static REAL_PRIMARY_GET_STATE: Real = Real::new(Lib::Cuda, c"cuDevicePrimaryCtxGetState");
@@ -102,35 +102,10 @@ static REAL_DEVICE_GET_DEFAULT_MEM_POOL: Real = Real::new(Lib::Cuda, c"cuDeviceG
 static REAL_DEVICE_SET_MEM_POOL: Real = Real::new(Lib::Cuda, c"cuDeviceSetMemPool");
 static REAL_POINTER_GET_ATTRIBUTE: Real = Real::new(Lib::Cuda, c"cuPointerGetAttribute");
 static REAL_STREAM_GET_CTX: Real = Real::new(Lib::Cuda, c"cuStreamGetCtx");
-pub(super) static REAL_CTX_GET_CURRENT: Real = Real::new(Lib::Cuda, c"cuCtxGetCurrent");
 static REAL_CTX_PUSH: Real = Real::new(Lib::Cuda, c"cuCtxPushCurrent_v2");
 static REAL_CTX_POP: Real = Real::new(Lib::Cuda, c"cuCtxPopCurrent_v2");
 static REAL_STREAM_IS_CAPTURING: Real = Real::new(Lib::Cuda, c"cuStreamIsCapturing");
 static REAL_STREAM_IS_CAPTURING_PTSZ: Real = Real::new(Lib::Cuda, c"cuStreamIsCapturing_ptsz");
-
-fn call_real<F: Copy>(r: &Real) -> Option<F> {
-    let a = r.get();
-    // SAFETY: `r` names a driver export whose C signature is F (each caller below states it).
-    (a != 0).then(|| unsafe { std::mem::transmute_copy::<usize, F>(&a) })
-}
-
-/// Visible device count, asked once (after cuInit succeeded; -1 until then).
-pub(super) fn device_count() -> i32 {
-    static COUNT: AtomicI32 = AtomicI32::new(-1);
-    let c = COUNT.load(Relaxed);
-    if c >= 0 {
-        return c;
-    }
-    let mut n = 0;
-    if let Some(f) = call_real::<unsafe extern "C" fn(*mut c_int) -> u32>(&REAL_DEVICE_GET_COUNT) {
-        // SAFETY: cuDeviceGetCount(int*) with a valid out-pointer.
-        if unsafe { f(&mut n) } == SUCCESS {
-            COUNT.store(n, Relaxed);
-            return n;
-        }
-    }
-    -1
-}
 
 /// The ordinal of the device of `stream`'s context: cuMemAllocAsync allocates from the current
 /// pool of the stream's device, which need not be the current context's.
@@ -167,28 +142,6 @@ fn stream_ordinal(stream: CUstream) -> Option<i32> {
     // SAFETY: cuCtxPopCurrent_v2(CUcontext*) with a valid out-pointer, undoing our push.
     unsafe { pop(&mut popped) };
     ok.then_some(d)
-}
-
-/// The ordinal of the current context's device.
-pub(super) fn current_ordinal() -> Option<i32> {
-    if device_count() == 1 {
-        return Some(0); // one visible device: every allocation is on it, no driver call needed
-    }
-    let f = call_real::<unsafe extern "C" fn(*mut CUdevice) -> u32>(&REAL_CTX_GET_DEVICE)?;
-    let mut d = -1;
-    // SAFETY: cuCtxGetDevice(CUdevice*) with a valid out-pointer.
-    (unsafe { f(&mut d) } == SUCCESS).then_some(d)
-}
-
-fn uuid_of(ordinal: i32) -> Option<[u8; 16]> {
-    let f = call_real::<unsafe extern "C" fn(*mut CUuuid, CUdevice) -> u32>(&REAL_DEVICE_GET_UUID)?;
-    let mut u = CUuuid::default();
-    // SAFETY: cuDeviceGetUuid(CUuuid*, CUdevice) with a valid out-pointer.
-    (unsafe { f(&mut u, ordinal) } == SUCCESS).then_some(u.bytes)
-}
-
-pub(super) fn entry_of(q: &Quota, ordinal: i32) -> Option<usize> {
-    q.entry(ordinal, || uuid_of(ordinal))
 }
 
 // ---- pointers from the program (its contract: NULL or valid) -------------------------------------

@@ -37,13 +37,17 @@
 //! run that driver without a quota, or update cuvisor). The quota is the point of cuvisor, so
 //! such a table is refused (CUDA_ERROR_NOT_SUPPORTED, `*table` NULL, one line): it fails closed.
 
-use super::guard;
 use super::module::charged_module_load;
+use super::{guard, hooks};
 use crate::quota::GRANULE;
 use crate::Mode;
 use cuvisor_cuda_abi::cuda::*;
 use std::ffi::c_void;
 use std::sync::OnceLock;
+
+hooks! {
+    Cuda cuGetExportTable(table: *mut *const c_void, id: *const [u8; 16]) => get_export_table;
+}
 
 /// `6bd5fb6c-5bf4-e74a-8987-d93912fd9df9`, as the bytes lie in memory (see the module doc).
 pub const CUDART_INTERFACE: [u8; 16] = [

@@ -12,6 +12,7 @@
 
 mod cuda;
 mod cudart_table;
+mod device;
 mod dlsym;
 mod elf;
 mod graph;
@@ -207,6 +208,7 @@ pub fn all_hooks() -> impl Iterator<Item = &'static Hook> {
         .iter()
         .chain(launch::table())
         .chain(module::table())
+        .chain(cudart_table::table())
         .chain(graph::table())
         .chain(nvml::table())
 }

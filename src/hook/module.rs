@@ -12,7 +12,7 @@
 //! through. Every entry point here is also what cuGetProcAddress hands out (`procaddr`
 //! substitutes any wrapped address).
 
-use super::cuda::{current_ordinal, device_count, entry_of, REAL_CTX_GET_CURRENT};
+use super::device::{current_ordinal, device_count, entry_of, REAL_CTX_GET_CURRENT};
 use super::hooks;
 use super::{Lib, Real};
 use crate::quota::modules::{Gone, Kind, LoadError, Place};
@@ -31,7 +31,6 @@ hooks! {
     Cuda cuLibraryLoadData(library: *mut *mut c_void, code: *const c_void, jit_keys: *mut c_void, jit_vals: *mut *mut c_void, jit_n: c_uint, lib_keys: *mut c_void, lib_vals: *mut *mut c_void, lib_n: c_uint) => library_load_data;
     Cuda cuLibraryLoadFromFile(library: *mut *mut c_void, file: *const c_char, jit_keys: *mut c_void, jit_vals: *mut *mut c_void, jit_n: c_uint, lib_keys: *mut c_void, lib_vals: *mut *mut c_void, lib_n: c_uint) => library_load_file;
     Cuda cuLibraryUnload(library: *mut c_void) => library_unload;
-    Cuda cuGetExportTable(table: *mut *const c_void, id: *const [u8; 16]) => super::cudart_table::get_export_table;
 }
 
 const OOM: u32 = err::OUT_OF_MEMORY;

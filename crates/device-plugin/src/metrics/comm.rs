@@ -53,7 +53,8 @@ pub struct Comm {
 /// The node's link model, answering [`Comm`] for sets of its GPUs.
 pub struct CommModel {
     allocator: Allocator,
-    fabric: Fabric,
+    /// None for a node without GPUs (a fabric has at least one): no figures.
+    fabric: Option<Fabric>,
     uuids: Vec<Option<String>>,
     /// The best group of each size found so far.
     best: Mutex<HashMap<usize, (Vec<usize>, AllReduce)>>,
@@ -93,7 +94,7 @@ impl CommModel {
     pub fn new(allocator: Allocator) -> CommModel {
         let t = allocator.topology();
         CommModel {
-            fabric: fabric::fabric(t),
+            fabric: (!t.is_empty()).then(|| fabric::fabric(t)),
             uuids: t.gpus().iter().map(|g| g.uuid.clone()).collect(),
             allocator,
             best: Mutex::new(HashMap::new()),
@@ -119,7 +120,8 @@ impl CommModel {
 
     /// The figures of a group of GPU indices (distinct, in range); None for fewer than two.
     pub fn of_group(&self, group: &[usize]) -> Option<Comm> {
-        if group.len() < 2 || group.iter().any(|&g| g >= self.fabric.len()) {
+        let f = self.fabric.as_ref()?;
+        if group.len() < 2 || group.iter().any(|&g| g >= f.len()) {
             return None;
         }
         let mut group = group.to_vec();
@@ -128,8 +130,8 @@ impl CommModel {
         if group.len() < 2 {
             return None;
         }
-        let efficiency_gbps = self.allreduce(&group).efficiency_gbps();
-        let (_, best) = self.best_allreduce(group.len());
+        let efficiency_gbps = self.allreduce(f, &group).efficiency_gbps();
+        let (_, best) = self.best_allreduce(f, group.len());
         // The fallback search may miss a group; the allocation itself is one of its size.
         let peak_gbps = best.efficiency_gbps().max(efficiency_gbps);
         Some(Comm {
@@ -140,24 +142,24 @@ impl CommModel {
     }
 
     /// The modelled all-reduce over `group`. (To become `Allocator::allreduce`, cached.)
-    fn allreduce(&self, group: &[usize]) -> AllReduce {
+    fn allreduce(&self, f: &Fabric, group: &[usize]) -> AllReduce {
         self.modelled.fetch_add(1, Relaxed);
-        ring::allreduce(&self.fabric, group)
+        ring::allreduce(f, group)
     }
 
     /// The best group of `size` GPUs on this node and its all-reduce, searched once per size.
     /// (To become `Allocator::best_allreduce`.)
-    fn best_allreduce(&self, size: usize) -> (Vec<usize>, AllReduce) {
+    fn best_allreduce(&self, f: &Fabric, size: usize) -> (Vec<usize>, AllReduce) {
         let mut cache = self.best.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(b) = cache.get(&size) {
             return b.clone();
         }
-        let n = self.fabric.len();
+        let n = f.len();
         let groups = choose(n as u64, size as u64);
         let rings = (1..size as u64).fold(groups, u64::saturating_mul);
         let mut best: Option<(Vec<usize>, AllReduce)> = None;
         let mut consider = |g: &[usize]| {
-            let a = self.allreduce(g);
+            let a = self.allreduce(f, g);
             if best
                 .as_ref()
                 .is_none_or(|(_, b)| a.efficiency_gbps() > b.efficiency_gbps())
@@ -181,7 +183,7 @@ impl CommModel {
                 }
             }
         }
-        let found = best.unwrap_or_else(|| (Vec::new(), self.allreduce(&[])));
+        let found = best.unwrap_or_else(|| (Vec::new(), self.allreduce(f, &[])));
         cache.insert(size, found.clone());
         found
     }
@@ -252,7 +254,7 @@ mod tests {
         let t0 = std::time::Instant::now();
         for size in 2..=16 {
             let before = m.modelled.load(Relaxed);
-            let _ = m.best_allreduce(size);
+            let _ = m.best_allreduce(m.fabric.as_ref().unwrap(), size);
             let searched = m.modelled.load(Relaxed) - before;
             assert!(
                 searched <= EXACT_GROUPS,
@@ -269,13 +271,30 @@ mod tests {
         assert!(m.of_group(&[0, 8]).unwrap().loss > 0.5);
         let t1 = std::time::Instant::now();
         for size in 2..=16 {
-            let _ = m.best_allreduce(size);
+            let _ = m.best_allreduce(m.fabric.as_ref().unwrap(), size);
         }
         eprintln!(
             "16 GPUs, sizes 2..16: {first:?} first, {:?} cached",
             t1.elapsed()
         );
         assert!(t1.elapsed() < first, "the best groups are cached");
+    }
+
+    /// Review finding (issue 18): a node whose NVML lists no GPU (all bound to vfio-pci for
+    /// passthrough, say) gives an empty topology, which `Allocator::new` and the inventory
+    /// accept, and the plugin used to start and advertise nothing; `main` builds this model
+    /// unconditionally, and `topology::fabric::fabric` panicked (`unreachable!`) on it, so the
+    /// plugin crash-looped. The model of such a node has no fabric and no figures.
+    #[test]
+    fn a_node_without_gpus_does_not_panic_the_plugin_at_start() {
+        use crate::topology::Topology;
+        let t = Topology::new(Vec::new(), Vec::new(), 15.75).unwrap();
+        let a = Allocator::new(t).unwrap();
+        let built = std::panic::catch_unwind(|| CommModel::new(a).of_group(&[0, 1]));
+        assert!(
+            built.is_ok(),
+            "CommModel::new panicked on an empty topology"
+        );
     }
 
     #[test]
@@ -312,7 +331,7 @@ mod tests {
     fn the_best_group_of_every_size_is_at_least_as_good_as_any() {
         let m = dgx1();
         for size in 2..=8 {
-            let (best, a) = m.best_allreduce(size);
+            let (best, a) = m.best_allreduce(m.fabric.as_ref().unwrap(), size);
             assert_eq!(best.len(), size);
             each_group(8, size, |g| {
                 let c = m.of_group(g).unwrap();

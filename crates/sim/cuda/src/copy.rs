@@ -20,7 +20,7 @@ use crate::array;
 use crate::capture;
 use crate::copy_engine::{self, Cost, Part, Place};
 use crate::graph::MemsetParams;
-use crate::stream::{self, Job, Stream};
+use crate::stream::{self, Stream};
 use crate::{ctx, export, mem, pointer, read, write, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::state::sleep_until;
@@ -73,6 +73,9 @@ impl Extent {
         self.width == 0 || self.height == 0 || self.depth == 0
     }
 }
+
+/// A checked copy or memset: the bytes it moves once its turn in the stream comes.
+pub(crate) type Job = Box<dyn FnOnce() + Send>;
 
 /// A checked copy or memset: what it does when its turn comes, and what that costs in device
 /// time (`copy_engine::charge`).
@@ -343,11 +346,28 @@ fn moves_between(plan: Vec<(Side, Side, Extent)>, ctxs: Option<(usize, usize)>) 
 /// the context's work, its end becoming the legacy stream's and the context's; the host waits
 /// for it where the "API synchronization behavior" page says (`copy_engine::sync_waits`).
 fn run_sync(check: impl FnOnce() -> Result<Work, CUresult>) -> Res {
+    run_sync_after(&[], check)
+}
+
+/// `run_sync`, also after all the work of the contexts `also` (cuMemcpyPeer's source and
+/// destination: cuda_runtime_api.h 13.5, cudaMemcpyPeer: "this function is serialized with
+/// respect all pending and future asynchronous work in to the current device, srcDevice, and
+/// dstDevice").
+fn run_sync_after(also: &[&ctx::Context], check: impl FnOnce() -> Result<Work, CUresult>) -> Res {
     let (ch, c) = ctx::current()?;
     stream::wait_queued(&c);
+    for o in also {
+        stream::wait_queued(o);
+    }
     let w = check()?;
     let legacy = stream::legacy_stream(ch, &c);
-    let not_before = c.work_tail.load(Acquire).max(legacy.done_at());
+    // The legacy stream's place: after its own and the blocking streams' work, not after the
+    // context's non-blocking streams ("should perform no implicit synchronization with stream
+    // 0", cuda.h, CU_STREAM_NON_BLOCKING).
+    let not_before = also
+        .iter()
+        .map(|o| o.work_tail.load(Acquire))
+        .fold(stream::start_after(&legacy), u64::max);
     let end = copy_engine::charge(&w.cost, c.dev, not_before);
     (w.job)();
     legacy.tail.fetch_max(end, AcqRel);
@@ -361,13 +381,26 @@ fn run_sync(check: impl FnOnce() -> Result<Work, CUresult>) -> Res {
 /// Runs checked work in stream `s`'s order, now (the caller holds its turn): timed after the
 /// stream's work on the stream's device, its end the stream's and the context's tail.
 pub(crate) fn run_on(s: &Stream, w: Work) {
-    let end = copy_engine::charge(&w.cost, s.dev, s.done_at());
+    let end = copy_engine::charge(&w.cost, s.dev, stream::start_after(s));
     (w.job)();
     s.tail.fetch_max(end, AcqRel);
     s.ctx_tail.fetch_max(end, AcqRel);
     if copy_engine::async_waits(&w.cost) {
         sleep_until(end);
     }
+}
+
+/// Resolves the stream, validates the operation (`check`, which returns the work), and runs
+/// the work in stream order, timed (`run_on`). For the asynchronous copies and memsets.
+pub(crate) fn ordered(
+    h: CUstream,
+    pt: bool,
+    check: impl FnOnce() -> Result<Work, CUresult>,
+) -> Res {
+    let s = stream::stream(h, pt)?;
+    let w = check()?;
+    s.submit(move |s| run_on(s, w));
+    Ok(())
 }
 
 /// How a copy entry point orders itself: synchronous (waits for the context's work), or on a
@@ -441,7 +474,7 @@ fn as_3d(src: &Desc, dst: &Desc, e: Extent) -> CUDA_MEMCPY3D {
 fn run(on: On, check: impl FnOnce() -> Result<Work, CUresult>) -> Res {
     match on {
         On::Sync => run_sync(check),
-        On::Stream(s, pt) => stream::ordered(s, pt, check),
+        On::Stream(s, pt) => ordered(s, pt, check),
     }
 }
 
@@ -661,7 +694,19 @@ fn copy3d_peer(on: On, p: *const CUDA_MEMCPY3D_PEER) -> Res {
     if let Some(r) = captured(on, || Captured::Unsupported) {
         return r;
     }
-    run(on, || plan3d_peer(&c))
+    match on {
+        On::Sync => {
+            // Serialized with all work of both contexts, as cuMemcpyPeer (see run_sync_after);
+            // a side that names no context (an array's) adds nothing.
+            let ctxs: Vec<_> = [c.srcContext, c.dstContext]
+                .into_iter()
+                .filter_map(|h| ctx::get(h).ok())
+                .collect();
+            let refs: Vec<&ctx::Context> = ctxs.iter().map(|x| &**x).collect();
+            run_sync_after(&refs, || plan3d_peer(&c))
+        }
+        On::Stream(..) => run(on, || plan3d_peer(&c)),
+    }
 }
 
 fn plan3d_peer(c: &CUDA_MEMCPY3D_PEER) -> Result<Work, CUresult> {
@@ -736,7 +781,7 @@ fn peer(
     if let Some(r) = captured(on, || Captured::Unsupported) {
         return r;
     }
-    run(on, || {
+    let check = || {
         let (dc, sc) = (ctx::get(dctx)?, ctx::get(sctx)?);
         if n == 0 {
             return Ok(nothing());
@@ -751,7 +796,14 @@ fn peer(
             vec![(s, d, e)],
             Some((sctx as usize, dctx as usize)),
         ))
-    })
+    };
+    match on {
+        On::Sync => {
+            let (dc, sc) = (ctx::get(dctx)?, ctx::get(sctx)?);
+            run_sync_after(&[&sc, &dc], check)
+        }
+        On::Stream(..) => run(on, check),
+    }
 }
 
 // ---- batches (CUDA 12.8) ------------------------------------------------------------------------
@@ -852,7 +904,7 @@ fn batch(
         let dst = resolve(&unified(d[i]), e).map_err(|x| (Some(i), x))?;
         plan.push((src, dst, e));
     }
-    stream::ordered(s, pt, || Ok(moves(plan))).map_err(whole)
+    ordered(s, pt, || Ok(moves(plan))).map_err(whole)
 }
 
 /// One operand of a 3D batch copy, as a [`Desc`]; `elem`: the element size of the copy
@@ -946,7 +998,7 @@ fn batch3d(
     for (i, op) in ops.iter().enumerate() {
         plan.push(plan3d(op).map_err(|e| (Some(i), e))?);
     }
-    stream::ordered(s, pt, || Ok(moves(plan))).map_err(whole)
+    ordered(s, pt, || Ok(moves(plan))).map_err(whole)
 }
 
 // ---- memsets ------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 //! What a context carries besides its stack position (`ctx`): its limits (cuCtxGetLimit /
 //! cuCtxSetLimit), its cache preference (cuCtxGetCacheConfig / cuCtxSetCacheConfig), the
 //! persisting-L2 reset, and the whole-context event record and wait of CUDA 12.5
-//! (cuCtxRecordEvent / cuCtxWaitEvent, which the event chapter carries out).
+//! (cuCtxRecordEvent / cuCtxWaitEvent, which `event_order` carries out).
 //!
 //! The settings live here, keyed by the context's `id` (unique for the life of the process, never
 //! reused, unlike a handle), so that a context made after another one's destruction starts from
@@ -159,13 +159,13 @@ export! {
     /// UNVERIFIED).
     fn cuCtxRecordEvent(hctx: CUcontext, ev: *mut c_void) {
         let (h, _) = named(hctx)?;
-        crate::event::ctx_record(h, ev)
+        crate::event_order::ctx_record(h, ev)
     }
     /// CUDA 12.5: all future work of `ctx` waits for the event's work ("hEvent may be from a
     /// different context or device than hCtx").
     fn cuCtxWaitEvent(hctx: CUcontext, ev: *mut c_void) {
         let (h, _) = named(hctx)?;
-        crate::event::ctx_wait(h, ev)
+        crate::event_order::ctx_wait(h, ev)
     }
 }
 

@@ -1,19 +1,24 @@
-//! Execution: modules and functions, kernel launches (streams and events are `stream` and
-//! `event`; graphs and stream capture `graph`, `graph_exec` and `capture`).
+//! Modules, libraries and functions: loading images (cuModuleLoad*, cuLibraryLoad*), the
+//! registry of modules, functions, libraries and kernels the other chapters resolve handles in,
+//! module globals, what an image says its kernels use (per GPU architecture) and what a program
+//! sets on a function, and what a launch of a function costs (`kernel_ns`) and may ask
+//! (`check_dims`). Launches are `launch`; what modules and libraries are asked, `module_info`;
+//! function attributes and the occupancy calculator, `occupancy`.
 //!
 //! Time model: a kernel takes the device's timeline for its run time (`sim_busy*`: the first u64
 //! parameter in ns; others: the model's default). The timeline is shared by every process, so
 //! kernels of all processes run one after another. A stream remembers when its last work ends;
 //! events, queries and synchronization follow from those times and the wall clock.
-//! Copies and memsets take no simulated time.
 
-use crate::stream::{stream, Stream};
-use crate::{capture, cstr, ctx, drv, export, mem, occupancy, read, write, Registry, Res};
+use crate::{cstr, ctx, drv, export, mem, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
+use cuvisor_image::resources::{self, Resources};
 use cuvisor_image::{self as image, Image};
+use cuvisor_sim::model::Device;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, c_uint, c_void};
+use std::sync::atomic::AtomicI32;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Writes `v` where the caller asked for it (an optional out-parameter).
@@ -25,20 +30,64 @@ fn write_opt<T>(p: *mut T, v: T) -> Res {
     }
 }
 
-/// Kernel work for a stream: its run time on the device's timeline.
-#[derive(Clone, Copy)]
-pub(crate) struct Node {
-    pub ns: u64,
+// ---- what an image says its kernels use, and what a program sets on a function -------------------
+
+/// A module image's kernels and their resources, per SM number of the machine's GPUs.
+pub(crate) type PerArch = HashMap<u32, BTreeMap<String, Resources>>;
+
+pub(crate) fn sm_of(d: &Device) -> u32 {
+    d.cc.0 * 10 + d.cc.1
 }
 
-impl Stream {
-    /// Queues `node.ns` ns of kernel work in stream order (behind any host work queued on it).
-    pub(crate) fn run(self: &Arc<Self>, node: Node) -> Res {
-        drv()?;
-        self.submit(move |s| {
-            let _ = s.run_kernel_now(node.ns);
-        });
-        Ok(())
+/// What `read(sm)` gives for each distinct architecture among the model's GPUs.
+fn per_arch(read: impl Fn(u32) -> BTreeMap<String, Resources>) -> PerArch {
+    let Ok(d) = drv() else {
+        return PerArch::new();
+    };
+    let mut out = PerArch::new();
+    for dev in &d.sim.model.devices {
+        out.entry(sm_of(dev)).or_insert_with(|| read(sm_of(dev)));
+    }
+    out
+}
+
+/// [`PerArch`] of an image at `p` as cuModuleLoadData / cuLibraryLoadData get it.
+///
+/// # Safety
+/// As `cuvisor_image::from_ptr`: `p` is NULL or an image readable as its headers say.
+pub(crate) unsafe fn per_arch_at(p: *const c_void) -> PerArch {
+    // SAFETY: the caller's contract, passed on.
+    per_arch(|sm| unsafe { resources::for_arch_at(p, sm) })
+}
+
+/// [`PerArch`] of an image file's bytes (cuModuleLoad, cuLibraryLoadFromFile).
+pub(crate) fn per_arch_of_bytes(b: &[u8]) -> PerArch {
+    per_arch(|sm| resources::for_arch(b, sm))
+}
+
+/// What `cuFuncSetAttribute` / `cuKernelSetAttribute` / `cuFuncSetCacheConfig` set on a
+/// function; -1 where unset.
+pub(crate) struct FuncState {
+    pub(crate) max_dynamic_shared: AtomicI32,
+    pub(crate) carveout: AtomicI32,
+    pub(crate) cache_config: AtomicI32,
+    pub(crate) cluster: [AtomicI32; 3],
+    pub(crate) non_portable_cluster: AtomicI32,
+    pub(crate) cluster_scheduling: AtomicI32,
+    pub(crate) shared_memory_mode: AtomicI32,
+}
+
+impl Default for FuncState {
+    fn default() -> Self {
+        FuncState {
+            max_dynamic_shared: AtomicI32::new(-1),
+            carveout: AtomicI32::new(-1),
+            cache_config: AtomicI32::new(0),
+            cluster: [AtomicI32::new(0), AtomicI32::new(0), AtomicI32::new(0)],
+            non_portable_cluster: AtomicI32::new(0),
+            cluster_scheduling: AtomicI32::new(0),
+            shared_memory_mode: AtomicI32::new(0),
+        }
     }
 }
 
@@ -50,7 +99,7 @@ struct Module {
     /// "" is the module's code (`module_code`).
     globals: Mutex<HashMap<(usize, String), u64>>,
     /// Each kernel's registers and memory, per architecture of the machine's GPUs (`occupancy`).
-    resources: occupancy::PerArch,
+    resources: PerArch,
 }
 
 pub(crate) struct Function {
@@ -60,7 +109,7 @@ pub(crate) struct Function {
     /// Its name in the module (what its resources are found under).
     name: String,
     /// What cuFuncSetAttribute and its kin set (`occupancy`).
-    pub state: occupancy::FuncState,
+    pub state: FuncState,
 }
 
 /// A library (CUDA 12.0's context-independent loading, `cuLibraryLoadData`): the module it is in
@@ -163,53 +212,6 @@ pub(crate) fn check_dims(d: &Dims, cooperative: bool, dev: usize) -> Res {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn launch(
-    f: CUfunction,
-    dims: Dims,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-    h: CUstream,
-    per_thread: bool,
-    cooperative: bool,
-) -> Res {
-    drv()?;
-    let func = function_or_kernel(f)?;
-    let s = stream(h, per_thread)?;
-    check_dims(&dims, cooperative, s.dev)?;
-    let ns = kernel_ns(&func, params, extra)?;
-    // Captured: a kernel node of the capture's graph.
-    if let Some(r) = capture::capture_kernel(&s, f, &dims, 0, ns) {
-        return r;
-    }
-    s.run(Node { ns })?;
-    // Lazy loading loads a function at its first launch (`module_info`).
-    crate::module_info::launched(f as usize);
-    Ok(())
-}
-
-fn launch_ex(
-    cfg: *const CUlaunchConfig,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-    pt: bool,
-) -> Res {
-    let c: CUlaunchConfig = read(cfg)?;
-    let mut cooperative = false;
-    for i in 0..c.numAttrs as usize {
-        let a: CUlaunchAttribute = read(c.attrs.wrapping_add(i))?;
-        if a.id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && a.value[0] as u32 != 0 {
-            cooperative = true;
-        }
-    }
-    let dims = Dims {
-        grid: [c.gridDimX, c.gridDimY, c.gridDimZ],
-        block: [c.blockDimX, c.blockDimY, c.blockDimZ],
-    };
-    launch(f, dims, params, extra, c.hStream, pt, cooperative)
-}
-
 /// What the launches take: a `CUfunction`, or since CUDA 12.0 a `CUkernel` ("f - Function
 /// CUfunction or Kernel CUkernel to launch", cuda.h on cuLaunchKernel, cuLaunchKernelEx and
 /// cuLaunchCooperativeKernel), which runs as its function in the current context.
@@ -227,7 +229,7 @@ pub(crate) fn function_or_kernel(f: CUfunction) -> Result<Arc<Function>, CUresul
 }
 
 /// A new module object of `image`, in no context.
-fn new_module(image: Image, resources: occupancy::PerArch) -> usize {
+fn new_module(image: Image, resources: PerArch) -> usize {
     modules()
         .insert(Module {
             image,
@@ -360,7 +362,7 @@ fn module_function(module: usize, m: &Module, name: &str) -> Result<usize, CUres
                 busy: is_busy(name),
                 module,
                 name: name.to_string(),
-                state: occupancy::FuncState::default(),
+                state: FuncState::default(),
             })
             .0
     }))
@@ -435,7 +437,7 @@ fn check_library_options(n: c_uint, keys: *const c_void, values: *const c_void) 
 fn load_library(
     library: *mut *mut c_void,
     code: *const c_void,
-    image: impl FnOnce() -> (Image, occupancy::PerArch),
+    image: impl FnOnce() -> (Image, PerArch),
     jit_n: c_uint,
     jit_keys: *const c_void,
     jit_values: *const c_void,
@@ -460,10 +462,10 @@ fn load_library(
 
 /// Reads an image file (cuModuleLoad, cuLibraryLoadFromFile); one that cannot be read is
 /// opaque (the caller checked it is a file).
-fn image_file(path: &str) -> (Image, occupancy::PerArch) {
+fn image_file(path: &str) -> (Image, PerArch) {
     match std::fs::read(path) {
-        Ok(b) => (image::from_bytes(&b), occupancy::per_arch_of_bytes(&b)),
-        Err(_) => (Image::Opaque, occupancy::PerArch::new()),
+        Ok(b) => (image::from_bytes(&b), per_arch_of_bytes(&b)),
+        Err(_) => (Image::Opaque, PerArch::new()),
     }
 }
 
@@ -471,9 +473,9 @@ fn image_file(path: &str) -> (Image, occupancy::PerArch) {
 ///
 /// # Safety
 /// `p` is NULL or an image readable as its headers say (see `image::from_ptr`).
-unsafe fn image_at(p: *const c_void) -> (Image, occupancy::PerArch) {
+unsafe fn image_at(p: *const c_void) -> (Image, PerArch) {
     // SAFETY: the caller's contract, passed on.
-    unsafe { (image::from_ptr(p), occupancy::per_arch_at(p)) }
+    unsafe { (image::from_ptr(p), per_arch_at(p)) }
 }
 
 pub(crate) fn load_module(module: *mut CUmodule, image: *const c_void) -> Res {
@@ -485,7 +487,7 @@ pub(crate) fn load_module(module: *mut CUmodule, image: *const c_void) -> Res {
 fn load_module_of(
     module: *mut CUmodule,
     code: *const c_void,
-    read: impl FnOnce() -> (Image, occupancy::PerArch),
+    read: impl FnOnce() -> (Image, PerArch),
 ) -> Res {
     ctx::current()?;
     if module.is_null() || code.is_null() {
@@ -635,23 +637,4 @@ export! {
         let func = functions().get(f as usize)?;
         write(module, func.module as CUmodule)
     }
-    fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _smem: c_uint, s: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) {
-        launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz] }, params, extra, s, false, false)
-    }
-    fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _smem: c_uint, s: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) {
-        launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz] }, params, extra, s, true, false)
-    }
-    fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _smem: c_uint, s: CUstream, params: *mut *mut c_void) {
-        launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz] }, params, std::ptr::null_mut(), s, false, true)
-    }
-    fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _smem: c_uint, s: CUstream, params: *mut *mut c_void) {
-        launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz] }, params, std::ptr::null_mut(), s, true, true)
-    }
-    fn cuLaunchKernelEx(cfg: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
-        launch_ex(cfg, f, params, extra, false)
-    }
-    fn cuLaunchKernelEx_ptsz(cfg: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
-        launch_ex(cfg, f, params, extra, true)
-    }
-
 }

@@ -564,7 +564,7 @@ fn kernel_params(k: &KernelNode) -> KernelParamsV2 {
 /// device, array, unified; reserved fields NULL; pitches at least the width where more than one
 /// row is copied, heights at least the copied height where more than one slice is (cuMemcpy3D:
 /// CUDA_ERROR_INVALID_VALUE). The copy chapter checks the rest (and the memory) when it runs.
-fn check_copy(c: &Memcpy3D) -> Res {
+pub(crate) fn check_copy(c: &Memcpy3D) -> Res {
     for t in [c.src_type, c.dst_type] {
         match t {
             CU_MEMORYTYPE_HOST | CU_MEMORYTYPE_DEVICE | MEMTYPE_ARRAY | MEMTYPE_UNIFIED => {}
@@ -653,13 +653,6 @@ pub(crate) fn memcpy3d_node(c: &CUDA_MEMCPY3D) -> Memcpy3D {
     }
 }
 
-/// Runs a copy node: the copy chapter's 3D copy, checked against the allocations and arrays
-/// when it runs.
-pub(crate) fn run_copy(c: &Memcpy3D, s: &crate::stream::Stream) -> Res {
-    check_copy(c)?;
-    crate::copy::copy3d_now(&memcpy3d_abi(c), s)
-}
-
 /// "elementSize: Size of each element in bytes. Must be 1, 2, or 4"; "pitch: Pitch of destination
 /// device pointer. Unused if height is 1" (CUDA_MEMSET_NODE_PARAMS).
 pub(crate) fn check_memset(m: &MemsetParams) -> Res {
@@ -670,11 +663,6 @@ pub(crate) fn check_memset(m: &MemsetParams) -> Res {
         return Err(err::INVALID_VALUE);
     }
     Ok(())
-}
-
-pub(crate) fn run_memset(m: &MemsetParams, s: &crate::stream::Stream) -> Res {
-    check_memset(m)?;
-    crate::copy::fill_now(s, m.dst, m.pitch, m.value, m.elem as u64, m.width, m.height)
 }
 
 pub(crate) fn host_node(p: HostParams) -> Result<Kind, CUresult> {

@@ -3,10 +3,10 @@
 //! Facts from CUDA 13.5's `cuda.h` doc comments, cited at each.
 
 use crate::capture::{capture_push, capturing};
-use crate::event;
-use crate::exec::Node;
 use crate::graph::*;
+use crate::launch::Node;
 use crate::stream::{self, Stream};
+use crate::{copy, event};
 use crate::{ctx, drv, export, mem, read, write, Registry, Res};
 use cuvisor_cuda_abi::cuda::*;
 use cuvisor_sim::state::{now_ns, sleep_until};
@@ -86,7 +86,7 @@ fn execs() -> &'static Registry<GraphExec> {
 fn run_host(s: &Stream, p: &HostParams) {
     sleep_until(s.done_at());
     if let Some(f) = p.f {
-        stream::call_host(|| f(p.data as *mut c_void));
+        crate::call_host(|| f(p.data as *mut c_void));
     }
 }
 
@@ -261,6 +261,19 @@ fn graph_upload(exec: CUgraphExec, h: CUstream, pt: bool) -> Res {
     let x = execs().get(exec as usize)?;
     stream::stream(h, pt)?;
     upload(&x)
+}
+
+/// Runs a copy node: the copy chapter's 3D copy, checked against the allocations and arrays
+/// when it runs.
+fn run_copy(c: &Memcpy3D, s: &Stream) -> Res {
+    check_copy(c)?;
+    copy::copy3d_now(&memcpy3d_abi(c), s)
+}
+
+/// Runs a memset node: the copy chapter's fill, checked when it runs.
+fn run_memset(m: &MemsetParams, s: &Stream) -> Res {
+    check_memset(m)?;
+    copy::fill_now(s, m.dst, m.pitch, m.value, m.elem as u64, m.width, m.height)
 }
 
 /// A launch: "If any allocations created by hGraphExec remain unfreed (from a previous launch)

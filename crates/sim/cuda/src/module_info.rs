@@ -4,7 +4,7 @@
 //! (cuFuncGetName, cuKernelGetName), a kernel's library, a function's loading state under the
 //! loading mode (lazy loading: cuFuncIsLoaded, cuFuncLoad), a kernel's cache
 //! preference, and the library symbols the simulated images never have (unified functions,
-//! managed variables). Loading and launching are `exec`'s; this reads what it keeps.
+//! managed variables). Loading is `exec`'s and launching `launch`'s; this reads what `exec` keeps.
 //!
 //! The kernels of an image are those the simulator can read: a cubin's or PTX's, or a fat
 //! binary's cubin for the device (the current context's, else device 0). An image it cannot read

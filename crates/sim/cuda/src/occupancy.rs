@@ -17,48 +17,14 @@
 //! occupancy lower than the thread limits make it, so no program is refused a launch size the
 //! real GPU could run for want of knowledge.
 
-use crate::exec::{function_or_kernel, Function};
+use crate::exec::{function_or_kernel, sm_of, FuncState, Function};
 use crate::{ctx, device::device, drv, export, read, write, Res};
 use cuvisor_cuda_abi::cuda::{err, CUdevice, CUfunction, CUlaunchConfig, CUresult};
-use cuvisor_image::resources::{self, Resources};
+use cuvisor_image::resources::Resources;
 use cuvisor_sim::model::{arch, Arch, Device};
-use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_uint, c_void};
-use std::sync::atomic::{AtomicI32, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-
-/// A module image's kernels and their resources, per SM number of the machine's GPUs.
-pub(crate) type PerArch = HashMap<u32, BTreeMap<String, Resources>>;
-
-fn sm_of(d: &Device) -> u32 {
-    d.cc.0 * 10 + d.cc.1
-}
-
-/// What `read(sm)` gives for each distinct architecture among the model's GPUs.
-fn per_arch(read: impl Fn(u32) -> BTreeMap<String, Resources>) -> PerArch {
-    let Ok(d) = drv() else {
-        return PerArch::new();
-    };
-    let mut out = PerArch::new();
-    for dev in &d.sim.model.devices {
-        out.entry(sm_of(dev)).or_insert_with(|| read(sm_of(dev)));
-    }
-    out
-}
-
-/// [`PerArch`] of an image at `p` as cuModuleLoadData / cuLibraryLoadData get it.
-///
-/// # Safety
-/// As `cuvisor_image::from_ptr`: `p` is NULL or an image readable as its headers say.
-pub(crate) unsafe fn per_arch_at(p: *const c_void) -> PerArch {
-    // SAFETY: the caller's contract, passed on.
-    per_arch(|sm| unsafe { resources::for_arch_at(p, sm) })
-}
-
-/// [`PerArch`] of an image file's bytes (cuModuleLoad, cuLibraryLoadFromFile).
-pub(crate) fn per_arch_of_bytes(b: &[u8]) -> PerArch {
-    per_arch(|sm| resources::for_arch(b, sm))
-}
 
 /// The resources assumed where the image has no cubin for the GPU (see the module doc).
 pub const DEFAULT: Resources = Resources {
@@ -70,32 +36,6 @@ pub const DEFAULT: Resources = Resources {
     barriers: 0,
     arch: 0,
 };
-
-/// What `cuFuncSetAttribute` / `cuKernelSetAttribute` / `cuFuncSetCacheConfig` set on a
-/// function; -1 where unset.
-pub(crate) struct FuncState {
-    max_dynamic_shared: AtomicI32,
-    carveout: AtomicI32,
-    pub(crate) cache_config: AtomicI32,
-    cluster: [AtomicI32; 3],
-    non_portable_cluster: AtomicI32,
-    cluster_scheduling: AtomicI32,
-    shared_memory_mode: AtomicI32,
-}
-
-impl Default for FuncState {
-    fn default() -> Self {
-        FuncState {
-            max_dynamic_shared: AtomicI32::new(-1),
-            carveout: AtomicI32::new(-1),
-            cache_config: AtomicI32::new(0),
-            cluster: [AtomicI32::new(0), AtomicI32::new(0), AtomicI32::new(0)],
-            non_portable_cluster: AtomicI32::new(0),
-            cluster_scheduling: AtomicI32::new(0),
-            shared_memory_mode: AtomicI32::new(0),
-        }
-    }
-}
 
 /// A function on one GPU: its resources there and the GPU.
 struct On<'a> {

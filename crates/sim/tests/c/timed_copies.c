@@ -8,6 +8,7 @@
  *   timed_copies dgx1            on dgx1-v100: PCIe, NVLink, staged peer copies, sharing, overlap
  *   timed_copies a100            on dgx-a100: a peer copy through NVSwitch
  *   timed_copies bytes           any preset with 2 GPUs: the bytes copies leave, written or not
+ *   timed_copies serial          on dgx1-v100: which work synchronous copies are ordered after
  *   timed_copies share T MiB     at CLOCK_MONOTONIC T (ns): a staged copy GPU 0 -> 5 of MiB
  *                                MiB; prints when it started and was done (events), from T
  *   timed_copies nvml            on dgx1-v100: what NVML (the simulated libnvidia-ml, opened
@@ -359,6 +360,61 @@ static void nvml(void) {
     OK(cuStreamSynchronize(s));
 }
 
+/* Review findings (issue 18): which work a synchronous copy is ordered after.
+ * - cuMemcpyPeer is serialized after the pending work of its source (and destination) context:
+ *   "serialized with respect all pending and future asynchronous work in to the current device,
+ *   srcDevice, and dstDevice" (cuda_runtime_api.h 13.5, cudaMemcpyPeer; cudaMemcpy3DPeer says
+ *   the same). A 100 ms kernel pending in the source context: the copy ends after it.
+ * - A synchronous copy runs on the legacy stream, which does not synchronize with a
+ *   CU_STREAM_NON_BLOCKING stream ("should perform no implicit synchronization with stream 0",
+ *   cuda.h 13.5, cuStreamCreate): a 100 ms kernel there must not hold a 1 MiB pinned copy. */
+static void serial(void) {
+    contexts(2);
+    size_t n = MIB;
+    CUdeviceptr src = alloc_on(1, n), dst = alloc_on(0, n);
+    OK(cuCtxSetCurrent(ctx[1]));
+    hold(0, 100000000ull);
+    OK(cuCtxSetCurrent(ctx[0]));
+    uint64_t t0 = now_ns();
+    OK(cuMemcpyPeer(dst, ctx[0], src, ctx[1], n));
+    OK(cuCtxSynchronize());
+    printf("peer_sync_after_source_work %.3f\n", (now_ns() - t0) / 1e6);
+    OK(cuCtxSetCurrent(ctx[1]));
+    OK(cuCtxSynchronize());
+    OK(cuCtxSetCurrent(ctx[0]));
+    CUstream nb;
+    void *h = NULL;
+    OK(cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING));
+    OK(cuMemAllocHost(&h, n));
+    hold(nb, 100000000ull);
+    t0 = now_ns();
+    OK(cuMemcpyHtoD(dst, h, n));
+    printf("sync_copy_beside_non_blocking_work %.3f\n", (now_ns() - t0) / 1e6);
+    OK(cuStreamSynchronize(nb));
+    /* - An asynchronous copy on the legacy stream follows the work already issued to the
+     *   context's blocking streams ("The legacy default stream ... synchronizes with all other
+     *   streams in the same CUcontext except for non-blocking streams", CUDA driver API,
+     *   "Stream synchronization behavior"): it ends after a 100 ms kernel of a blocking stream.
+     *   Printed: its end minus the kernel's, by events (>= the copy's 0.07 ms). */
+    CUstream blocking;
+    CUevent a, b;
+    OK(cuStreamCreate(&blocking, CU_STREAM_DEFAULT));
+    OK(cuEventCreate(&a, 0));
+    OK(cuEventCreate(&b, 0));
+    hold(blocking, 100000000ull);
+    OK(cuEventRecord(a, blocking));
+    OK(cuMemcpyHtoDAsync(dst, h, n, 0));
+    OK(cuEventRecord(b, 0));
+    OK(cuEventSynchronize(a));
+    printf("legacy_copy_after_blocking_kernel %.3f\n", elapsed(a, b));
+    OK(cuStreamSynchronize(blocking));
+    OK(cuEventDestroy(a));
+    OK(cuEventDestroy(b));
+    OK(cuStreamDestroy(blocking));
+    OK(cuMemFreeHost(h));
+    OK(cuStreamDestroy(nb));
+}
+
 int main(int argc, char **argv) {
     OK(cuInit(0));
     const char *mode = argc > 1 ? argv[1] : "";
@@ -370,6 +426,8 @@ int main(int argc, char **argv) {
         nvml();
     else if (!strcmp(mode, "bytes"))
         bytes();
+    else if (!strcmp(mode, "serial"))
+        serial();
     else if (!strcmp(mode, "share") && argc > 3)
         share(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10));
     else {
