@@ -46,6 +46,7 @@
 //! coord_own_dir = "/var/run/cuvisor/compute" # the container's own coordinator states
 //!
 //! [topology]                             # topology::Weights
+//! policy = "allreduce"                   # or "weighted" (the seeds' score; topology::objective)
 //! bandwidth = 0.5
 //! topology = 0.3
 //! balance = 0.1
@@ -878,6 +879,7 @@ mod tests {
             memory_unit = "512Mi"
             compute = "share=2"
             [topology]
+            policy = "weighted"
             bandwidth = 1.0
             [pod_resources]
             socket = ""
@@ -894,6 +896,7 @@ mod tests {
         assert_eq!(c.memory_unit_bytes().unwrap(), 512 << 20);
         assert_eq!(c.topology.bandwidth, 1.0);
         assert_eq!(c.topology.topology, 0.3, "missing weights keep defaults");
+        assert_eq!(c.topology.policy, crate::topology::Policy::Weighted);
         assert_eq!(c.health.xid_critical, vec![79]);
         let h = &c.health;
         assert_eq!(

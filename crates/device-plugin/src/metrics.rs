@@ -48,9 +48,9 @@
 //! # p50 / p90 topology score of multi-GPU allocations over the last hour, per node
 //! histogram_quantile(0.5, sum by (le, instance) (rate(cuvisor_allocation_topology_score_bucket[1h])))
 //! histogram_quantile(0.9, sum by (le, instance) (rate(cuvisor_allocation_topology_score_bucket[1h])))
-//! # mean score, and the share of allocations scoring below 0.8
+//! # mean score, and the share of allocations scoring 0.8 or less (the bucket counts observations <= its bound)
 //! sum(rate(cuvisor_allocation_topology_score_sum[1h])) / sum(rate(cuvisor_allocation_topology_score_count[1h]))
-//! 1 - sum(rate(cuvisor_allocation_topology_score_bucket{le="0.8"}[1h])) / sum(rate(cuvisor_allocation_topology_score_count[1h]))
+//! sum(rate(cuvisor_allocation_topology_score_bucket{le="0.8"}[1h])) / sum(rate(cuvisor_allocation_topology_score_count[1h]))
 //! # the seeds' "WHERE topology_score < 80": allocations whose topology loss stayed above 0.2
 //! # for the last 10 minutes (and that existed 10 minutes ago)
 //! min_over_time(cuvisor_allocation_topology_loss_ratio[10m]) > 0.2

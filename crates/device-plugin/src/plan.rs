@@ -106,6 +106,8 @@ pub fn preferred_gpus(
             .collect()
     };
     let (a, m) = (idx(available)?, idx(must_include)?);
+    // The look-ahead plans for the sizes asked for recently (this one included).
+    inv.allocator().note_request(size);
     let pick = inv
         .allocator()
         .preferred(&a, &m, size, weights)

@@ -136,7 +136,9 @@ fn down_links_and_used_memory_are_seen() {
         );
         // GPU2 is a quarter used: a group with it is less balanced than one without.
         let al = Allocator::new(t).unwrap();
-        let w = Weights::default();
+        // Memory balance is a term of the seeds' weighted score (policy "weighted"); the
+        // all-reduce policy does not weigh it.
+        let w = Weights::weighted();
         assert_eq!(al.score(&[1, 2], &w).unwrap().balance, 0.75);
         assert_eq!(al.score(&[2, 3], &w).unwrap().balance, 0.75);
         // 1-2 and 2-3 are 2-NVLink pairs, but GPU2 is unbalanced; 0-4 is a full 2-link pair

@@ -131,7 +131,6 @@ pub enum RouteKind {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FabricError {
-    NoGpus,
     /// More GPUs than [`MAX_GPUS`].
     TooManyGpus(usize),
     BadLink {
@@ -143,7 +142,6 @@ pub enum FabricError {
 impl fmt::Display for FabricError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            FabricError::NoGpus => write!(f, "a fabric needs at least one GPU"),
             FabricError::TooManyGpus(n) => {
                 write!(f, "{n} GPUs; the fabric model handles at most {MAX_GPUS}")
             }
@@ -161,10 +159,8 @@ impl Fabric {
     /// A fabric of `gpus` with `links` direct NVLinks (a, b, count; listed once per pair, or
     /// split over several entries, which add up).
     pub fn new(gpus: Vec<Gpu>, links: &[(usize, usize, u32)]) -> Result<Fabric, FabricError> {
+        // No GPUs is a machine too (a node whose GPUs are all bound elsewhere): no resources.
         let n = gpus.len();
-        if n == 0 {
-            return Err(FabricError::NoGpus);
-        }
         if n > MAX_GPUS {
             return Err(FabricError::TooManyGpus(n));
         }

@@ -201,3 +201,29 @@ fn time_is_bytes_over_busbw_plus_latency() {
     // 2 GPUs: 2(k-1)/k = 1: 1 GB at 50 GB/s = 20 ms, plus 2 steps of 2 us.
     assert_eq!(a.time_ns(1_000_000_000), 20_000_000 + 4_000);
 }
+
+#[test]
+fn a_machine_without_gpus_is_a_fabric_with_nothing_in_it() {
+    let f = Fabric::new(Vec::new(), &[]).unwrap();
+    assert!(f.is_empty() && f.resources().is_empty());
+    assert!(allreduce(&f, &[]).rings.is_empty());
+    assert_eq!(
+        Fabric::new(machine(2, 3, 2, 0, 0.0), &[(0, 2, 1)]),
+        Err(FabricError::BadLink { a: 0, b: 2 })
+    );
+}
+
+#[test]
+fn no_ring_through_a_gpu_twice_or_one_the_machine_lacks() {
+    let f = dgx1();
+    assert!(rings(&f, &[0, 0]).is_empty());
+    assert!(rings(&f, &[0, 8]).is_empty());
+    assert_eq!(allreduce(&f, &[0, 0]).busbw_gbps, 0.0);
+    assert_eq!(
+        allreduce(&f, &[0, 0]).time_ns(1),
+        u64::MAX,
+        "no ring never completes"
+    );
+    // Huge all-reduces saturate instead of wrapping.
+    assert!(allreduce(&f, &[0, 3]).time_ns(u64::MAX) >= u64::MAX / 60);
+}

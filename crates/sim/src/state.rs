@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 pub const MAGIC: u64 = 0x4355_5653_494d_0001; // "CUVSIM" v1
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 pub const MAX_PROCS: usize = 256;
 /// Allocations shared between processes at once.
 pub const MAX_SHARED: usize = 1024;
@@ -91,6 +91,9 @@ pub struct DeviceShared {
     pub util: [AtomicU64; DEV_BUCKETS],
     /// Each copy engine's timeline.
     pub engines: [Timeline; MAX_ENGINES],
+    /// Time copies and memsets read or wrote the device's memory, per 10 ms bucket (as `util`):
+    /// NVML's memory utilization.
+    pub mem_util: [AtomicU64; DEV_BUCKETS],
     /// KiB the device's PCIe link carried host to device (rx) and device to host (tx), per
     /// 10 ms bucket (packed as `util`'s buckets).
     pub pcie_rx: [AtomicU64; PCIE_BUCKETS],
@@ -833,6 +836,21 @@ impl Shared {
             if let Some(b) = pcie {
                 add_spread(b, hop_start, hop_end, t.bytes.div_ceil(1024));
             }
+            // The device memory the hop reads or writes (a hop between two GPUs touches both).
+            let touched = match r {
+                Resource::PcieDown(g)
+                | Resource::PcieUp(g)
+                | Resource::Memory(g)
+                | Resource::SwitchPortOut(g)
+                | Resource::SwitchPortIn(g) => [Some(g), None],
+                Resource::NvLink(a, b) => [Some(a), Some(b)],
+                _ => [None, None],
+            };
+            for g in touched.into_iter().flatten() {
+                if let Some(d) = self.layout.devices.get(g) {
+                    add_busy(&d.mem_util, hop_start, hop_end);
+                }
+            }
         }
         if let Some(e) = engine {
             let dur = end - start;
@@ -864,6 +882,12 @@ impl Shared {
     /// Percent of [now - window, now) during which device `d` ran a kernel.
     pub fn device_utilization(&self, d: usize, window_ns: u64) -> u32 {
         busy_percent(&self.layout.devices[d].util, window_ns)
+    }
+
+    /// Percent of [now - window, now) during which copies or memsets read or wrote device
+    /// `d`'s memory (kernels' own memory traffic is not modelled: they move no bytes here).
+    pub fn memory_utilization(&self, d: usize, window_ns: u64) -> u32 {
+        busy_percent(&self.layout.devices[d].mem_util, window_ns)
     }
 
     /// Busy ns of one process on device `d` during [since, now).

@@ -315,8 +315,8 @@ fn two_processes_share_one_pcie_link() {
 }
 
 /// NVML sees copies as the real one does: PCIe throughput (KB/s over 20 ms) from the bytes
-/// timed over the device's link, NVLink data counters (KiB) from those over its NVLinks, and
-/// GPU utilization counting kernels only.
+/// timed over the device's link, NVLink data counters (KiB) from those over its NVLinks, GPU
+/// utilization counting kernels only, and memory utilization the time copies moved its bytes.
 #[test]
 fn nvml_sees_pcie_and_nvlink_traffic_of_copies() {
     let test = "nvml_sees_pcie_and_nvlink_traffic_of_copies";
@@ -339,4 +339,11 @@ fn nvml_sees_pcie_and_nvlink_traffic_of_copies() {
         );
     }
     assert_eq!(f["gpu_util_gpu0"], 0.0, "copies are no kernels");
+    // Memory utilization: the ~65 ms GPU 0's memory was read by the copies (5 ms of NVLink,
+    // then 60 ms of PCIe) in NVML's one-second window.
+    assert!(
+        (4.0..=15.0).contains(&f["mem_util_gpu0"]),
+        "memory utilization {} %",
+        f["mem_util_gpu0"]
+    );
 }

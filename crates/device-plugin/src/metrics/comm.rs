@@ -18,10 +18,12 @@
 //! GPUs; sizes 2 and 3 on 16), else the groups the allocator prefers on an empty node
 //! (by its default weights, and by bandwidth alone), and never worse than the allocation
 //! itself, so the loss stays in 0..=1. On 16 GPUs the loss of sizes 4 to 15 is therefore
-//! measured against a good group, not proven the best: it can read low, never high. Where the picker's own cached `Allocator::allreduce` /
-//! `Allocator::best_allreduce` exist, [`CommModel::allreduce`] and
-//! [`CommModel::best_allreduce`] are the two functions to swap for them.
+//! measured against a good group, not proven the best: it can read low, never high. All-reduces
+//! are the allocator's (`Allocator::allreduce`, cached per group); the best group is searched
+//! here, bounded, rather than by `Allocator::best_allreduce`, whose first call for 6 to 12 of
+//! 16 GPUs is exhaustive (seconds) and would land on a scrape.
 
+use crate::topology::objective::Policy;
 use crate::topology::{fabric, Allocator, Weights};
 use cuvisor_fabric::ring::{self, AllReduce};
 use cuvisor_fabric::Fabric;
@@ -141,10 +143,11 @@ impl CommModel {
         })
     }
 
-    /// The modelled all-reduce over `group`. (To become `Allocator::allreduce`, cached.)
-    fn allreduce(&self, f: &Fabric, group: &[usize]) -> AllReduce {
+    /// The modelled all-reduce over `group`: the allocator's, cached per group (the picker
+    /// models the same groups).
+    fn allreduce(&self, _: &Fabric, group: &[usize]) -> AllReduce {
         self.modelled.fetch_add(1, Relaxed);
-        ring::allreduce(f, group)
+        self.allocator.allreduce(group)
     }
 
     /// The best group of `size` GPUs on this node and its all-reduce, searched once per size.
@@ -172,6 +175,7 @@ impl CommModel {
         } else {
             let all: Vec<usize> = (0..n).collect();
             let bandwidth = Weights {
+                policy: Policy::Weighted,
                 bandwidth: 1.0,
                 topology: 0.0,
                 balance: 0.0,

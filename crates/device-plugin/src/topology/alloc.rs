@@ -1,10 +1,20 @@
 //! The allocator: the best group of GPUs for a request, by exact search.
 //!
 //! [`Allocator::preferred`] answers kubelet's GetPreferredAllocation: given the free GPUs, the
-//! ones that must be in the answer, and a size, it returns the group with the highest
-//! [`super::score`] among **all** groups of that size that contain the must-include GPUs
-//! (branch and bound over the subsets, so nothing is missed the way a BFS over neighbours
-//! misses groups; see the seeds).
+//! ones that must be in the answer, and a size, it returns, among **all** groups of that size
+//! that contain the must-include GPUs:
+//!
+//! - under `policy = "allreduce"` (the default, [`Policy::AllReduce`]), the group minimising
+//!   [`super::objective`]'s cost: this job's modelled all-reduce time plus the best times the
+//!   GPUs it leaves allow for the requests that plausibly come next (the same size, the sizes
+//!   [`Allocator::note_request`] saw last, the powers of two). Every group is looked at, with
+//!   the all-reduce models cached per group ([`Allocator::allreduce`],
+//!   [`Allocator::best_allreduce`]). A request too large to model every group of
+//!   ([`super::objective::SEARCH_BUDGET`]: 6 to 12 of 16 free GPUs) falls back to the search
+//!   below.
+//! - under `policy = "weighted"`, the group with the highest [`super::score`] (branch and bound
+//!   over the subsets, so nothing is missed the way a BFS over neighbours misses groups; see the
+//!   seeds). The rest of this text is about this search.
 //!
 //! Among groups whose scores are equal (within 1e-12), it plans for the next request, then for
 //! locality, then for determinism, in this order:
@@ -38,8 +48,12 @@
 //! Limits: at most [`MAX_GPUS`] GPUs (the ring test uses a table over all subsets).
 
 use super::model::{Memory, PcieLevel, Topology};
+use super::objective::{self, Cache, Policy, Recent};
 use super::score::{combine, Ingredients, Score, Structure, Weights};
+use cuvisor_fabric::ring::AllReduce;
+use cuvisor_fabric::Fabric;
 use std::fmt;
+use std::sync::Arc;
 
 /// The most GPUs the allocator handles (DGX-2 / HGX-2 have 16).
 pub const MAX_GPUS: usize = 16;
@@ -136,6 +150,12 @@ pub struct Allocator {
     tiers: Vec<Vec<(u64, u32)>>,
     /// Per GPU: its partners grouped by locality rank, nearest first (rank, mask).
     rank_tiers: Vec<Vec<(u64, u32)>>,
+    /// Locality rank sum of every subset (indexed by bit mask), the all-reduce policy's tie-break.
+    locality: Vec<u32>,
+    /// The modelled all-reduce of every group, computed on first use.
+    cache: Arc<Cache>,
+    /// The request sizes seen last ([`Allocator::note_request`]).
+    recent: Recent,
 }
 
 /// The sum of the best `count` values `tiers` offers within `mask` (tiers in preference order),
@@ -247,7 +267,18 @@ impl Allocator {
             .iter()
             .map(|g| g.memory.map_or(1.0, |m| m.free_fraction()))
             .collect();
+        // locality[mask] = locality[mask less its lowest GPU] + that GPU's ranks to the others.
+        let mut locality = vec![0u32; 1 << n];
+        for mask in 1..(1u32 << n) {
+            let low = mask.trailing_zeros() as usize;
+            let rest = mask & (mask - 1);
+            locality[mask as usize] =
+                locality[rest as usize] + bits(rest).map(|h| rank[low * n + h]).sum::<u32>();
+        }
         Ok(Allocator {
+            locality,
+            cache: Arc::new(Cache::new(super::fabric::fabric(&topology))),
+            recent: Recent::default(),
             structure: structure_table(n, &adj),
             n,
             bw,
@@ -265,6 +296,74 @@ impl Allocator {
 
     pub fn topology(&self) -> &Topology {
         &self.topology
+    }
+
+    /// The node's interconnect model.
+    pub fn fabric(&self) -> &Fabric {
+        self.cache.fabric()
+    }
+
+    /// Remembers the size of a request that arrived (the plugin calls it for every
+    /// GetPreferredAllocation): the all-reduce policy's look-ahead plans for the last
+    /// [`objective::RECENT`] sizes.
+    pub fn note_request(&self, size: usize) {
+        self.recent.note(size);
+    }
+
+    /// The request sizes remembered, oldest first.
+    pub fn recent_requests(&self) -> Vec<usize> {
+        self.recent.sizes()
+    }
+
+    /// The modelled all-reduce over `group` (GPU indices; unknown and repeated ones are
+    /// ignored), cached per group.
+    pub fn allreduce(&self, group: &[usize]) -> AllReduce {
+        let mask = group
+            .iter()
+            .filter(|&&g| g < self.n)
+            .fold(0u32, |m, &g| m | 1 << g);
+        self.cache.allreduce(mask).clone()
+    }
+
+    /// The group of `size` GPUs (at most the node's) with the fastest modelled all-reduce on
+    /// this node, and that all-reduce; cached. Among equals the lowest bit mask. The first call
+    /// for a size models every group of it: on 8 GPUs a few ms; on 16 GPUs, for sizes whose
+    /// [`objective::search_cost`] exceeds [`objective::SEARCH_BUDGET`] (6 to 12; 8 of 16 is
+    /// 12870 groups of 5040 rings), seconds.
+    pub fn best_allreduce(&self, size: usize) -> (Vec<usize>, AllReduce) {
+        let all = if self.n == 0 {
+            0
+        } else {
+            u32::MAX >> (32 - self.n)
+        };
+        let mask = match self.cache.best(size.min(self.n), all) {
+            Some((_, mask)) => mask,
+            None => 0,
+        };
+        (bits(mask).collect(), self.cache.allreduce(mask).clone())
+    }
+
+    /// The objective's cost of picking `group` from `available` for a request of its size,
+    /// with the look-ahead sizes `recent` (see [`objective`]), ns; and the sizes planned for.
+    pub fn objective_cost(
+        &self,
+        available: &[usize],
+        group: &[usize],
+        recent: &[usize],
+    ) -> Result<(u64, Vec<usize>), AllocError> {
+        let avail = self.mask_of(available, "available")?;
+        let g = self.mask_of(group, "group")?;
+        if g & !avail != 0 {
+            return Err(AllocError::MustIncludeUnavailable {
+                gpu: (g & !avail).trailing_zeros() as usize,
+            });
+        }
+        let rest = avail & !g;
+        let sizes = objective::lookahead_sizes(group.len(), recent, rest.count_ones() as usize);
+        let cost = sizes.iter().fold(self.cache.time(g), |acc, &s| {
+            acc.saturating_add(self.cache.best(s, rest).map_or(0, |(t, _)| t))
+        });
+        Ok((cost, sizes))
     }
 
     /// Records a GPU's current memory (the balance term uses the free fraction).
@@ -339,7 +438,7 @@ impl Allocator {
     }
 
     /// The best group of `size` GPUs among `available` that contains every GPU of
-    /// `must_include`, sorted by index (see the module docs for the order among equals).
+    /// `must_include`, sorted by index, by `weights.policy` (see the module docs).
     pub fn preferred(
         &self,
         available: &[usize],
@@ -373,6 +472,28 @@ impl Allocator {
         }
         if size == available.len() {
             return Ok(bits(avail).collect());
+        }
+        let cost = objective::search_cost(
+            available.len() - must_include.len(),
+            size - must_include.len(),
+        );
+        if weights.policy == Policy::AllReduce && cost <= objective::SEARCH_BUDGET {
+            let recent = self.recent.sizes();
+            let links = |g: u32| -> u64 {
+                bits(g)
+                    .map(|a| bits(g).map(|b| self.bw[a * self.n + b]).sum::<u64>())
+                    .sum()
+            };
+            let mask = objective::pick(
+                &self.cache,
+                links,
+                &self.locality,
+                avail,
+                must,
+                size,
+                &recent,
+            );
+            return Ok(bits(mask).collect());
         }
         let mut s = Search::new(self, weights.normalised(), avail, must, size);
         let root = s.root();
@@ -887,7 +1008,7 @@ mod tests {
     #[test]
     fn errors_are_clear() {
         let al = graph(4, &[(0, 1)]);
-        let w = Weights::default();
+        let w = Weights::weighted();
         let e = |r: Result<Vec<usize>, AllocError>| r.unwrap_err();
         assert_eq!(e(al.preferred(&[0, 1], &[], 0, &w)), AllocError::ZeroSize);
         assert_eq!(
@@ -1031,7 +1152,7 @@ mod tests {
     #[test]
     fn search_agrees_with_brute_force_on_every_key() {
         let mut rng = Lcg(7);
-        let w = Weights::default();
+        let w = Weights::weighted();
         let mut queries = 0;
         for (n, percent, uniform, rounds) in [
             (8, 40, false, 60),
@@ -1067,6 +1188,53 @@ mod tests {
             }
         }
         assert!(queries > 90);
+    }
+
+    /// The all-reduce policy's pick has the least cost of all groups, the cost computed here
+    /// from `ring::allreduce` directly (no cache) and B_s by brute force.
+    #[test]
+    fn allreduce_pick_has_the_least_objective_by_brute_force() {
+        use crate::topology::objective::{lookahead_sizes, time_of};
+        use cuvisor_fabric::ring;
+        let mut rng = Lcg(11);
+        let w = Weights::default();
+        let mut queries = 0;
+        for (n, percent) in [(6, 40), (7, 60), (7, 0), (8, 50)] {
+            for _ in 0..3 {
+                let t = random_topology(&mut rng, n, percent, false);
+                let f = crate::topology::fabric::fabric(&t);
+                let al = Allocator::new(t).unwrap();
+                let time = |m: u32| time_of(&ring::allreduce(&f, &bits(m).collect::<Vec<_>>()));
+                let best = |s: usize, r: u32| {
+                    (0..1u32 << n)
+                        .filter(|&h| h & !r == 0 && h.count_ones() as usize == s)
+                        .map(time)
+                        .min()
+                };
+                let full = (1u32 << n) - 1;
+                let avail = full & !(rng.next(1 << n) as u32 & rng.next(1 << n) as u32);
+                let free: Vec<usize> = bits(avail).collect();
+                for k in 1..free.len() {
+                    let cost = |g: u32| {
+                        let rest = avail & !g;
+                        let sizes = lookahead_sizes(k, &[], rest.count_ones() as usize);
+                        sizes
+                            .iter()
+                            .fold(time(g), |acc, &s| acc + best(s, rest).unwrap_or(0))
+                    };
+                    let least = (0..1u32 << n)
+                        .filter(|&g| g & !avail == 0 && g.count_ones() as usize == k)
+                        .map(cost)
+                        .min()
+                        .unwrap();
+                    let pick = al.preferred(&free, &[], k, &w).unwrap();
+                    let pm = pick.iter().fold(0u32, |m, &g| m | 1 << g);
+                    assert_eq!(cost(pm), least, "n {n} free {free:?} size {k}: {pick:?}");
+                    queries += 1;
+                }
+            }
+        }
+        assert!(queries > 40, "{queries}");
     }
 
     #[test]

@@ -5,8 +5,10 @@
 //! - [`discover`] ([`nvml`]): the topology through NVML (nvml-wrapper), real or simulated.
 //! - [`parse_topo_matrix`] ([`parse`]): the topology from `nvidia-smi topo -m` text, for fixtures
 //!   and diagnosis.
-//! - [`Allocator`] ([`alloc`]): the best group for a request, by exact search, scored by
-//!   [`score`]'s four weighted terms, planning for the next request among equals.
+//! - [`Allocator`] ([`alloc`]): the best group for a request. By default ([`Policy::AllReduce`])
+//!   the group minimising [`objective`]'s sum: this job's modelled all-reduce time plus the best
+//!   the remaining GPUs allow for the requests that plausibly come next; or (`weighted`) the
+//!   group with the best [`score`] (the seeds' four weighted terms), by exact search.
 //!
 //! - [`fabric::fabric`]: the topology as the interconnect model (`cuvisor_fabric`) sees it, for
 //!   all-reduce times and topology loss.
@@ -17,11 +19,13 @@ pub mod alloc;
 pub mod fabric;
 pub mod model;
 pub mod nvml;
+pub mod objective;
 pub mod parse;
 pub mod score;
 
 pub use alloc::{AllocError, Allocator, MAX_GPUS};
 pub use model::{Gpu, Link, Memory, NvLink, PcieLevel, Topology, TopologyError};
 pub use nvml::{discover, DiscoverError};
+pub use objective::Policy;
 pub use parse::{parse_topo_matrix, ParseError, ParseErrorKind};
 pub use score::{Score, Structure, Weights};

@@ -24,14 +24,18 @@
 //! other GPUs are free, so scores of different requests compare (the metrics histogram relies on
 //! this).
 
+use super::objective::Policy;
 use serde::{Deserialize, Serialize};
 
-/// Weights of the four score terms. Any non-negative finite values with a positive sum; the
-/// score divides by the sum. Deserializes from e.g. `{"bandwidth": 0.6, "topology": 0.4}`
-/// (missing fields take their defaults).
+/// The `[topology]` section: which policy picks GPUs, and the weights of the four score terms
+/// (the score of the `weighted` policy, and the topology score the metrics report under either
+/// policy). Weights: any non-negative finite values with a positive sum; the score divides by
+/// the sum. Deserializes from e.g. `{"policy": "weighted", "bandwidth": 0.6, "topology": 0.4}`
+/// (missing fields take their defaults; the default policy is `allreduce`).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Weights {
+    pub policy: Policy,
     pub bandwidth: f64,
     pub topology: f64,
     pub balance: f64,
@@ -41,6 +45,7 @@ pub struct Weights {
 impl Default for Weights {
     fn default() -> Weights {
         Weights {
+            policy: Policy::AllReduce,
             bandwidth: 0.5,
             topology: 0.3,
             balance: 0.1,
@@ -50,6 +55,14 @@ impl Default for Weights {
 }
 
 impl Weights {
+    /// The seeds' weights under the `weighted` policy.
+    pub fn weighted() -> Weights {
+        Weights {
+            policy: Policy::Weighted,
+            ..Weights::default()
+        }
+    }
+
     /// Checks the weights; the reason when they are unusable.
     pub fn validate(&self) -> Result<(), String> {
         let all = [
@@ -175,6 +188,10 @@ mod tests {
         let w = Weights::default();
         assert_eq!(w.normalised(), [0.5, 0.3, 0.1, 0.1]);
         assert!(w.validate().is_ok());
+        assert_eq!(w.policy, Policy::AllReduce);
+        let p: Weights = serde_json::from_str(r#"{"policy": "weighted"}"#).unwrap();
+        assert_eq!(p, Weights::weighted());
+        assert!(serde_json::from_str::<Weights>(r#"{"policy": "rings"}"#).is_err());
         let w: Weights = serde_json::from_str(r#"{"bandwidth": 2, "topology": 2}"#).unwrap();
         let want = [2.0 / 4.2, 2.0 / 4.2, 0.1 / 4.2, 0.1 / 4.2];
         for (got, want) in w.normalised().iter().zip(want) {
@@ -190,6 +207,7 @@ mod tests {
         };
         assert!(bad.validate().unwrap_err().contains("balance"));
         let zero = Weights {
+            policy: Policy::Weighted,
             bandwidth: 0.0,
             topology: 0.0,
             balance: 0.0,

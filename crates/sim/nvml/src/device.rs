@@ -286,13 +286,15 @@ export! {
 
     /// gpu = percent of the last second during which the device's timeline ran a kernel: "Percent
     /// of time over the past sample period during which one or more kernels was executing on the
-    /// GPU" (nvmlUtilization_t), so copies, which run on the copy engines, do not count. memory
-    /// ("Percent of time ... during which global (device) memory was being read or written")
-    /// is not modelled and reads 0.
+    /// GPU" (nvmlUtilization_t), so copies, which run on the copy engines, do not count. memory:
+    /// "Percent of time over the past sample period during which global (device) memory was
+    /// being read or written": the time copies and memsets moved the device's bytes (kernels'
+    /// own memory traffic is unknown to the simulator and not counted).
     fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t) {
         let (sim, d) = dev(device)?;
         let gpu = sim.shared.device_utilization(d, UTIL_WINDOW_NS);
-        write(utilization, nvmlUtilization_t { gpu, memory: 0 })
+        let memory = sim.shared.memory_utilization(d, UTIL_WINDOW_NS);
+        write(utilization, nvmlUtilization_t { gpu, memory })
     }
 
     /// One sample per process that ran kernels on the device since `lastSeenTimeStamp` (CPU time

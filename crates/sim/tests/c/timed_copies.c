@@ -357,6 +357,7 @@ static void nvml(void) {
     printf("pcie_tx_gpu0_kbs %u\n", sent);
     printf("pcie_rx_gpu5_kbs %u\n", got);
     printf("gpu_util_gpu0 %u\n", u[0]);
+    printf("mem_util_gpu0 %u\n", u[1]);
     OK(cuStreamSynchronize(s));
 }
 
