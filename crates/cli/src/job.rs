@@ -1216,7 +1216,7 @@ pub fn run(target: &Target, args: &JobArgs) -> Result<u8> {
         let mut o = String::from("{");
         let _ = write!(
             o,
-            "\"kind\":\"{}\",\"model\":\"{}\",\"machine\":\"{}\",\"gpus\":[{}],\"scale\":{},\
+            "\"kind\":\"{}\",\"network\":\"{}\",\"machine\":\"{}\",\"gpus\":[{}],\"scale\":{},\
              \"gradient_bytes\":{},\"compute_ns\":{},\"pause_ns\":{},\"steps\":{},\"slices\":{},",
             kind.name,
             kind.model,

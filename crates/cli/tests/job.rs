@@ -119,6 +119,10 @@ fn the_json_report_parses_and_its_split_adds_up() {
     // Two GPUs joined by two NVLinks 2: one ring at 2 x 25 GB/s.
     assert_eq!(f(&v, &["model", "busbw_gbps"]), 50.0);
     assert_eq!(v["model"]["best_group"].as_array().map(Vec::len), Some(2));
+    // One key per name: the kind's network is "network", the interconnect model's figures "model".
+    let text = ran.stdout();
+    assert_eq!(text.matches("\"model\":").count(), 1, "{text}");
+    assert!(v["network"].is_string(), "{text}");
     assert_eq!(f(&v, &["model", "topology_loss"]), 0.0);
     for key in [
         "allreduce_ns",
