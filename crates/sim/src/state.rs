@@ -144,6 +144,38 @@ impl Timeline {
         from.max(believable(self.end.load(Acquire), now))
     }
 
+    /// Takes a turn of `busy` ns at exactly `start` if the timeline is free then (in its gap,
+    /// or after its last turn); false, taking nothing, if it is not.
+    fn try_take(&self, start: u64, busy: u64, now: u64) -> bool {
+        let g = self.gap.load(Acquire);
+        let (lo, hi) = self.gap_at(now);
+        if start >= lo && start.saturating_add(busy) <= hi {
+            return self
+                .gap
+                .compare_exchange(
+                    g,
+                    Timeline::pack(start.saturating_add(busy), hi),
+                    AcqRel,
+                    Acquire,
+                )
+                .is_ok();
+        }
+        let cur = self.end.load(Acquire);
+        let free_from = believable(cur, now);
+        if free_from > start {
+            return false;
+        }
+        let ok = self
+            .end
+            .compare_exchange(cur, start.saturating_add(busy), AcqRel, Acquire)
+            .is_ok();
+        let idle_from = free_from.max(now);
+        if ok && start > idle_from {
+            self.gap.store(Timeline::pack(idle_from, start), Release);
+        }
+        ok
+    }
+
     /// Takes a turn of `busy` ns at `start` or as soon after as it can be had; returns when
     /// it starts. In the gap if it still fits there (the gap then begins after it), otherwise
     /// after the last turn, leaving the idle time before it as the new gap. Lock-free: one CAS
@@ -802,16 +834,14 @@ impl Shared {
             Some(&dev.engines[..(n as usize).clamp(1, MAX_ENGINES)])
         });
         let mut start = from;
-        let mut engine = None;
         for _ in 0..4 {
             let before = start;
             if let Some(list) = engines {
-                let (e, at) = list
+                let at = list
                     .iter()
-                    .map(|e| (e, e.earliest(start, lone, now)))
-                    .min_by_key(|x| x.1)
-                    .unwrap_or((&list[0], start));
-                engine = Some(e);
+                    .map(|e| e.earliest(start, lone, now))
+                    .min()
+                    .unwrap_or(start);
                 start = start.max(at);
             }
             for ((i, ..), b) in hops.iter().zip(&busy) {
@@ -852,10 +882,18 @@ impl Shared {
                 }
             }
         }
-        if let Some(e) = engine {
+        if let Some(list) = engines {
+            // An engine free for the whole copy from its start; two copies that planned on the
+            // same engine at once get two engines, as the hardware would give them, rather
+            // than the second queueing its whole time behind the first. Only when every
+            // engine is taken does the copy wait for the one free first.
             let dur = end - start;
-            let got = e.take(start, dur, now);
-            end = end.max(got.saturating_add(dur));
+            if !list.iter().any(|e| e.try_take(start, dur, now)) {
+                if let Some(e) = list.iter().min_by_key(|e| e.earliest(start, dur, now)) {
+                    let got = e.take(start, dur, now);
+                    end = end.max(got.saturating_add(dur));
+                }
+            }
         }
         (start, end)
     }
