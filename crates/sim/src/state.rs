@@ -107,30 +107,52 @@ pub struct DeviceShared {
 pub struct Timeline {
     /// CLOCK_MONOTONIC ns at which the last turn ends.
     pub end: AtomicU64,
-    /// The gap, packed: its first and last microsecond, each modulo 2^32 (71 minutes; read
-    /// back as the value nearest now, which every honest timeline is: `HORIZON_NS`).
+    /// The gap, packed: its first microsecond modulo 2^40 (read back as the value nearest now)
+    /// and its length (`Timeline::pack`).
     pub gap: AtomicU64,
 }
 
+/// Bits of a packed gap that hold its length (see [`Timeline::pack`]).
+const GAP_LEN_BITS: u32 = 24;
+
 impl Timeline {
-    /// The gap as [lo, hi) ns, rounded inwards; empty (lo >= hi) when there is none.
+    /// The gap as [lo, hi) ns, rounded inwards; empty (lo >= hi) when there is none. A gap lies
+    /// before the timeline's last turn: one that does not (a word written long ago, read back
+    /// near now by its modulus) is none.
     fn gap_at(&self, now: u64) -> (u64, u64) {
         let g = self.gap.load(Acquire);
         let now_us = now / 1000;
-        let near = |v: u64| {
-            let base = now_us & !0xffff_ffff;
-            [base.wrapping_sub(1 << 32), base, base + (1 << 32)]
-                .into_iter()
-                .map(|b| b | v)
-                .min_by_key(|c| c.abs_diff(now_us))
-                .unwrap_or(0)
-        };
-        let (lo, hi) = (near(g >> 32), near(g & 0xffff_ffff));
-        (lo.saturating_mul(1000), hi.saturating_mul(1000))
+        let lo_bits = g >> GAP_LEN_BITS;
+        let len = g & ((1 << GAP_LEN_BITS) - 1);
+        let modulus = 1u64 << (64 - GAP_LEN_BITS);
+        let base = now_us & !(modulus - 1);
+        let lo = [
+            base.wrapping_sub(modulus),
+            base,
+            base.saturating_add(modulus),
+        ]
+        .into_iter()
+        .map(|b| b | lo_bits)
+        .min_by_key(|c| c.abs_diff(now_us))
+        .unwrap_or(0);
+        let (lo, hi) = (
+            lo.saturating_mul(1000),
+            lo.saturating_add(len).saturating_mul(1000),
+        );
+        if hi > believable(self.end.load(Acquire), now) {
+            return (0, 0);
+        }
+        (lo, hi)
     }
 
+    /// A gap packed in one word: its first microsecond modulo 2^40 (12.7 days) and its length
+    /// in microseconds, at most 2^24 (16.7 s; a longer gap keeps its first 16.7 s).
     fn pack(lo_ns: u64, hi_ns: u64) -> u64 {
-        ((lo_ns.div_ceil(1000) & 0xffff_ffff) << 32) | ((hi_ns / 1000) & 0xffff_ffff)
+        let lo = lo_ns.div_ceil(1000);
+        let len = (hi_ns / 1000)
+            .saturating_sub(lo)
+            .min((1 << GAP_LEN_BITS) - 1);
+        (lo << GAP_LEN_BITS) | len
     }
 
     /// Where a turn of `busy` ns could start at the earliest, from `from`: in the gap when it
@@ -1274,6 +1296,31 @@ mod tests {
             "{d0}..{d1}, first {b0}..{b1}, later {a0}"
         );
         let _ = std::fs::remove_file(&s.path);
+    }
+
+    /// A gap packs into one word and reads back to the microsecond; a gap that does not lie
+    /// before the timeline's last turn (a stale word) is none; a gap longer than 16.7 s keeps
+    /// its first 16.7 s.
+    #[test]
+    fn a_timeline_gap_reads_back_and_a_stale_one_is_none() {
+        let t = Timeline {
+            end: AtomicU64::new(0),
+            gap: AtomicU64::new(0),
+        };
+        let now = now_ns();
+        t.end.store(now + 1_000_000_000, Release);
+        t.gap
+            .store(Timeline::pack(now + 10_000_000, now + 20_000_000), Release);
+        let (lo, hi) = t.gap_at(now);
+        assert!(lo >= now + 10_000_000 && lo < now + 10_001_000, "{lo}");
+        assert!(hi <= now + 20_000_000 && hi > now + 19_999_000, "{hi}");
+        t.end.store(now + 15_000_000, Release);
+        assert_eq!(t.gap_at(now), (0, 0), "past the last turn: none");
+        t.end.store(now + 60_000_000_000, Release);
+        t.gap
+            .store(Timeline::pack(now, now + 40_000_000_000), Release);
+        let (lo, hi) = t.gap_at(now);
+        assert!(hi - lo <= (1 << GAP_LEN_BITS) * 1000, "{}", hi - lo);
     }
 
     /// Pageable host memory (rate 0.5) holds the link twice as long as pinned.
