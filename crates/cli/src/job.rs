@@ -33,7 +33,7 @@
 //! gap between two calls (microseconds).
 
 use crate::args::{JobArgs, Target};
-use crate::libcuda::{self, error_name, sym};
+use crate::libcuda::{self, error_name, sym, types::*};
 use crate::load::{parse_duration, show_ns};
 use crate::machine;
 use crate::{Failure, Result};
@@ -42,7 +42,7 @@ use cuvisor_cuda_abi::cuda::{
 };
 use cuvisor_fabric::ring;
 use cuvisor_sim::model::{Device, Model};
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 use std::fmt::Write as _;
 use std::io::Write as _;
 
@@ -429,43 +429,6 @@ pub(crate) fn slice(chunk: (u64, u64), s: usize) -> (u64, u64) {
 }
 
 // ---- the driver, through dlopen/dlsym ----------------------------------------------------------
-
-type Init = unsafe extern "C" fn(c_uint) -> CUresult;
-type DeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
-type DeviceCanAccessPeer = unsafe extern "C" fn(*mut c_int, CUdevice, CUdevice) -> CUresult;
-type PrimaryCtxRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult;
-type CtxSetCurrent = unsafe extern "C" fn(CUcontext) -> CUresult;
-type CtxEnablePeerAccess = unsafe extern "C" fn(CUcontext, c_uint) -> CUresult;
-type MemAlloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
-type ModuleLoadData = unsafe extern "C" fn(*mut CUmodule, *const c_void) -> CUresult;
-type ModuleGetFunction = unsafe extern "C" fn(*mut CUfunction, CUmodule, *const c_char) -> CUresult;
-type StreamCreate = unsafe extern "C" fn(*mut CUstream, c_uint) -> CUresult;
-type LaunchKernel = unsafe extern "C" fn(
-    CUfunction,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    CUstream,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> CUresult;
-type EventCreate = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;
-type EventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
-type EventSynchronize = unsafe extern "C" fn(CUevent) -> CUresult;
-type EventElapsedTime = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;
-type StreamWaitEvent = unsafe extern "C" fn(CUstream, CUevent, c_uint) -> CUresult;
-type MemcpyPeerAsync = unsafe extern "C" fn(
-    CUdeviceptr,
-    CUcontext,
-    CUdeviceptr,
-    CUcontext,
-    usize,
-    CUstream,
-) -> CUresult;
 
 /// The entry points `sim job` calls.
 struct Driver {

@@ -85,6 +85,55 @@ impl Library {
     }
 }
 
+/// The C signatures (cuda.h) of the entry points the workloads call, for `sym!`.
+pub(crate) mod types {
+    use cuvisor_cuda_abi::cuda::{
+        CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmodule, CUresult, CUstream,
+    };
+    use std::ffi::{c_char, c_int, c_uint, c_void};
+
+    pub(crate) type Init = unsafe extern "C" fn(c_uint) -> CUresult;
+    pub(crate) type DeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
+    pub(crate) type DeviceCanAccessPeer =
+        unsafe extern "C" fn(*mut c_int, CUdevice, CUdevice) -> CUresult;
+    pub(crate) type PrimaryCtxRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult;
+    pub(crate) type CtxSetCurrent = unsafe extern "C" fn(CUcontext) -> CUresult;
+    pub(crate) type CtxEnablePeerAccess = unsafe extern "C" fn(CUcontext, c_uint) -> CUresult;
+    pub(crate) type MemAlloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
+    pub(crate) type ModuleLoadData = unsafe extern "C" fn(*mut CUmodule, *const c_void) -> CUresult;
+    pub(crate) type ModuleGetFunction =
+        unsafe extern "C" fn(*mut CUfunction, CUmodule, *const c_char) -> CUresult;
+    pub(crate) type StreamCreate = unsafe extern "C" fn(*mut CUstream, c_uint) -> CUresult;
+    pub(crate) type StreamSynchronize = unsafe extern "C" fn(CUstream) -> CUresult;
+    pub(crate) type StreamWaitEvent = unsafe extern "C" fn(CUstream, CUevent, c_uint) -> CUresult;
+    pub(crate) type LaunchKernel = unsafe extern "C" fn(
+        CUfunction,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        CUstream,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> CUresult;
+    pub(crate) type EventCreate = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;
+    pub(crate) type EventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
+    pub(crate) type EventQuery = unsafe extern "C" fn(CUevent) -> CUresult;
+    pub(crate) type EventSynchronize = unsafe extern "C" fn(CUevent) -> CUresult;
+    pub(crate) type EventElapsedTime = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;
+    pub(crate) type MemcpyPeerAsync = unsafe extern "C" fn(
+        CUdeviceptr,
+        CUcontext,
+        CUdeviceptr,
+        CUcontext,
+        usize,
+        CUstream,
+    ) -> CUresult;
+}
+
 /// `sym!(lib, c"cuInit", Init)`: the entry point, as its function-pointer type.
 macro_rules! sym {
     ($lib:expr, $name:expr, $ty:ty) => {{

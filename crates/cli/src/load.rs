@@ -17,7 +17,7 @@
 //! fails with one line (exit 1) saying that it needs the simulated GPU.
 
 use crate::args::{LoadArgs, Target};
-use crate::libcuda::{self, error_name, sym};
+use crate::libcuda::{self, error_name, sym, types::*};
 use crate::machine;
 use crate::{Failure, Result};
 use cuvisor_cuda_abi::cuda::{
@@ -25,7 +25,7 @@ use cuvisor_cuda_abi::cuda::{
 };
 use cuvisor_sim::state::{now_ns, ProcSlot, Shared};
 use std::collections::VecDeque;
-use std::ffi::{c_char, c_uint, c_void};
+use std::ffi::{c_uint, c_void};
 use std::io::Write as _;
 
 /// Work between two recorded events.
@@ -180,31 +180,6 @@ fn plan(args: &LoadArgs) -> Result<Plan> {
 }
 
 // ---- the driver, through dlopen/dlsym ----------------------------------------------------------
-
-type Init = unsafe extern "C" fn(c_uint) -> CUresult;
-type PrimaryCtxRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult;
-type CtxSetCurrent = unsafe extern "C" fn(CUcontext) -> CUresult;
-type ModuleLoadData = unsafe extern "C" fn(*mut CUmodule, *const c_void) -> CUresult;
-type ModuleGetFunction = unsafe extern "C" fn(*mut CUfunction, CUmodule, *const c_char) -> CUresult;
-type StreamCreate = unsafe extern "C" fn(*mut CUstream, c_uint) -> CUresult;
-type StreamSynchronize = unsafe extern "C" fn(CUstream) -> CUresult;
-type LaunchKernel = unsafe extern "C" fn(
-    CUfunction,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    CUstream,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> CUresult;
-type EventCreate = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;
-type EventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
-type EventQuery = unsafe extern "C" fn(CUevent) -> CUresult;
-type EventSynchronize = unsafe extern "C" fn(CUevent) -> CUresult;
 
 /// The entry points `sim load` calls.
 struct Driver {
