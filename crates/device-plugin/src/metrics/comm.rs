@@ -24,9 +24,8 @@
 //! 16 GPUs is exhaustive (seconds) and would land on a scrape.
 
 use crate::topology::objective::Policy;
-use crate::topology::{fabric, Allocator, Weights};
+use crate::topology::{Allocator, Weights};
 use cuvisor_fabric::ring::{self, AllReduce};
-use cuvisor_fabric::Fabric;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -55,8 +54,6 @@ pub struct Comm {
 /// The node's link model, answering [`Comm`] for sets of its GPUs.
 pub struct CommModel {
     allocator: Allocator,
-    /// None for a node without GPUs (a fabric has at least one): no figures.
-    fabric: Option<Fabric>,
     uuids: Vec<Option<String>>,
     /// The best group of each size found so far.
     best: Mutex<HashMap<usize, (Vec<usize>, AllReduce)>>,
@@ -96,7 +93,6 @@ impl CommModel {
     pub fn new(allocator: Allocator) -> CommModel {
         let t = allocator.topology();
         CommModel {
-            fabric: (!t.is_empty()).then(|| fabric::fabric(t)),
             uuids: t.gpus().iter().map(|g| g.uuid.clone()).collect(),
             allocator,
             best: Mutex::new(HashMap::new()),
@@ -122,7 +118,8 @@ impl CommModel {
 
     /// The figures of a group of GPU indices (distinct, in range); None for fewer than two.
     pub fn of_group(&self, group: &[usize]) -> Option<Comm> {
-        let f = self.fabric.as_ref()?;
+        // The allocator's fabric (a node without GPUs has an empty one: no group is in range).
+        let f = self.allocator.fabric();
         if group.len() < 2 || group.iter().any(|&g| g >= f.len()) {
             return None;
         }
@@ -132,8 +129,8 @@ impl CommModel {
         if group.len() < 2 {
             return None;
         }
-        let efficiency_gbps = self.allreduce(f, &group).efficiency_gbps();
-        let (_, best) = self.best_allreduce(f, group.len());
+        let efficiency_gbps = self.allreduce(&group).efficiency_gbps();
+        let (_, best) = self.best_allreduce(group.len());
         // The fallback search may miss a group; the allocation itself is one of its size.
         let peak_gbps = best.efficiency_gbps().max(efficiency_gbps);
         Some(Comm {
@@ -145,14 +142,15 @@ impl CommModel {
 
     /// The modelled all-reduce over `group`: the allocator's, cached per group (the picker
     /// models the same groups).
-    fn allreduce(&self, _: &Fabric, group: &[usize]) -> AllReduce {
+    fn allreduce(&self, group: &[usize]) -> AllReduce {
         self.modelled.fetch_add(1, Relaxed);
         self.allocator.allreduce(group)
     }
 
-    /// The best group of `size` GPUs on this node and its all-reduce, searched once per size.
-    /// (To become `Allocator::best_allreduce`.)
-    fn best_allreduce(&self, f: &Fabric, size: usize) -> (Vec<usize>, AllReduce) {
+    /// The best group of `size` GPUs on this node and its all-reduce, searched once per size
+    /// (bounded: see the module doc).
+    fn best_allreduce(&self, size: usize) -> (Vec<usize>, AllReduce) {
+        let f = self.allocator.fabric();
         let mut cache = self.best.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(b) = cache.get(&size) {
             return b.clone();
@@ -162,7 +160,7 @@ impl CommModel {
         let rings = (1..size as u64).fold(groups, u64::saturating_mul);
         let mut best: Option<(Vec<usize>, AllReduce)> = None;
         let mut consider = |g: &[usize]| {
-            let a = self.allreduce(f, g);
+            let a = self.allreduce(g);
             if best
                 .as_ref()
                 .is_none_or(|(_, b)| a.efficiency_gbps() > b.efficiency_gbps())
@@ -187,7 +185,7 @@ impl CommModel {
                 }
             }
         }
-        let found = best.unwrap_or_else(|| (Vec::new(), self.allreduce(f, &[])));
+        let found = best.unwrap_or_else(|| (Vec::new(), self.allreduce(&[])));
         cache.insert(size, found.clone());
         found
     }
@@ -258,7 +256,7 @@ mod tests {
         let t0 = std::time::Instant::now();
         for size in 2..=16 {
             let before = m.modelled.load(Relaxed);
-            let _ = m.best_allreduce(m.fabric.as_ref().unwrap(), size);
+            let _ = m.best_allreduce(size);
             let searched = m.modelled.load(Relaxed) - before;
             assert!(
                 searched <= EXACT_GROUPS,
@@ -275,7 +273,7 @@ mod tests {
         assert!(m.of_group(&[0, 8]).unwrap().loss > 0.5);
         let t1 = std::time::Instant::now();
         for size in 2..=16 {
-            let _ = m.best_allreduce(m.fabric.as_ref().unwrap(), size);
+            let _ = m.best_allreduce(size);
         }
         eprintln!(
             "16 GPUs, sizes 2..16: {first:?} first, {:?} cached",
@@ -288,7 +286,7 @@ mod tests {
     /// passthrough, say) gives an empty topology, which `Allocator::new` and the inventory
     /// accept, and the plugin used to start and advertise nothing; `main` builds this model
     /// unconditionally, and `topology::fabric::fabric` panicked (`unreachable!`) on it, so the
-    /// plugin crash-looped. The model of such a node has no fabric and no figures.
+    /// plugin crash-looped. The model of such a node has an empty fabric and no figures.
     #[test]
     fn a_node_without_gpus_does_not_panic_the_plugin_at_start() {
         use crate::topology::Topology;
@@ -335,7 +333,7 @@ mod tests {
     fn the_best_group_of_every_size_is_at_least_as_good_as_any() {
         let m = dgx1();
         for size in 2..=8 {
-            let (best, a) = m.best_allreduce(m.fabric.as_ref().unwrap(), size);
+            let (best, a) = m.best_allreduce(size);
             assert_eq!(best.len(), size);
             each_group(8, size, |g| {
                 let c = m.of_group(g).unwrap();
