@@ -65,13 +65,6 @@ pub(crate) enum Cost {
     Memset { dev: usize, bytes: u64 },
 }
 
-/// The machine's fabric (the driver's `Sim`; read through `Sim::global` rather than `drv()`,
-/// which answers NOT_PERMITTED on a thread running a host function, so that a copy there is
-/// timed too).
-pub(crate) fn fabric() -> Option<&'static Fabric> {
-    Sim::global().ok().map(|s| &s.fabric)
-}
-
 fn end_of(p: Place) -> End {
     match p {
         Place::Host { .. } => End::Host,
@@ -99,9 +92,12 @@ fn pageable(p: &Part) -> bool {
 /// context's for a synchronous copy), starting no earlier than `not_before`. Returns when it
 /// ends (`not_before` for no cost).
 pub(crate) fn charge(cost: &Cost, dev: usize, not_before: u64) -> u64 {
-    let (Some(f), Ok(sim)) = (fabric(), Sim::global()) else {
+    // The driver's `Sim`, read through `Sim::global` rather than `drv()`, which answers
+    // NOT_PERMITTED on a thread running a host function: a copy there is timed too.
+    let Ok(sim) = Sim::global() else {
         return not_before;
     };
+    let f = &sim.fabric;
     match cost {
         Cost::None => not_before,
         Cost::Copies(parts) => {
