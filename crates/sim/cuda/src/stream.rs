@@ -225,15 +225,30 @@ pub(crate) fn context_streams(ctx: usize) -> Vec<Arc<Stream>> {
 /// with. Kernels need nothing more than their stream's tail (every kernel of a device runs on
 /// one timeline); copies run on copy engines and links, so they ask this.
 pub(crate) fn start_after(s: &Stream) -> u64 {
-    let own = s.done_at();
-    if s.flags & CU_STREAM_NON_BLOCKING != 0 {
-        return own;
-    }
-    context_streams(s.ctx_handle())
+    implicitly_ordered_with(s)
         .iter()
-        .filter(|o| o.flags & CU_STREAM_NON_BLOCKING == 0 && (s.legacy || o.legacy))
         .map(|o| o.done_at())
-        .fold(own, u64::max)
+        .fold(s.done_at(), u64::max)
+}
+
+/// The other streams work on `me` is implicitly ordered after, by the legacy default stream's
+/// rule (see [`implicit_deps`]): the blocking streams of its context when `me` is the legacy
+/// stream, the legacy stream when `me` is a blocking one; none for a non-blocking stream.
+fn implicitly_ordered_with(me: &Stream) -> Vec<Arc<Stream>> {
+    if me.flags & CU_STREAM_NON_BLOCKING != 0 {
+        return Vec::new();
+    }
+    let key = me.ctx_key();
+    lock(all_streams())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|o| {
+            o.ctx_key() == key
+                && !std::ptr::eq(&**o, me)
+                && o.flags & CU_STREAM_NON_BLOCKING == 0
+                && (me.legacy || o.legacy)
+        })
+        .collect()
 }
 
 fn enlist(s: Arc<Stream>) -> Arc<Stream> {
@@ -253,19 +268,11 @@ fn enlist(s: Arc<Stream>) -> Arc<Stream> {
 /// stream and how many of its queued items must have run. Kernels need nothing here: every
 /// kernel of the device runs in one timeline.
 fn implicit_deps(me: &Arc<Stream>) -> Vec<(Arc<Stream>, u64)> {
-    if DRAINING.load(Acquire) == 0 || me.flags & CU_STREAM_NON_BLOCKING != 0 {
+    if DRAINING.load(Acquire) == 0 {
         return Vec::new();
     }
-    let key = me.ctx_key();
-    lock(all_streams())
-        .iter()
-        .filter_map(Weak::upgrade)
-        .filter(|o| {
-            o.ctx_key() == key
-                && !Arc::ptr_eq(o, me)
-                && o.flags & CU_STREAM_NON_BLOCKING == 0
-                && (me.legacy || o.legacy)
-        })
+    implicitly_ordered_with(me)
+        .into_iter()
         .filter_map(|o| {
             let n = o.queued.load(Acquire);
             (o.ran.load(Acquire) < n).then_some((o, n))
